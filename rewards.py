@@ -1,0 +1,166 @@
+"""Reward functions, reward-model scoring, and how several rewards combine into one scalar per completion.
+
+A reward function follows TRL's contract:
+
+    def my_reward(prompts, completions, completion_ids, **columns) -> list[float | None]
+
+one value per completion; `completions` are strings for standard prompts and `[{"role": "assistant", "content": ...}]`
+for conversational ones; every other dataset column (e.g. `ground_truth`) arrives as a keyword argument. `None` means
+"not applicable to this sample" and is skipped in the weighted sum (TRL's semantics). `async def` functions are awaited
+concurrently. Select functions with `--reward_funcs accuracy,format` (built-ins) or `module:function`, weight them
+with `--reward_weights 1.0,0.2`, and add a trained reward model with `--reward_model_path`.
+"""
+
+import asyncio
+import importlib
+import importlib.util
+import inspect
+import math
+import re
+from pathlib import Path
+
+import torch
+
+from common import ConfigError, as_completion, is_conversational, prompt_text, split_list
+
+ANSWER = re.compile(r"<answer>\s*(.*?)\s*</answer>", flags=re.DOTALL)
+FORMAT = re.compile(r".*<answer>\s*[-+]?[0-9]+(?:\.[0-9]+)?\s*</answer>\s*$", flags=re.DOTALL)
+
+
+def completion_text(completion) -> str:
+    """The text of a completion in either format (string, or a list of messages)."""
+    return completion if isinstance(completion, str) else completion[-1]["content"]
+
+
+def extract_answer(text: str) -> str | None:
+    """'... <answer> 42 </answer>' -> '42'; None when there is no answer tag."""
+    match = ANSWER.search(text)
+    return None if match is None else match.group(1).strip()
+
+
+def accuracy_reward(completions, ground_truth, **kwargs) -> list[float]:
+    """1.0 when the extracted answer equals the ground truth, else 0.0."""
+    return [1.0 if extract_answer(completion_text(c)) == str(answer) else 0.0 for c, answer in zip(completions, ground_truth)]
+
+
+def format_reward(completions, **kwargs) -> list[float]:
+    """1.0 when the completion ends with <answer>NUMBER</answer>, else 0.0."""
+    return [1.0 if FORMAT.fullmatch(completion_text(c).strip()) else 0.0 for c in completions]
+
+
+BUILTIN_REWARDS = {"accuracy": accuracy_reward, "format": format_reward}
+
+
+def import_function(spec: str):
+    """'package.module:function' or 'path/to/file.py:function'."""
+    module_name, _, function_name = spec.rpartition(":")
+    try:
+        if module_name.endswith(".py"):
+            module_spec = importlib.util.spec_from_file_location(Path(module_name).stem, module_name)
+            module = importlib.util.module_from_spec(module_spec)
+            module_spec.loader.exec_module(module)
+        else:
+            module = importlib.import_module(module_name)
+        function = getattr(module, function_name)
+    except (ImportError, AttributeError, FileNotFoundError) as error:
+        raise ConfigError(f"--reward_funcs: cannot import {spec!r}: {error}") from None
+    if not callable(function):
+        raise ConfigError(f"--reward_funcs: {spec!r} is not callable")
+    return function
+
+
+def reward_model_function(path: str, device, batch_size: int = 32):
+    """Score (prompt, completion) pairs with a sequence-classification reward model (num_labels=1).
+
+    Conversational samples go through the reward model's own chat template, prompt and answer together.
+    """
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        model = AutoModelForSequenceClassification.from_pretrained(path, num_labels=1).to(device).eval()
+    except (OSError, ValueError) as error:
+        raise ConfigError(f"--reward_model_path: cannot load a reward model from {path!r}: {str(error).splitlines()[0]}") from None
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    model.config.pad_token_id = tokenizer.pad_token_id
+    model.requires_grad_(False)
+
+    @torch.no_grad()
+    def score(prompts, completions, **kwargs) -> list[float]:
+        texts = [
+            tokenizer.apply_chat_template(p + c, tokenize=False) if is_conversational(p) else p + c
+            for p, c in zip(prompts, completions)
+        ]
+        scores = []
+        for start in range(0, len(texts), batch_size):
+            enc = tokenizer(texts[start:start + batch_size], return_tensors="pt", padding=True, padding_side="right").to(device)
+            scores += model(**enc).logits[:, 0].float().tolist()
+        return scores
+
+    score.__name__ = Path(path.rstrip("/")).name
+    return score
+
+
+def load_reward_funcs(reward_funcs: str, reward_model_path: str | None = None, device="cpu") -> dict:
+    """{name: function} from --reward_funcs (built-in names or module:function; 'none' for no function) plus the
+    reward model of --reward_model_path, if any."""
+    functions = {}
+    for spec in split_list(reward_funcs):
+        if spec == "none":
+            continue
+        if spec in BUILTIN_REWARDS:
+            function = BUILTIN_REWARDS[spec]
+        elif ":" in spec:
+            function = import_function(spec)
+        else:
+            raise ConfigError(f"--reward_funcs: unknown reward function {spec!r} (built-in: {', '.join(BUILTIN_REWARDS)}; or module:function)")
+        functions[function.__name__] = function
+    if reward_model_path:
+        function = reward_model_function(reward_model_path, device)
+        functions[function.__name__] = function
+    if not functions:
+        raise ConfigError("--reward_funcs: no reward function selected (and no --reward_model_path)")
+    return functions
+
+
+def reward_weights(weights: str, reward_funcs: dict) -> torch.Tensor:
+    """--reward_weights as a tensor; empty means 1.0 for every function."""
+    values = split_list(weights, float) or [1.0] * len(reward_funcs)
+    if len(values) != len(reward_funcs):
+        raise ConfigError(f"--reward_weights: {len(values)} weights for {len(reward_funcs)} reward functions ({', '.join(reward_funcs)})")
+    return torch.tensor(values)
+
+
+def compute_rewards(reward_funcs: dict, weights: torch.Tensor, prompts: list, completion_texts: list[str], completion_ids: list[list[int]], columns: dict):
+    """Each function's rewards (B, F), with NaN where a function returned None, and their weighted sum (B,).
+
+    Sync functions run in order; `async` ones are awaited concurrently.
+    """
+    completions = [as_completion(p, t) for p, t in zip(prompts, completion_texts)]
+    kwargs = dict(prompts=prompts, completions=completions, completion_ids=completion_ids, **columns)
+    results = {}
+    pending = {}
+    for name, function in reward_funcs.items():
+        if inspect.iscoroutinefunction(function):
+            pending[name] = function
+        else:
+            results[name] = function(**kwargs)
+    if pending:
+        async def run_all():
+            return await asyncio.gather(*(function(**kwargs) for function in pending.values()))
+
+        results.update(zip(pending, asyncio.run(run_all())))
+    per_func = torch.full((len(prompts), len(reward_funcs)), math.nan)
+    for j, name in enumerate(reward_funcs):
+        values = list(results[name])
+        if len(values) != len(prompts):
+            raise ConfigError(f"reward function {name}: returned {len(values)} values for {len(prompts)} completions")
+        for i, value in enumerate(values):
+            if value is None:
+                continue
+            if not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise ConfigError(f"reward function {name}: returned {value!r} for completion {i} (expected a finite number or None)")
+            per_func[i, j] = float(value)
+    rewards = (per_func * weights).nansum(1)
+    return rewards, per_func

@@ -1,0 +1,263 @@
+"""Supervised fine-tuning (SFT) of a causal LM on prompt/completion pairs: the warm start every RL script begins from.
+
+    L(θ) = − Σ_t m_t · log π_θ(y_t | x, y_<t) / Σ_t m_t,      m_t = 1 on completion tokens (and EOS), 0 on the prompt
+
+Data: `--dataset_name arithmetic` (built in) or any HF dataset / local json, jsonl, csv or parquet file with `prompt`
+and `completion` columns, standard (strings) or conversational (message lists, rendered with the chat template).
+
+The built-in arithmetic data comes from a *noisy demonstrator*: with probability `--label_noise` the demonstrated
+answer is off by ±1 or ±2. A model that imitates it knows the right answer best (greedy decoding is mostly right) but
+samples wrong answers often, which leaves RL something to fix. Its demonstrations cover every one-digit problem, the
+RL scripts' held-out ones too, as a pretrained model has seen the facts; RL never trains on the held-out prompts.
+
+`--from_scratch` also builds the model: a byte-level BPE tokenizer trained with the `tokenizers` library on the task's
+own text (a Qwen2Tokenizer, so AutoTokenizer reloads it unchanged) and a small Qwen2 model. This is how the shipped
+`models/tiny-arith` was made:
+
+    python sft.py --from_scratch --output_dir models/tiny-arith
+"""
+
+import time
+from dataclasses import asdict, dataclass
+
+import torch
+from tqdm.auto import tqdm
+from transformers import get_scheduler
+
+import common
+from common import ConfigError, arg, require
+from rewards import accuracy_reward, format_reward
+
+
+@dataclass
+class Args:
+    model_name_or_path: str = arg(common.EMBEDDED_MODEL, "model to fine-tune: a hub id or a local folder (ignored with --from_scratch)")
+    from_scratch: bool = arg(False, "build a new tokenizer and a tiny Qwen2 model instead of loading one")
+    hidden_size: int = arg(128, "--from_scratch: hidden size")
+    num_hidden_layers: int = arg(4, "--from_scratch: transformer layers")
+    vocab_size: int = arg(384, "--from_scratch: BPE vocabulary size, special tokens included")
+    dataset_name: str = arg("arithmetic", "'arithmetic' (built in), a hub dataset, or a local data file/folder with prompt and completion columns")
+    dataset_train_split: str = arg("train", "split to train on")
+    dataset_test_split: str = arg("test", "split to evaluate on (needs a ground_truth column); skipped when absent")
+    label_noise: float = arg(0.5, "arithmetic: probability that a demonstrated answer is off by ±1 or ±2")
+    samples_per_problem: int = arg(200, "arithmetic: demonstrations per training problem")
+    learning_rate: float = arg(3e-3, "AdamW learning rate")
+    lr_scheduler_type: str = arg("cosine", "transformers scheduler name: constant, linear, cosine, ...")
+    warmup_ratio: float = arg(0.05, "fraction of steps spent warming the learning rate up")
+    weight_decay: float = arg(0.0, "AdamW weight decay")
+    max_grad_norm: float = arg(1.0, "gradient clipping norm")
+    per_device_train_batch_size: int = arg(64, "sequences per optimizer step")
+    max_steps: int = arg(1200, "optimizer steps")
+    max_length: int = arg(128, "sequences are truncated to this many tokens")
+    seed: int = arg(0, "random seed")
+    logging_steps: int = arg(25, "log every this many steps")
+    eval_steps: int = arg(400, "evaluate every this many steps (and at the start and end)")
+    num_generations_eval: int = arg(4, "completions sampled per held-out prompt for eval/accuracy")
+    per_device_eval_batch_size: int = arg(512, "completions per generate call during evaluation")
+    temperature: float = arg(1.0, "evaluation sampling temperature")
+    top_p: float = arg(1.0, "evaluation nucleus sampling (1.0 = off)")
+    top_k: int = arg(0, "evaluation top-k sampling (0 = off)")
+    max_completion_length: int = arg(16, "evaluation: max generated tokens")
+    output_dir: str = arg("outputs/sft", "where metrics, checkpoints and the final model go")
+    save_steps: int = arg(0, "save a checkpoint every this many steps (0 = only on Ctrl-C)")
+    resume_from_checkpoint: str | None = arg(None, "a checkpoint folder, or 'latest' in output_dir")
+    use_peft: bool = arg(False, "train a LoRA adapter instead of all weights")
+    lora_r: int = arg(16, "LoRA rank")
+    lora_alpha: int = arg(32, "LoRA alpha")
+    lora_dropout: float = arg(0.05, "LoRA dropout")
+    lora_target_modules: str = arg("all-linear", "comma-separated module names, or all-linear")
+    save_merged_model: bool = arg(False, "with --use_peft, also save the merged model in output_dir/merged")
+    gradient_checkpointing: bool = arg(False, "recompute activations in the backward pass to save memory")
+    bf16: bool = arg(False, "bfloat16 autocast for forward passes")
+    report_to: str = arg("none", "none, tensorboard or wandb")
+
+
+CHATML = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def arithmetic_sft_dataset(split: str, label_noise: float, samples_per_problem: int, seed: int):
+    """Demonstrations from the noisy demonstrator: prompt, completion, and the true answer as ground_truth."""
+    from datasets import Dataset
+    import random
+
+    rng = random.Random(seed)
+    rows = []
+    # The demonstrations cover every problem, the RL held-out ones included: the warm start plays the part of a
+    # pretrained model that has seen the facts. The RL scripts never train on the held-out prompts.
+    problems = common.arithmetic_problems() if split == "train" else common.arithmetic_split("test")
+    for a, op, b, answer in problems:
+        prompt = [{"role": "user", "content": common.arithmetic_question(a, op, b)}]
+        for _ in range(samples_per_problem if split == "train" else 1):
+            shown = answer + (rng.choice([-2, -1, 1, 2]) if rng.random() < label_noise else 0)
+            rows.append({"prompt": prompt, "completion": [{"role": "assistant", "content": f"<answer>{shown}</answer>"}], "ground_truth": str(answer)})
+    return Dataset.from_list(rows)
+
+
+def build_tiny_model(args, dataset):
+    """A byte-level BPE Qwen2Tokenizer trained on the task's text, and a small Qwen2 model around it."""
+    from transformers import AutoModelForCausalLM, Qwen2Config, Qwen2Tokenizer
+
+    renderer = Qwen2Tokenizer()
+    renderer.chat_template = CHATML
+    corpus = [renderer.apply_chat_template(row["prompt"] + row["completion"], tokenize=False) for row in dataset.select(range(min(len(dataset), 5000)))]
+    corpus += [str(n) for n in range(-100, 100)] + [" +-×÷=<>/.,:;?!()[]{}'\"\n\t abcdefghijklmnopqrstuvwxyz"]
+    tokenizer = renderer.train_new_from_iterator(corpus, vocab_size=args.vocab_size, new_special_tokens=["<|im_start|>", "<|im_end|>"])
+    tokenizer.eos_token = "<|im_end|>"
+    tokenizer.pad_token = "<|endoftext|>"
+    tokenizer.chat_template = CHATML
+    tokenizer.padding_side = "left"
+    config = Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=args.hidden_size,
+        intermediate_size=3 * args.hidden_size,
+        num_hidden_layers=args.num_hidden_layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=args.max_length,
+        tie_word_embeddings=True,
+        bos_token_id=None,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    return tokenizer, AutoModelForCausalLM.from_config(config)
+
+
+def tokenize(tokenizer, dataset, max_length: int) -> list[dict]:
+    """input_ids and labels (-100 on prompt tokens) per prompt/completion pair; each completion ends with EOS."""
+    prompt_texts = [common.prompt_text(tokenizer, p) for p in dataset["prompt"]]
+    completion_texts = [c if isinstance(c, str) else c[-1]["content"] for c in dataset["completion"]]
+    prompt_ids = tokenizer(prompt_texts, add_special_tokens=False).input_ids
+    completion_ids = tokenizer(completion_texts, add_special_tokens=False).input_ids
+    rows = []
+    for prompt, completion in zip(prompt_ids, completion_ids):
+        completion = completion + [tokenizer.eos_token_id]
+        rows.append({"input_ids": (prompt + completion)[:max_length], "labels": ([-100] * len(prompt) + completion)[:max_length]})
+    return rows
+
+
+def collate(rows: list[dict], pad_token_id: int, device) -> dict:
+    length = max(len(r["input_ids"]) for r in rows)
+    pad = lambda seq, value: seq + [value] * (length - len(seq))  # noqa: E731
+    return {
+        "input_ids": torch.tensor([pad(r["input_ids"], pad_token_id) for r in rows], device=device),
+        "attention_mask": torch.tensor([pad([1] * len(r["input_ids"]), 0) for r in rows], device=device),
+        "labels": torch.tensor([pad(r["labels"], -100) for r in rows], device=device),
+    }
+
+
+def main(args: Args):
+    require(args.learning_rate > 0, f"--learning_rate: must be positive, got {args.learning_rate}")
+    require(args.max_steps > 0, f"--max_steps: must be positive, got {args.max_steps}")
+    require(args.per_device_train_batch_size > 0, "--per_device_train_batch_size: must be positive")
+    require(0.0 <= args.label_noise <= 1.0, f"--label_noise: must be in [0, 1], got {args.label_noise}")
+    common.seed_everything(args.seed)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+    # ---- data ----
+    builtin = {"arithmetic": lambda split: arithmetic_sft_dataset(split, args.label_noise, args.samples_per_problem, args.seed)}
+    train_dataset = common.load_split(args.dataset_name, args.dataset_train_split, builtin)
+    require(train_dataset is not None, f"--dataset_train_split: {args.dataset_name} has no split {args.dataset_train_split!r}")
+    for column in ("prompt", "completion"):
+        require(column in train_dataset.column_names, f"--dataset_name: the dataset has no {column!r} column (columns: {train_dataset.column_names})")
+    eval_dataset = common.load_split(args.dataset_name, args.dataset_test_split, builtin)
+    if eval_dataset is not None and "ground_truth" not in eval_dataset.column_names:
+        eval_dataset = None
+    if eval_dataset is not None:
+        eval_dataset = eval_dataset.remove_columns([c for c in eval_dataset.column_names if c not in ("prompt", "ground_truth")])
+
+    # ---- model ----
+    checkpoint = common.resolve_checkpoint(args.resume_from_checkpoint, args.output_dir)
+    if args.from_scratch:
+        tokenizer, model = build_tiny_model(args, train_dataset)
+        if checkpoint is not None:
+            tokenizer = common.load_tokenizer(str(checkpoint), "--resume_from_checkpoint")
+            model = common.load_causal_lm(str(checkpoint), "--resume_from_checkpoint")
+    else:
+        tokenizer = common.load_tokenizer(args.model_name_or_path)
+        model = common.load_causal_lm(str(checkpoint) if checkpoint and not args.use_peft else args.model_name_or_path)
+    if args.use_peft:
+        from peft import PeftModel, get_peft_model
+
+        model = PeftModel.from_pretrained(model, checkpoint, is_trainable=True) if checkpoint else get_peft_model(model, common.lora_config(args))
+    if args.gradient_checkpointing:
+        model.gradient_checkpointing_enable()
+        model.config.use_cache = False
+    model.to(device).train()
+    n_params = sum(p.numel() for p in model.parameters())
+    print(f"model: {n_params / 1e6:.2f}M parameters, vocabulary {len(tokenizer)}")
+
+    rows = tokenize(tokenizer, train_dataset, args.max_length)
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=args.learning_rate, weight_decay=args.weight_decay)
+    scheduler = get_scheduler(args.lr_scheduler_type, optimizer, num_warmup_steps=int(args.warmup_ratio * args.max_steps), num_training_steps=args.max_steps)
+    start_step = 0
+    if checkpoint is not None:
+        start_step = common.load_training_state(checkpoint, optimizer, scheduler)["step"]
+    logger = common.MetricsLogger(args.output_dir, args.report_to, asdict(args), resume_step=start_step)
+    eval_rewards = {"accuracy": accuracy_reward, "format": format_reward}
+
+    def run_eval(step):
+        if eval_dataset is None:
+            return {}
+        metrics = common.evaluate(model, tokenizer, eval_dataset, args, eval_rewards, seed=args.seed + step)
+        logger.log(step, metrics)
+        return metrics
+
+    first_eval = run_eval(start_step) if start_step == 0 else {}
+    batches_per_epoch = len(rows) // args.per_device_train_batch_size
+    require(batches_per_epoch > 0, f"--per_device_train_batch_size: {args.per_device_train_batch_size} exceeds the {len(rows)} training rows")
+
+    # ---- training loop ----
+    step = start_step
+    interrupted = False
+    progress = tqdm(total=args.max_steps, initial=start_step, desc="sft")
+    try:
+        while step < args.max_steps:
+            start = time.perf_counter()
+            epoch, position = divmod(step, batches_per_epoch)  # the data position is a function of the step
+            order = torch.randperm(len(rows), generator=torch.Generator().manual_seed(args.seed + epoch))
+            index = order[position * args.per_device_train_batch_size:(position + 1) * args.per_device_train_batch_size]
+            batch = collate([rows[i] for i in index.tolist()], tokenizer.pad_token_id, device)
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.bf16):
+                logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits[:, :-1].float()
+            labels = batch["labels"][:, 1:]
+            loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=-100)
+            loss.backward()
+            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.max_grad_norm)
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+            step += 1
+            progress.update()
+            if step % args.logging_steps == 0 or step == args.max_steps:
+                metrics = {"loss": loss.item(), "grad_norm": grad_norm.item(), "learning_rate": scheduler.get_last_lr()[0], "step_time": time.perf_counter() - start}
+                logger.log(step, metrics)
+                progress.set_postfix(loss=f"{metrics['loss']:.3f}")
+            if args.eval_steps and step % args.eval_steps == 0 and step != args.max_steps:
+                run_eval(step)
+            if args.save_steps and step % args.save_steps == 0:
+                common.save_checkpoint(args.output_dir, step, model, tokenizer, optimizer, scheduler)
+    except KeyboardInterrupt:
+        interrupted = True
+    progress.close()
+    if interrupted:
+        path = common.save_checkpoint(args.output_dir, step, model, tokenizer, optimizer, scheduler)
+        print(f"interrupted at step {step}: saved {path}; continue with --resume_from_checkpoint latest")
+        logger.close()
+        raise SystemExit(130)
+
+    last_eval = run_eval(step)
+    common.save_final_model(args.output_dir, model, tokenizer, args.save_merged_model)
+    logger.close()
+    if first_eval and last_eval:
+        print(f"held-out accuracy (sampled, T={args.temperature}) {first_eval['eval/accuracy']:.3f} → {last_eval['eval/accuracy']:.3f}; "
+              f"greedy {first_eval['eval/accuracy_greedy']:.3f} → {last_eval['eval/accuracy_greedy']:.3f}; format {last_eval['eval/format']:.3f}")
+    elif last_eval:
+        print(f"held-out accuracy (sampled) {last_eval['eval/accuracy']:.3f}, greedy {last_eval['eval/accuracy_greedy']:.3f}, format {last_eval['eval/format']:.3f}")
+    print(f"saved the model to {args.output_dir}")
+
+
+if __name__ == "__main__":
+    common.cli(main, Args)

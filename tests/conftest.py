@@ -1,0 +1,28 @@
+import os
+import sys
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+import common  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    torch.manual_seed(0)
+
+
+@pytest.fixture(scope="session")
+def tiny_model():
+    return common.load_causal_lm(common.EMBEDDED_MODEL)
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer():
+    return common.load_tokenizer(common.EMBEDDED_MODEL)
