@@ -1,0 +1,446 @@
+"""GRPO: group relative policy optimization (Shao et al. 2024, "DeepSeekMath"), with the Dr. GRPO and DAPO changes.
+
+For every prompt x, sample G = num_generations completions y_1..y_G from the policy π_θ at temperature T and score
+them with the reward r (a weighted sum of reward functions, or a reward model). Then:
+
+    Group-relative advantage (DeepSeekMath §4.1.2, outcome supervision), the same for every token of y_i
+        A_i = (r_i − mean_j r_j) / (std + 1e-4)      std of the group's rewards (--scale_rewards group), of the whole
+                                                       batch's (batch), or no division at all (none)
+
+    Per-token clipped surrogate, with the KL as a loss term on the current policy (DeepSeekMath Eq. 3, k3 of Eq. 4)
+        ρ_{i,t} = π_θ(y_{i,t} | x, y_{i,<t}) / π_θ_old(y_{i,t} | x, y_{i,<t}) = exp(log π_θ − log π_θ_old)
+        kl_{i,t} = exp(log π_ref − log π_θ) − (log π_ref − log π_θ) − 1           (differentiated: ∂/∂log π_θ = 1 − π_ref/π_θ)
+        ℓ_{i,t} = −min(ρ_{i,t} A_i, clip(ρ_{i,t}, 1 − ε, 1 + ε_high) A_i) + β · kl_{i,t}
+        L(θ) = Σ_{i,t} w_{i,t} ℓ_{i,t},   with m the completion mask (0 on whole rows with --mask_truncated_completions)
+            --loss_type grpo      w_{i,t} = m_{i,t} / (|y_i| · N)    each sequence's token mean, then the mean over the N
+                                                                     sequences with a loss (Eq. 3: long answers weigh less per token)
+            --loss_type dr_grpo   w_{i,t} = m_{i,t} / (B · max_completion_length)        a constant normalizer
+            --loss_type dapo      w_{i,t} = m_{i,t} / Σ_{j,s} m_{j,s}   every token of the batch weighs the same (the default)
+            --loss_type bnpo      the same as dapo here (TRL divides by the tokens of each micro-batch instead)
+
+What the follow-ups changed. Dr. GRPO (Liu et al. 2025, §3.1): dividing by the std favours easy and hard prompts and
+dividing by |y_i| favours long wrong answers, so no std (--scale_rewards none) and a constant normalizer
+(--loss_type dr_grpo). DAPO (Yu et al. 2025): clip-higher (§3.1, --epsilon_high 0.28, room for unlikely tokens to
+grow), dynamic sampling (§3.2, --dynamic_sampling: a group whose rewards are all equal has A = 0 and teaches nothing,
+so it is dropped and more prompts are sampled), the token-level loss (§3.3, --loss_type dapo) and overlong filtering
+(§3.4, --mask_truncated_completions).
+
+Every normalizer is computed once over the whole batch, after truncation masking, and each micro-batch's loss is its
+share of the one sum: accumulating micro-batches gives exactly the one-batch loss and gradient, whatever the loss_type.
+A_i depends on the rewards only, so micro-batches need not hold whole groups.
+
+With num_iterations = 1 (the default) the completions are used once: ρ ≡ 1 and ∇L = −Σ_{i,t} w_{i,t} A_i ∇ log π_θ(y_{i,t})
+(+ the KL term). The logged `loss` and `policy_loss` then sit near 0, because the advantages of each group sum to
+zero; `grad_norm` shows that the update is not. Worked example (G = 4, --scale_rewards none): rewards 10, 8, 4, 2
+have group mean 6 and advantages +4, +2, −2, −4, which RLOO's leave-one-out advantages scale by G/(G−1) = 4/3.
+
+One forward pass per completion and iteration: the policy log-probs of the first iteration, detached, are π_θ_old,
+so no separate "old log-prob" pass is spent; β = 0 (the default) loads no reference model.
+
+    python grpo.py                                          # the embedded tiny model, offline, ~2 minutes on a CPU
+"""
+
+import time
+from contextlib import nullcontext
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.nn.functional as F
+from tqdm.auto import tqdm
+from transformers import get_scheduler
+
+import common
+from common import arg, require
+from rewards import accuracy_reward, compute_rewards, format_reward, load_reward_funcs, reward_weights
+
+LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
+
+
+@dataclass
+class Args:
+    # model and data
+    model_name_or_path: str = arg(common.EMBEDDED_MODEL, "policy to train: a hub id or a local folder (default: the embedded tiny model)")
+    dataset_name: str = arg("arithmetic", "'arithmetic' (built in), a hub dataset, or a local data file/folder with a 'prompt' column")
+    dataset_train_split: str = arg("train", "split to train on")
+    dataset_test_split: str = arg("test", "held-out split for eval/accuracy (needs a ground_truth column); skipped when absent")
+    reward_funcs: str = arg("accuracy", "comma-separated reward functions: accuracy, format, module:function, or none")
+    reward_weights: str = arg("", "comma-separated weights, one per reward (empty: all 1.0)")
+    reward_model_path: str | None = arg(None, "a sequence-classification reward model (num_labels=1), added to the rewards")
+    # GRPO
+    num_generations: int = arg(8, "completions sampled per prompt (G ≥ 2), the group whose mean is the baseline")
+    scale_rewards: str = arg("group", "divide the centered rewards by the std of the group, of the batch, or none (Dr. GRPO)")
+    loss_type: str = arg("dapo", "token weighting of the loss: grpo, bnpo, dr_grpo or dapo (see the module docstring)")
+    beta: float = arg(0.0, "coefficient β of the k3 KL term in the loss; 0 skips the reference model entirely")
+    num_iterations: int = arg(1, "optimizer steps on each batch of completions (>1 makes the ratio and clipping matter)")
+    epsilon: float = arg(0.2, "lower clipping bound ε of the per-token ratio")
+    epsilon_high: float | None = arg(None, "upper clipping bound (default: epsilon; DAPO's clip-higher uses 0.28)")
+    mask_truncated_completions: bool = arg(False, "completions without EOS get no loss and leave the normalizer (they still count in the advantages)")
+    dynamic_sampling: bool = arg(False, "DAPO: drop groups whose rewards are all equal and refill the batch with more prompts")
+    max_resample_rounds: int = arg(3, "--dynamic_sampling: extra generation rounds per step at most; then dropped groups fill the rest")
+    # generation
+    temperature: float = arg(1.0, "sampling temperature; log-probs use the same logits / temperature")
+    top_p: float = arg(1.0, "nucleus sampling (1.0 = off)")
+    top_k: int = arg(0, "top-k sampling (0 = off)")
+    max_completion_length: int = arg(16, "max generated tokens per completion")
+    # optimization
+    prompts_per_step: int = arg(8, "distinct prompts per step; the step's batch is prompts_per_step × num_generations completions")
+    micro_batch_size: int = arg(0, "completions per forward/backward, gradients accumulated (0 = the whole batch)")
+    max_steps: int = arg(100, "training steps (one batch of completions each)")
+    learning_rate: float = arg(2e-4, "AdamW learning rate (the embedded model; use ~1e-6 for a full 0.5B model)")
+    lr_scheduler_type: str = arg("constant_with_warmup", "transformers scheduler: constant, constant_with_warmup, linear, cosine, ...")
+    warmup_ratio: float = arg(0.03, "fraction of optimizer steps spent warming up")
+    weight_decay: float = arg(0.0, "AdamW weight decay")
+    max_grad_norm: float = arg(1.0, "gradient clipping norm")
+    seed: int = arg(0, "random seed (sampling, data order)")
+    # logging, evaluation, checkpoints
+    logging_steps: int = arg(5, "write metrics every this many steps")
+    log_completions: bool = arg(False, "print a few sampled completions with their rewards at each logging step")
+    num_completions_to_print: int = arg(2, "how many completions --log_completions prints")
+    eval_steps: int = arg(50, "evaluate on the held-out split every this many steps (also at the start and the end)")
+    num_generations_eval: int = arg(4, "completions sampled per held-out prompt for eval/accuracy")
+    per_device_eval_batch_size: int = arg(512, "completions per generate call during evaluation")
+    output_dir: str = arg("outputs/grpo", "where metrics.jsonl, checkpoints and the final model go")
+    save_steps: int = arg(100, "save a checkpoint every this many steps (0 = never; Ctrl-C always saves)")
+    resume_from_checkpoint: str | None = arg(None, "a checkpoint folder, or 'latest' in output_dir")
+    # efficiency
+    use_peft: bool = arg(False, "train a LoRA adapter; the reference model is then the policy with adapters disabled")
+    lora_r: int = arg(16, "LoRA rank")
+    lora_alpha: int = arg(32, "LoRA alpha")
+    lora_dropout: float = arg(0.05, "LoRA dropout")
+    lora_target_modules: str = arg("all-linear", "comma-separated module names, or all-linear")
+    save_merged_model: bool = arg(False, "with --use_peft, also save the merged model in output_dir/merged")
+    gradient_checkpointing: bool = arg(False, "recompute activations in the backward pass to save memory")
+    bf16: bool = arg(False, "bfloat16 autocast for forward passes")
+    report_to: str = arg("none", "none, tensorboard or wandb")
+
+
+def check_args(args: Args):
+    require(args.num_generations >= 2, f"--num_generations: the group-relative advantage needs at least 2 completions per prompt, got {args.num_generations}")
+    require(args.prompts_per_step > 0, f"--prompts_per_step: must be positive, got {args.prompts_per_step}")
+    batch_size = args.prompts_per_step * args.num_generations
+    require(args.micro_batch_size >= 0, f"--micro_batch_size: must be ≥ 0, got {args.micro_batch_size}")
+    micro = args.micro_batch_size or batch_size
+    require(batch_size % micro == 0, f"--micro_batch_size: {micro} does not divide the batch of {batch_size} completions (prompts_per_step × num_generations)")
+    require(args.learning_rate > 0, f"--learning_rate: must be positive, got {args.learning_rate}")
+    require(args.max_completion_length > 0, f"--max_completion_length: must be positive, got {args.max_completion_length}")
+    require(args.max_steps > 0, f"--max_steps: must be positive, got {args.max_steps}")
+    require(args.num_iterations >= 1, f"--num_iterations: must be ≥ 1, got {args.num_iterations}")
+    require(args.beta >= 0, f"--beta: must be ≥ 0, got {args.beta}")
+    require(args.scale_rewards in ("group", "batch", "none"), f"--scale_rewards: expected group, batch or none, got {args.scale_rewards!r}")
+    require(args.loss_type in LOSS_TYPES, f"--loss_type: expected one of {', '.join(LOSS_TYPES)}, got {args.loss_type!r}")
+    require(args.epsilon > 0, f"--epsilon: must be positive, got {args.epsilon}")
+    require(args.epsilon_high is None or args.epsilon_high > 0, f"--epsilon_high: must be positive, got {args.epsilon_high}")
+    require(args.max_resample_rounds >= 0, f"--max_resample_rounds: must be ≥ 0, got {args.max_resample_rounds}")
+    require(args.temperature > 0, f"--temperature: must be positive, got {args.temperature}")
+
+
+def per_token_kl(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
+    """k3 = exp(ref − logp) − (ref − logp) − 1 for each sampled token: unbiased, ≥ 0, gradient 1 − exp(ref − logp)."""
+    log_ratio = ref_logprobs - logprobs
+    return torch.exp(log_ratio) - log_ratio - 1
+
+
+def group_relative_advantages(rewards: torch.Tensor, num_generations: int, scale_rewards: str) -> torch.Tensor:
+    """A_i = (r_i − mean of its group) / (std + 1e-4), std of the group, of the batch, or none. (B,) -> (B,)"""
+    grouped = rewards.view(-1, num_generations)
+    centered = grouped - grouped.mean(1, keepdim=True)
+    if scale_rewards == "group":
+        centered = centered / (grouped.std(1, keepdim=True) + 1e-4)
+    elif scale_rewards == "batch":
+        centered = centered / (rewards.std() + 1e-4)
+    return centered.flatten()
+
+
+def loss_token_weights(loss_mask: torch.Tensor, loss_type: str, max_completion_length: int) -> torch.Tensor:
+    """w (B, T) of L = Σ_{i,t} w_{i,t} ℓ_{i,t}, computed over the WHOLE batch; loss_mask (B, T) marks the tokens that
+    get a loss (completion tokens, after truncation masking). A micro-batch's loss is its rows' share of the sum."""
+    loss_mask = loss_mask.float()
+    if loss_type == "grpo":  # each sequence's token mean, then the mean over the sequences that have a loss
+        lengths = loss_mask.sum(1, keepdim=True)
+        return loss_mask / lengths.clamp(min=1) / (lengths > 0).sum().clamp(min=1)
+    if loss_type == "dr_grpo":  # a constant: every token weighs the same, whatever the lengths in this batch
+        return loss_mask / (loss_mask.shape[0] * max_completion_length)
+    return loss_mask / loss_mask.sum().clamp(min=1)  # dapo and bnpo: every token of the batch weighs the same
+
+
+def grpo_loss(logprobs, old_logprobs, ref_logprobs, advantages, token_weights, beta: float, epsilon: float, epsilon_high: float):
+    """Σ_{i,t} w_{i,t} (−min(ρ_t A_i, clip(ρ_t, 1−ε, 1+ε_high) A_i) + β kl_t) over this micro-batch, ρ_t the per-token
+    ratio. Returns the loss, its policy part (without the KL term), and ρ (B_mb, T)."""
+    ratio = torch.exp(logprobs - old_logprobs)  # ≡ 1 (with gradient ∇ log π) when old = logprobs.detach()
+    A = advantages[:, None]
+    surrogate = torch.min(ratio * A, ratio.clamp(1 - epsilon, 1 + epsilon_high) * A)
+    policy_loss = -(surrogate * token_weights).sum()
+    if beta == 0:
+        return policy_loss, policy_loss, ratio
+    return policy_loss + beta * (per_token_kl(logprobs, ref_logprobs) * token_weights).sum(), policy_loss, ratio
+
+
+def zero_std_groups(rewards: torch.Tensor, num_generations: int) -> torch.Tensor:
+    """(P,) True for the groups whose rewards are all equal: their advantages are 0, they carry no policy gradient."""
+    return rewards.view(-1, num_generations).std(1) < 1e-6
+
+
+def concat_samples(samples: list[dict], pad_token_id: int) -> dict:
+    """Several generation rounds as one batch: prompts stay left-padded and completions right-padded."""
+
+    def pad_cat(key, value, left):
+        width = max(s[key].shape[1] for s in samples)
+        return torch.cat([F.pad(s[key], (width - s[key].shape[1], 0) if left else (0, width - s[key].shape[1]), value=value) for s in samples])
+
+    return {
+        "prompts": [p for s in samples for p in s["prompts"]],
+        "columns": {c: [v for s in samples for v in s["columns"][c]] for c in samples[0]["columns"]},
+        "prompt_ids": pad_cat("prompt_ids", pad_token_id, left=True),
+        "prompt_mask": pad_cat("prompt_mask", 0, left=True),
+        "completion_ids": pad_cat("completion_ids", pad_token_id, left=False),
+        "completion_mask": pad_cat("completion_mask", 0, left=False),
+        **{key: torch.cat([s[key] for s in samples]) for key in ("is_truncated", "rewards", "rewards_per_func")},
+        "completion_texts": [t for s in samples for t in s["completion_texts"]],
+    }
+
+
+def select_groups(sample: dict, groups: list[int], num_generations: int) -> dict:
+    """The completions of the given groups (prompt indices) of a sample."""
+    rows = [g * num_generations + k for g in groups for k in range(num_generations)]
+    index = torch.tensor(rows, dtype=torch.long)
+    return {
+        key: [value[i] for i in rows] if isinstance(value, list)
+        else {c: [v[i] for i in rows] for c, v in value.items()} if isinstance(value, dict)
+        else value[index.to(value.device)]
+        for key, value in sample.items()
+    }
+
+
+def dynamic_sampling(sample_round, num_prompts: int, num_generations: int, max_resample_rounds: int, pad_token_id: int):
+    """DAPO's dynamic sampling: keep the groups whose rewards differ, calling sample_round(1), sample_round(2), ... for
+    more until num_prompts groups are kept or max_resample_rounds extra rounds are spent; dropped groups fill whatever
+    is still missing. sample_round(0) is the step's own prompts. Returns the batch and the fraction of dropped groups."""
+    kept, dropped, num_sampled = [], [], 0
+    for round in range(1 + max_resample_rounds):
+        sample = sample_round(round)
+        zero_std = zero_std_groups(sample["rewards"], num_generations).tolist()
+        num_sampled += len(zero_std)
+        kept.append(select_groups(sample, [g for g, z in enumerate(zero_std) if not z], num_generations))
+        dropped.append(select_groups(sample, [g for g, z in enumerate(zero_std) if z], num_generations))
+        if sum(len(s["prompts"]) for s in kept) >= num_prompts * num_generations:
+            break
+    batch = concat_samples(kept + dropped, pad_token_id)
+    batch = select_groups(batch, list(range(num_prompts)), num_generations)
+    return batch, sum(len(s["prompts"]) for s in dropped) / (num_sampled * num_generations)
+
+
+def main(args: Args):
+    check_args(args)
+    common.seed_everything(args.seed)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    G = args.num_generations
+    batch_size = args.prompts_per_step * G
+    micro_batch_size = args.micro_batch_size or batch_size
+    epsilon_high = args.epsilon if args.epsilon_high is None else args.epsilon_high
+
+    # ---- data: prompts, and every other column for the reward functions ----
+    builtin = {"arithmetic": common.arithmetic_dataset}
+    train_dataset = common.load_split(args.dataset_name, args.dataset_train_split, builtin)
+    require(train_dataset is not None, f"--dataset_train_split: {args.dataset_name} has no split {args.dataset_train_split!r}")
+    common.check_prompt_column(train_dataset)
+    require(len(train_dataset) >= args.prompts_per_step, f"--prompts_per_step: {args.prompts_per_step} exceeds the {len(train_dataset)} training prompts")
+    eval_dataset = common.load_split(args.dataset_name, args.dataset_test_split, builtin)
+    if eval_dataset is None or "ground_truth" not in eval_dataset.column_names:
+        print(f"no held-out split {args.dataset_test_split!r} with a ground_truth column: evaluation is skipped")
+        eval_dataset = None
+
+    # ---- models: policy, reference (only when β > 0), reward functions ----
+    checkpoint = common.resolve_checkpoint(args.resume_from_checkpoint, args.output_dir)
+    tokenizer = common.load_tokenizer(args.model_name_or_path)
+    model = common.load_causal_lm(str(checkpoint) if checkpoint and not args.use_peft else args.model_name_or_path)
+    if args.use_peft:
+        from peft import PeftModel, get_peft_model
+
+        model = PeftModel.from_pretrained(model, checkpoint, is_trainable=True) if checkpoint else get_peft_model(model, common.lora_config(args))
+    if args.gradient_checkpointing:
+        model.gradient_checkpointing_enable()
+        if args.use_peft:
+            model.enable_input_require_grads()
+    model.to(device).train()
+    ref_model = None
+    if args.beta > 0 and not args.use_peft:
+        ref_model = common.load_causal_lm(args.model_name_or_path).to(device).eval().requires_grad_(False)
+    reward_funcs = load_reward_funcs(args.reward_funcs, args.reward_model_path, device)
+    weights = reward_weights(args.reward_weights, reward_funcs)
+    generation_config = common.sampling_config(tokenizer, args)
+    autocast = lambda: torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.bf16)  # noqa: E731
+
+    def reference_logprobs(input_ids, attention_mask, T):
+        with torch.no_grad(), autocast(), (model.disable_adapter() if args.use_peft else nullcontext()):
+            return common.completion_logprobs(ref_model or model, input_ids, attention_mask, T, args.temperature)
+
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=args.learning_rate, weight_decay=args.weight_decay)
+    total_updates = args.max_steps * args.num_iterations
+    scheduler = get_scheduler(args.lr_scheduler_type, optimizer, num_warmup_steps=int(args.warmup_ratio * total_updates), num_training_steps=total_updates)
+    start_step, num_tokens = 0, 0
+    if checkpoint is not None:
+        state = common.load_training_state(checkpoint, optimizer, scheduler)
+        start_step, num_tokens = state["step"], state["num_tokens"]
+    logger = common.MetricsLogger(args.output_dir, args.report_to, asdict(args), resume_step=start_step)
+    eval_rewards = {"accuracy": accuracy_reward, "format": format_reward}
+
+    def run_eval(step: int) -> dict:
+        if eval_dataset is None:
+            return {}
+        metrics = common.evaluate(model, tokenizer, eval_dataset, args, eval_rewards, seed=args.seed + step)
+        logger.log(step, metrics)
+        return metrics
+
+    first_eval = run_eval(0) if start_step == 0 else {}
+    steps_per_epoch = len(train_dataset) // args.prompts_per_step
+    columns = [c for c in train_dataset.column_names if c != "prompt"]
+
+    def generate_and_score(rows) -> dict:
+        # 2. generate G completions per prompt
+        prompts = [p for p in rows["prompt"] for _ in range(G)]  # each prompt's G completions are contiguous
+        model.eval()  # no dropout while sampling
+        rollout = common.generate(model, tokenizer, [common.prompt_text(tokenizer, p) for p in prompts], generation_config)
+        model.train()
+
+        # 3. score: r(x, y_i), the weighted sum of the reward functions
+        completion_texts = common.decode_completions(tokenizer, rollout["completion_ids"])
+        completion_id_lists = [ids[mask.bool()].tolist() for ids, mask in zip(rollout["completion_ids"], rollout["completion_mask"])]
+        row_columns = {c: [v for v in rows[c] for _ in range(G)] for c in columns}
+        rewards, rewards_per_func = compute_rewards(reward_funcs, weights, prompts, completion_texts, completion_id_lists, row_columns)
+        return {"prompts": prompts, "columns": row_columns, **rollout, "completion_texts": completion_texts, "rewards": rewards, "rewards_per_func": rewards_per_func}
+
+    # ---- training loop ----
+    step = start_step
+    progress = tqdm(total=args.max_steps, initial=start_step, desc="grpo")
+    with common.graceful_interrupt() as interrupted:
+        while step < args.max_steps and not interrupted.is_set():
+            step_start = time.perf_counter()
+
+            # 1. sample prompts; the data position is a function of the step, so a resumed run sees the same prompts
+            epoch, position = divmod(step, steps_per_epoch)
+            order = torch.randperm(len(train_dataset), generator=torch.Generator().manual_seed(args.seed + epoch))
+            rows = train_dataset.select(order[position * args.prompts_per_step:(position + 1) * args.prompts_per_step].tolist())
+
+            # 2-3. generate and score; dynamic sampling draws its extra prompts at random, seeded by (seed, step, round)
+            if args.dynamic_sampling:
+                def sample_round(round):
+                    if round == 0:
+                        return generate_and_score(rows)
+                    generator = torch.Generator().manual_seed(hash((args.seed, step, round)) % 2**63)
+                    return generate_and_score(train_dataset.select(torch.randperm(len(train_dataset), generator=generator)[:args.prompts_per_step].tolist()))
+
+                sample, dropped_frac = dynamic_sampling(sample_round, args.prompts_per_step, G, args.max_resample_rounds, tokenizer.pad_token_id)
+            else:
+                sample = generate_and_score(rows)
+            prompts, completion_texts, rewards_per_func = sample["prompts"], sample["completion_texts"], sample["rewards_per_func"]
+            completion_ids, completion_mask = sample["completion_ids"], sample["completion_mask"]  # (B, T)
+            input_ids = torch.cat([sample["prompt_ids"], completion_ids], 1)
+            attention_mask = torch.cat([sample["prompt_mask"], completion_mask], 1)
+            T = completion_ids.shape[1]
+            rewards = sample["rewards"].to(device)
+            loss_mask = completion_mask * ~sample["is_truncated"][:, None] if args.mask_truncated_completions else completion_mask
+
+            # 4. group-relative advantage (rewards only: the KL is a loss term), and the whole batch's token weights
+            advantages = group_relative_advantages(rewards, G, args.scale_rewards)
+            token_weights = loss_token_weights(loss_mask, args.loss_type, args.max_completion_length)  # (B, T), sums over the batch
+
+            # 5-6. per micro-batch: log-probs → per-token clipped surrogate + β·k3 → loss
+            old_logprobs = torch.zeros(batch_size, T, device=device)
+            ref_logprobs = torch.zeros(batch_size, T, device=device)
+            kl = torch.zeros(batch_size, T, device=device)
+            entropy = torch.zeros(batch_size, T, device=device)
+            clip_low, clip_high, losses, policy_losses, grad_norms = [], [], [], [], []
+            for iteration in range(args.num_iterations):
+                loss_sum, policy_loss_sum = 0.0, 0.0
+                for mb in torch.arange(batch_size, device=device).split(micro_batch_size):
+                    with autocast():
+                        logprobs, token_entropy = common.completion_logprobs(model, input_ids[mb], attention_mask[mb], T, args.temperature, entropy=True)
+                    mask = completion_mask[mb]
+                    if iteration == 0:
+                        old_logprobs[mb] = logprobs.detach()  # π_θ_old = the sampling policy = π_θ before this batch's first update
+                        entropy[mb] = token_entropy
+                        if args.beta > 0:
+                            ref_logprobs[mb] = reference_logprobs(input_ids[mb], attention_mask[mb], T)
+                            kl[mb] = per_token_kl(old_logprobs[mb], ref_logprobs[mb]) * mask
+                    A = advantages[mb]
+                    loss, policy_loss, ratio = grpo_loss(logprobs, old_logprobs[mb], ref_logprobs[mb], A, token_weights[mb], args.beta, args.epsilon, epsilon_high)
+                    loss.backward()
+                    loss_sum += loss.item()
+                    policy_loss_sum += policy_loss.item()
+                    is_low = (ratio < 1 - args.epsilon) & (A[:, None] < 0)
+                    is_high = (ratio > 1 + epsilon_high) & (A[:, None] > 0)
+                    clip_low.append(common.masked_mean(is_low.float(), mask).item())
+                    clip_high.append(common.masked_mean(is_high.float(), mask).item())
+                grad_norms.append(torch.nn.utils.clip_grad_norm_(params, args.max_grad_norm).item())
+                optimizer.step()
+                scheduler.step()
+                optimizer.zero_grad(set_to_none=True)
+                losses.append(loss_sum)
+                policy_losses.append(policy_loss_sum)
+            step += 1
+            progress.update()
+            num_tokens += attention_mask.sum().item()
+
+            # 7. log
+            if step % args.logging_steps == 0 or step == args.max_steps:
+                lengths = completion_mask.sum(1).float()
+                terminated = lengths[~sample["is_truncated"]]
+                group_std = rewards.view(-1, G).std(1)
+                metrics = {
+                    "reward": rewards.mean().item(),
+                    "reward_std": group_std.mean().item(),
+                    "frac_reward_zero_std": zero_std_groups(rewards, G).float().mean().item(),
+                    **{f"rewards/{name}/mean": rewards_per_func[:, j].nanmean().item() for j, name in enumerate(reward_funcs)},
+                    **{f"rewards/{name}/std": common.nanstd(rewards_per_func[:, j]) for j, name in enumerate(reward_funcs)},
+                    **({"kl": common.masked_mean(kl, completion_mask).item()} if args.beta > 0 else {}),
+                    **({"dynamic_sampling/dropped_frac": dropped_frac} if args.dynamic_sampling else {}),
+                    "entropy": common.masked_mean(entropy, completion_mask).item(),
+                    "clip_ratio/low_mean": sum(clip_low) / len(clip_low),
+                    "clip_ratio/low_min": min(clip_low),
+                    "clip_ratio/high_mean": sum(clip_high) / len(clip_high),
+                    "clip_ratio/high_max": max(clip_high),
+                    "clip_ratio/region_mean": (sum(clip_low) + sum(clip_high)) / len(clip_low),
+                    "completions/mean_length": lengths.mean().item(),
+                    "completions/min_length": lengths.min().item(),
+                    "completions/max_length": lengths.max().item(),
+                    "completions/clipped_ratio": sample["is_truncated"].float().mean().item(),
+                    "completions/mean_terminated_length": terminated.mean().item() if len(terminated) else 0.0,
+                    "completions/min_terminated_length": terminated.min().item() if len(terminated) else 0.0,
+                    "completions/max_terminated_length": terminated.max().item() if len(terminated) else 0.0,
+                    "loss": sum(losses) / len(losses),
+                    "policy_loss": sum(policy_losses) / len(policy_losses),
+                    "grad_norm": sum(grad_norms) / len(grad_norms),
+                    "learning_rate": scheduler.get_last_lr()[0],
+                    "num_tokens": num_tokens,
+                    "step_time": time.perf_counter() - step_start,
+                }
+                logger.log(step, metrics)
+                progress.set_postfix(reward=f"{metrics['reward']:.3f}", grad_norm=f"{metrics['grad_norm']:.3f}")
+                if args.log_completions:
+                    for i in range(min(args.num_completions_to_print, batch_size)):
+                        tqdm.write(f"[step {step}] {prompts[i]!r} → {completion_texts[i]!r}  reward {rewards[i].item():.3f}")
+
+            # 8. evaluate and save
+            if args.eval_steps and step % args.eval_steps == 0 and step != args.max_steps:
+                run_eval(step)
+            if args.save_steps and step % args.save_steps == 0:
+                common.save_checkpoint(args.output_dir, step, model, tokenizer, optimizer, scheduler, {"num_tokens": num_tokens})
+    progress.close()
+    if interrupted.is_set():
+        path = common.save_checkpoint(args.output_dir, step, model, tokenizer, optimizer, scheduler, {"num_tokens": num_tokens})
+        print(f"interrupted at step {step}: saved {path}; continue with --resume_from_checkpoint latest")
+        logger.close()
+        raise SystemExit(130)
+
+    last_eval = run_eval(step)
+    common.save_final_model(args.output_dir, model, tokenizer, args.save_merged_model)
+    logger.close()
+    if first_eval and last_eval:
+        print(f"held-out accuracy (sampled, T={args.temperature}): {first_eval['eval/accuracy']:.3f} → {last_eval['eval/accuracy']:.3f}; "
+              f"greedy: {first_eval['eval/accuracy_greedy']:.3f} → {last_eval['eval/accuracy_greedy']:.3f}")
+    print(f"saved the model to {args.output_dir}")
+
+
+if __name__ == "__main__":
+    common.cli(main, Args)
