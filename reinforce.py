@@ -1,0 +1,365 @@
+"""REINFORCE: sequence-level policy gradient with a moving-average baseline, for language models (Ahmadian et al. 2024, "Back to Basics").
+
+For every prompt x, sample G = num_generations completions y_1..y_G (G = 1 by default, the paper's REINFORCE) from the
+policy π_θ at temperature T and score them with the reward r (a weighted sum of reward functions, or a reward model).
+The whole completion is one action. Then:
+
+    KL-shaped reward (Eq. 3; the KL is a penalty inside the reward, computed on the sampled tokens, not differentiated)
+        R_i = r(x, y_i) − β · Σ_t kl_{i,t}
+        kl_{i,t} = log π_θ(y_t | x, y_<t) − log π_ref(y_t | x, y_<t)                     (k1, the default)
+        kl_{i,t} = exp(log π_ref − log π_θ) − (log π_ref − log π_θ) − 1                    (k3, --kl_estimator k3)
+
+    Baseline and advantage (Eq. 6–8)
+        --baseline none              A_i = R_i                                     plain REINFORCE (Eq. 6)
+        --baseline moving_average    A_i = R_i − b_MA,  b_MA = 1/S Σ_s R_s         (Eq. 7 with the b of Eq. 8, the default)
+        --baseline reinforce_pp      A_i = (R_i − mean_B R) / (std_B R + 1e-4)     REINFORCE++ (Hu 2025): whitened over the batch
+    b_MA is the mean of all S shaped rewards of the steps BEFORE this one (0 at the first step): a running mean over
+    training, shared by all prompts, not an EMA. It never includes R_i itself, so the gradient stays unbiased; its sum
+    and count are saved in checkpoints, so a resumed run continues with the same baseline.
+
+    Sequence-level clipped surrogate, averaged over the B = prompts_per_step · G completions
+        ρ_i = π_θ(y_i | x) / π_θ_old(y_i | x) = exp(Σ_t log π_θ(y_{i,t}) − Σ_t log π_θ_old(y_{i,t}))
+        L(θ) = −1/B · Σ_i min(ρ_i A_i, clip(ρ_i, 1 − ε, 1 + ε_high) A_i)
+
+With num_iterations = 1 (the default) the completions are used once: ρ ≡ 1 and ∇L = −1/B Σ_i (R_i − b) ∇ log π_θ(y_i | x),
+Eq. 7. Worked example (moving average, B = 4): rewards 1, 0, 1, 1 at step 1 have b = 0 and advantages 1, 0, 1, 1;
+rewards 0, 0, 1, 0 at step 2 have b = 3/4 and advantages −0.75, −0.75, +0.25, −0.75; at step 3, b = 4/8 = 0.5.
+REINFORCE++ as in OpenRLHF puts the KL on each token and whitens token-level returns-to-go; here the action is the
+whole sequence, so its return R_i is what is whitened.
+
+One forward pass per completion and iteration: the policy log-probs of the first iteration, detached, are both
+π_θ_old and the sampling log-probs in the KL, so no separate "old log-prob" pass is spent. The one exception is
+--baseline reinforce_pp with β > 0 and several micro-batches: whitening needs every R_i before the first loss, so the
+KL takes one no-grad pass over the batch first.
+
+    python reinforce.py                                     # the embedded tiny model, offline, ~2 minutes on a CPU
+"""
+
+import time
+from contextlib import nullcontext
+from dataclasses import asdict, dataclass
+
+import torch
+from tqdm.auto import tqdm
+from transformers import get_scheduler
+
+import common
+from common import arg, require
+from rewards import accuracy_reward, compute_rewards, format_reward, load_reward_funcs, reward_weights
+
+BASELINES = ("none", "moving_average", "reinforce_pp")
+
+
+@dataclass
+class Args:
+    # model and data
+    model_name_or_path: str = arg(common.EMBEDDED_MODEL, "policy to train: a hub id or a local folder (default: the embedded tiny model)")
+    dataset_name: str = arg("arithmetic", "'arithmetic' (built in), a hub dataset, or a local data file/folder with a 'prompt' column")
+    dataset_train_split: str = arg("train", "split to train on")
+    dataset_test_split: str = arg("test", "held-out split for eval/accuracy (needs a ground_truth column); skipped when absent")
+    reward_funcs: str = arg("accuracy", "comma-separated reward functions: accuracy, format, module:function, or none")
+    reward_weights: str = arg("", "comma-separated weights, one per reward (empty: all 1.0)")
+    reward_model_path: str | None = arg(None, "a sequence-classification reward model (num_labels=1), added to the rewards")
+    # REINFORCE
+    num_generations: int = arg(1, "completions sampled per prompt (1: the paper's REINFORCE; more are just more samples)")
+    baseline: str = arg("moving_average", "b in R − b: none, moving_average (the running mean of all past rewards) or reinforce_pp")
+    beta: float = arg(0.05, "KL coefficient β in the shaped reward; 0 skips the reference model entirely")
+    kl_estimator: str = arg("k1", "per-token KL estimator in the reward: k1 (log-ratio) or k3")
+    num_iterations: int = arg(1, "optimizer steps on each batch of completions (>1 makes the ratio and clipping matter)")
+    epsilon: float = arg(0.2, "lower clipping bound ε of the sequence ratio")
+    epsilon_high: float | None = arg(None, "upper clipping bound (default: epsilon)")
+    reward_clip_range: list[float] | None = arg(None, "clip the reward to [low, high] before KL shaping, e.g. -5 5")
+    mask_truncated_completions: bool = arg(False, "completions without EOS get no loss (they still count in the baseline)")
+    # generation
+    temperature: float = arg(1.0, "sampling temperature; log-probs use the same logits / temperature")
+    top_p: float = arg(1.0, "nucleus sampling (1.0 = off)")
+    top_k: int = arg(0, "top-k sampling (0 = off)")
+    max_completion_length: int = arg(16, "max generated tokens per completion")
+    # optimization
+    prompts_per_step: int = arg(32, "distinct prompts per step; the step's batch is prompts_per_step × num_generations completions")
+    micro_batch_size: int = arg(0, "completions per forward/backward, gradients accumulated (0 = the whole batch)")
+    max_steps: int = arg(200, "training steps (one batch of completions each)")
+    learning_rate: float = arg(2e-4, "AdamW learning rate (the embedded model; use ~1e-6 for a full 0.5B model)")
+    lr_scheduler_type: str = arg("constant_with_warmup", "transformers scheduler: constant, constant_with_warmup, linear, cosine, ...")
+    warmup_ratio: float = arg(0.03, "fraction of optimizer steps spent warming up")
+    weight_decay: float = arg(0.0, "AdamW weight decay")
+    max_grad_norm: float = arg(1.0, "gradient clipping norm")
+    seed: int = arg(0, "random seed (sampling, data order)")
+    # logging, evaluation, checkpoints
+    logging_steps: int = arg(5, "write metrics every this many steps")
+    log_completions: bool = arg(False, "print a few sampled completions with their rewards at each logging step")
+    num_completions_to_print: int = arg(2, "how many completions --log_completions prints")
+    eval_steps: int = arg(50, "evaluate on the held-out split every this many steps (also at the start and the end)")
+    num_generations_eval: int = arg(4, "completions sampled per held-out prompt for eval/accuracy")
+    per_device_eval_batch_size: int = arg(512, "completions per generate call during evaluation")
+    output_dir: str = arg("outputs/reinforce", "where metrics.jsonl, checkpoints and the final model go")
+    save_steps: int = arg(100, "save a checkpoint every this many steps (0 = never; Ctrl-C always saves)")
+    resume_from_checkpoint: str | None = arg(None, "a checkpoint folder, or 'latest' in output_dir")
+    # efficiency
+    use_peft: bool = arg(False, "train a LoRA adapter; the reference model is then the policy with adapters disabled")
+    lora_r: int = arg(16, "LoRA rank")
+    lora_alpha: int = arg(32, "LoRA alpha")
+    lora_dropout: float = arg(0.05, "LoRA dropout")
+    lora_target_modules: str = arg("all-linear", "comma-separated module names, or all-linear")
+    save_merged_model: bool = arg(False, "with --use_peft, also save the merged model in output_dir/merged")
+    gradient_checkpointing: bool = arg(False, "recompute activations in the backward pass to save memory")
+    bf16: bool = arg(False, "bfloat16 autocast for forward passes")
+    report_to: str = arg("none", "none, tensorboard or wandb")
+
+
+def check_args(args: Args):
+    require(args.num_generations >= 1, f"--num_generations: must be ≥ 1, got {args.num_generations}")
+    require(args.baseline in BASELINES, f"--baseline: expected one of {', '.join(BASELINES)}, got {args.baseline!r}")
+    require(args.prompts_per_step > 0, f"--prompts_per_step: must be positive, got {args.prompts_per_step}")
+    batch_size = args.prompts_per_step * args.num_generations
+    require(args.baseline != "reinforce_pp" or batch_size >= 2, f"--baseline: reinforce_pp whitens over the batch and needs at least 2 completions per step, got {batch_size}")
+    require(args.micro_batch_size >= 0, f"--micro_batch_size: must be ≥ 0, got {args.micro_batch_size}")
+    micro = args.micro_batch_size or batch_size
+    require(batch_size % micro == 0, f"--micro_batch_size: {micro} does not divide the batch of {batch_size} completions (prompts_per_step × num_generations)")
+    require(args.learning_rate > 0, f"--learning_rate: must be positive, got {args.learning_rate}")
+    require(args.max_completion_length > 0, f"--max_completion_length: must be positive, got {args.max_completion_length}")
+    require(args.max_steps > 0, f"--max_steps: must be positive, got {args.max_steps}")
+    require(args.num_iterations >= 1, f"--num_iterations: must be ≥ 1, got {args.num_iterations}")
+    require(args.beta >= 0, f"--beta: must be ≥ 0, got {args.beta}")
+    require(args.kl_estimator in ("k1", "k3"), f"--kl_estimator: expected k1 or k3, got {args.kl_estimator!r}")
+    require(args.temperature > 0, f"--temperature: must be positive, got {args.temperature}")
+    require(args.reward_clip_range is None or len(args.reward_clip_range) == 2, "--reward_clip_range: expected two numbers, low and high")
+
+
+def per_token_kl(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: str) -> torch.Tensor:
+    """kl_t for each sampled token: k1 = log π − log π_ref (unbiased), k3 = exp(−k1) + k1 − 1 (unbiased, ≥ 0)."""
+    log_ratio = logprobs - ref_logprobs
+    return log_ratio if estimator == "k1" else torch.exp(-log_ratio) + log_ratio - 1
+
+
+def reinforce_advantages(shaped_rewards: torch.Tensor, baseline: str, reward_sum: float, reward_count: int) -> torch.Tensor:
+    """A_i = R_i − b. none: b = 0; moving_average: b = reward_sum / reward_count, the mean of every R of the previous
+    steps (0 before the first); reinforce_pp: (R_i − mean R) / (std R + 1e-4) over these R. (B,) -> (B,)"""
+    if baseline == "reinforce_pp":
+        return (shaped_rewards - shaped_rewards.mean()) / (shaped_rewards.std() + 1e-4)
+    if baseline == "moving_average":
+        return shaped_rewards - (reward_sum / reward_count if reward_count else 0.0)
+    return shaped_rewards
+
+
+def reinforce_loss(logprobs, old_logprobs, completion_mask, advantages, loss_mask, epsilon: float, epsilon_high: float, batch_size: int):
+    """−1/B Σ_i min(ρ_i A_i, clip(ρ_i, 1−ε, 1+ε_high) A_i) over this micro-batch, with ρ_i the sequence ratio.
+    Returns the loss and ρ (B_mb,)."""
+    seq_logprobs = (logprobs * completion_mask).sum(1)
+    old_seq_logprobs = (old_logprobs * completion_mask).sum(1)
+    ratio = torch.exp(seq_logprobs - old_seq_logprobs)  # ≡ 1 (with gradient ∇ log π) when old = logprobs.detach()
+    surrogate = torch.min(ratio * advantages, ratio.clamp(1 - epsilon, 1 + epsilon_high) * advantages)
+    return -(surrogate * loss_mask).sum() / batch_size, ratio
+
+
+def main(args: Args):
+    check_args(args)
+    common.seed_everything(args.seed)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    G = args.num_generations
+    batch_size = args.prompts_per_step * G
+    micro_batch_size = args.micro_batch_size or batch_size
+    epsilon_high = args.epsilon if args.epsilon_high is None else args.epsilon_high
+
+    # ---- data: prompts, and every other column for the reward functions ----
+    builtin = {"arithmetic": common.arithmetic_dataset}
+    train_dataset = common.load_split(args.dataset_name, args.dataset_train_split, builtin)
+    require(train_dataset is not None, f"--dataset_train_split: {args.dataset_name} has no split {args.dataset_train_split!r}")
+    common.check_prompt_column(train_dataset)
+    require(len(train_dataset) >= args.prompts_per_step, f"--prompts_per_step: {args.prompts_per_step} exceeds the {len(train_dataset)} training prompts")
+    eval_dataset = common.load_split(args.dataset_name, args.dataset_test_split, builtin)
+    if eval_dataset is None or "ground_truth" not in eval_dataset.column_names:
+        print(f"no held-out split {args.dataset_test_split!r} with a ground_truth column: evaluation is skipped")
+        eval_dataset = None
+
+    # ---- models: policy, reference (only when β > 0), reward functions ----
+    checkpoint = common.resolve_checkpoint(args.resume_from_checkpoint, args.output_dir)
+    tokenizer = common.load_tokenizer(args.model_name_or_path)
+    model = common.load_causal_lm(str(checkpoint) if checkpoint and not args.use_peft else args.model_name_or_path)
+    if args.use_peft:
+        from peft import PeftModel, get_peft_model
+
+        model = PeftModel.from_pretrained(model, checkpoint, is_trainable=True) if checkpoint else get_peft_model(model, common.lora_config(args))
+    if args.gradient_checkpointing:
+        model.gradient_checkpointing_enable()
+        if args.use_peft:
+            model.enable_input_require_grads()
+    model.to(device).train()
+    ref_model = None
+    if args.beta > 0 and not args.use_peft:
+        ref_model = common.load_causal_lm(args.model_name_or_path).to(device).eval().requires_grad_(False)
+    reward_funcs = load_reward_funcs(args.reward_funcs, args.reward_model_path, device)
+    weights = reward_weights(args.reward_weights, reward_funcs)
+    generation_config = common.sampling_config(tokenizer, args)
+    autocast = lambda: torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.bf16)  # noqa: E731
+
+    def reference_logprobs(input_ids, attention_mask, T):
+        with torch.no_grad(), autocast(), (model.disable_adapter() if args.use_peft else nullcontext()):
+            return common.completion_logprobs(ref_model or model, input_ids, attention_mask, T, args.temperature)
+
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=args.learning_rate, weight_decay=args.weight_decay)
+    total_updates = args.max_steps * args.num_iterations
+    scheduler = get_scheduler(args.lr_scheduler_type, optimizer, num_warmup_steps=int(args.warmup_ratio * total_updates), num_training_steps=total_updates)
+    start_step, num_tokens = 0, 0
+    reward_sum, reward_count = 0.0, 0  # the moving-average baseline's running sum and count of every R seen so far
+    if checkpoint is not None:
+        state = common.load_training_state(checkpoint, optimizer, scheduler)
+        start_step, num_tokens = state["step"], state["num_tokens"]
+        reward_sum, reward_count = state["reward_sum"], state["reward_count"]
+    logger = common.MetricsLogger(args.output_dir, args.report_to, asdict(args), resume_step=start_step)
+    eval_rewards = {"accuracy": accuracy_reward, "format": format_reward}
+
+    def run_eval(step: int) -> dict:
+        if eval_dataset is None:
+            return {}
+        metrics = common.evaluate(model, tokenizer, eval_dataset, args, eval_rewards, seed=args.seed + step)
+        logger.log(step, metrics)
+        return metrics
+
+    first_eval = run_eval(0) if start_step == 0 else {}
+    steps_per_epoch = len(train_dataset) // args.prompts_per_step
+    columns = [c for c in train_dataset.column_names if c != "prompt"]
+
+    # ---- training loop ----
+    step = start_step
+    progress = tqdm(total=args.max_steps, initial=start_step, desc="reinforce")
+    with common.graceful_interrupt() as interrupted:
+        while step < args.max_steps and not interrupted.is_set():
+            step_start = time.perf_counter()
+
+            # 1. sample prompts; the data position is a function of the step, so a resumed run sees the same prompts
+            epoch, position = divmod(step, steps_per_epoch)
+            order = torch.randperm(len(train_dataset), generator=torch.Generator().manual_seed(args.seed + epoch))
+            rows = train_dataset.select(order[position * args.prompts_per_step:(position + 1) * args.prompts_per_step].tolist())
+            prompts = [p for p in rows["prompt"] for _ in range(G)]  # each prompt's G completions are contiguous
+            row_columns = {c: [v for v in rows[c] for _ in range(G)] for c in columns}
+
+            # 2. generate G completions per prompt
+            model.eval()  # no dropout while sampling
+            rollout = common.generate(model, tokenizer, [common.prompt_text(tokenizer, p) for p in prompts], generation_config)
+            model.train()
+            completion_ids, completion_mask = rollout["completion_ids"], rollout["completion_mask"]  # (B, T)
+            input_ids = torch.cat([rollout["prompt_ids"], completion_ids], 1)
+            attention_mask = torch.cat([rollout["prompt_mask"], completion_mask], 1)
+            T = completion_ids.shape[1]
+
+            # 3. score: r(x, y_i), the weighted sum of the reward functions
+            completion_texts = common.decode_completions(tokenizer, completion_ids)
+            completion_id_lists = [ids[mask.bool()].tolist() for ids, mask in zip(completion_ids, completion_mask)]
+            rewards, rewards_per_func = compute_rewards(reward_funcs, weights, prompts, completion_texts, completion_id_lists, row_columns)
+            if args.reward_clip_range is not None:
+                rewards = rewards.clamp(*args.reward_clip_range)
+            rewards = rewards.to(device)
+            loss_mask = (~rollout["is_truncated"]).float() if args.mask_truncated_completions else torch.ones(batch_size, device=device)
+
+            # 4-6. per micro-batch: log-probs → KL-shaped reward → baseline → loss. The moving average is known before
+            # the batch; REINFORCE++ whitens over the whole batch, so with several micro-batches its R_i come first
+            old_logprobs = torch.zeros(batch_size, T, device=device)
+            kl = torch.zeros(batch_size, T, device=device)
+            advantages = torch.zeros(batch_size, device=device)
+            entropy = torch.zeros(batch_size, T, device=device)
+            whole_batch_first = args.baseline == "reinforce_pp" and micro_batch_size < batch_size
+            if whole_batch_first:
+                for mb in torch.arange(batch_size, device=device).split(micro_batch_size):
+                    if args.beta > 0:  # the one extra (no-grad) pass: every R_i before the first loss
+                        with torch.no_grad(), autocast():
+                            sampling_logprobs = common.completion_logprobs(model, input_ids[mb], attention_mask[mb], T, args.temperature)
+                        ref_logprobs = reference_logprobs(input_ids[mb], attention_mask[mb], T)
+                        kl[mb] = per_token_kl(sampling_logprobs, ref_logprobs, args.kl_estimator) * completion_mask[mb]
+                advantages = reinforce_advantages(rewards - args.beta * kl.sum(1), args.baseline, reward_sum, reward_count)
+            clip_low, clip_high, losses, grad_norms = [], [], [], []
+            for iteration in range(args.num_iterations):
+                loss_sum = 0.0
+                for mb in torch.arange(batch_size, device=device).split(micro_batch_size):
+                    with autocast():
+                        logprobs, token_entropy = common.completion_logprobs(model, input_ids[mb], attention_mask[mb], T, args.temperature, entropy=True)
+                    mask = completion_mask[mb]
+                    if iteration == 0:
+                        old_logprobs[mb] = logprobs.detach()  # π_θ_old = the sampling policy = π_θ before this batch's first update
+                        entropy[mb] = token_entropy
+                        if not whole_batch_first:
+                            if args.beta > 0:
+                                ref_logprobs = reference_logprobs(input_ids[mb], attention_mask[mb], T)
+                                kl[mb] = per_token_kl(old_logprobs[mb], ref_logprobs, args.kl_estimator) * mask
+                            shaped_rewards = rewards[mb] - args.beta * kl[mb].sum(1)  # R_i = r_i − β Σ_t kl_t
+                            advantages[mb] = reinforce_advantages(shaped_rewards, args.baseline, reward_sum, reward_count)
+                    A = advantages[mb]
+                    loss, ratio = reinforce_loss(logprobs, old_logprobs[mb], mask, A, loss_mask[mb], args.epsilon, epsilon_high, batch_size)
+                    loss.backward()
+                    loss_sum += loss.item()
+                    clip_low.append(((ratio < 1 - args.epsilon) & (A < 0)).float().mean().item())
+                    clip_high.append(((ratio > 1 + epsilon_high) & (A > 0)).float().mean().item())
+                grad_norms.append(torch.nn.utils.clip_grad_norm_(params, args.max_grad_norm).item())
+                optimizer.step()
+                scheduler.step()
+                optimizer.zero_grad(set_to_none=True)
+                losses.append(loss_sum)
+            shaped_rewards = rewards - args.beta * kl.sum(1)  # the whole batch's R_i, for the log and the moving average
+            baseline = {"none": 0.0, "moving_average": reward_sum / max(reward_count, 1), "reinforce_pp": shaped_rewards.mean().item()}[args.baseline]
+            reward_sum += shaped_rewards.sum().item()  # this batch joins the moving average only after its own update
+            reward_count += batch_size
+            step += 1
+            progress.update()
+            num_tokens += attention_mask.sum().item()
+
+            # 7. log
+            if step % args.logging_steps == 0 or step == args.max_steps:
+                lengths = completion_mask.sum(1).float()
+                terminated = lengths[~rollout["is_truncated"]]
+                metrics = {
+                    "reward": rewards.mean().item(),
+                    "reward_std": rewards.std().item(),
+                    **({"frac_reward_zero_std": (rewards.view(-1, G).std(1) < 1e-6).float().mean().item()} if G > 1 else {}),
+                    **{f"rewards/{name}/mean": rewards_per_func[:, j].nanmean().item() for j, name in enumerate(reward_funcs)},
+                    **{f"rewards/{name}/std": common.nanstd(rewards_per_func[:, j]) for j, name in enumerate(reward_funcs)},
+                    "kl": common.masked_mean(kl, completion_mask).item() if args.beta > 0 else 0.0,
+                    "baseline": baseline,
+                    "entropy": common.masked_mean(entropy, completion_mask).item(),
+                    "clip_ratio/low_mean": sum(clip_low) / len(clip_low),
+                    "clip_ratio/low_min": min(clip_low),
+                    "clip_ratio/high_mean": sum(clip_high) / len(clip_high),
+                    "clip_ratio/high_max": max(clip_high),
+                    "clip_ratio/region_mean": (sum(clip_low) + sum(clip_high)) / len(clip_low),
+                    "completions/mean_length": lengths.mean().item(),
+                    "completions/min_length": lengths.min().item(),
+                    "completions/max_length": lengths.max().item(),
+                    "completions/clipped_ratio": rollout["is_truncated"].float().mean().item(),
+                    "completions/mean_terminated_length": terminated.mean().item() if len(terminated) else 0.0,
+                    "completions/min_terminated_length": terminated.min().item() if len(terminated) else 0.0,
+                    "completions/max_terminated_length": terminated.max().item() if len(terminated) else 0.0,
+                    "loss": sum(losses) / len(losses),
+                    "grad_norm": sum(grad_norms) / len(grad_norms),
+                    "learning_rate": scheduler.get_last_lr()[0],
+                    "num_tokens": num_tokens,
+                    "step_time": time.perf_counter() - step_start,
+                }
+                logger.log(step, metrics)
+                progress.set_postfix(reward=f"{metrics['reward']:.3f}", kl=f"{metrics['kl']:.4f}")
+                if args.log_completions:
+                    for i in range(min(args.num_completions_to_print, batch_size)):
+                        tqdm.write(f"[step {step}] {prompts[i]!r} → {completion_texts[i]!r}  reward {rewards[i].item():.3f}")
+
+            # 8. evaluate and save
+            if args.eval_steps and step % args.eval_steps == 0 and step != args.max_steps:
+                run_eval(step)
+            if args.save_steps and step % args.save_steps == 0:
+                common.save_checkpoint(args.output_dir, step, model, tokenizer, optimizer, scheduler, {"num_tokens": num_tokens, "reward_sum": reward_sum, "reward_count": reward_count})
+    progress.close()
+    if interrupted.is_set():
+        path = common.save_checkpoint(args.output_dir, step, model, tokenizer, optimizer, scheduler, {"num_tokens": num_tokens, "reward_sum": reward_sum, "reward_count": reward_count})
+        print(f"interrupted at step {step}: saved {path}; continue with --resume_from_checkpoint latest")
+        logger.close()
+        raise SystemExit(130)
+
+    last_eval = run_eval(step)
+    common.save_final_model(args.output_dir, model, tokenizer, args.save_merged_model)
+    logger.close()
+    if first_eval and last_eval:
+        print(f"held-out accuracy (sampled, T={args.temperature}): {first_eval['eval/accuracy']:.3f} → {last_eval['eval/accuracy']:.3f}; "
+              f"greedy: {first_eval['eval/accuracy_greedy']:.3f} → {last_eval['eval/accuracy_greedy']:.3f}")
+    print(f"saved the model to {args.output_dir}")
+
+
+if __name__ == "__main__":
+    common.cli(main, Args)
