@@ -64,7 +64,7 @@ class Args:
     temperature: float = arg(1.0, "sampling temperature; log-probs use the same logits / temperature")
     top_p: float = arg(1.0, "nucleus sampling (1.0 = off)")
     top_k: int = arg(0, "top-k sampling (0 = off)")
-    max_completion_length: int = arg(16, "max generated tokens per completion")
+    max_completion_length: int = arg(24, "max generated tokens per completion")
     # optimization
     prompts_per_step: int = arg(16, "distinct prompts per step; the step's batch is prompts_per_step × num_generations completions")
     micro_batch_size: int = arg(0, "completions per forward/backward, gradients accumulated (0 = the whole batch)")

@@ -5,10 +5,12 @@
 Data: `--dataset_name arithmetic` (built in) or any HF dataset / local json, jsonl, csv or parquet file with `prompt`
 and `completion` columns, standard (strings) or conversational (message lists, rendered with the chat template).
 
-The built-in arithmetic data comes from a *noisy demonstrator*: with probability `--label_noise` the demonstrated
-answer is off by ±1 or ±2. A model that imitates it knows the right answer best (greedy decoding is mostly right) but
-samples wrong answers often, which leaves RL something to fix. Its demonstrations cover every one-digit problem, the
-RL scripts' held-out ones too, as a pretrained model has seen the facts; RL never trains on the held-out prompts.
+The built-in arithmetic data comes from a *noisy demonstrator*. Half of the time (`--label_noise`) it answers at a
+glance and is off by ±1 or ±2 (`<answer>54</answer>` for 7 × 8); otherwise it shows its work first and is right
+(`7 × 8 = 56 <answer>56</answer>`). A model that imitates it knows the facts but often skips the work and guesses:
+its sampled accuracy is low, and RL has something general to fix on prompts it never trains on. The demonstrations
+cover every one-digit problem, the RL scripts' held-out ones too, as a pretrained model has seen the facts; the RL
+scripts never train on the held-out prompts.
 
 `--from_scratch` also builds the model: a byte-level BPE tokenizer trained with the `tokenizers` library on the task's
 own text (a Qwen2Tokenizer, so AutoTokenizer reloads it unchanged) and a small Qwen2 model. This is how the shipped
@@ -39,7 +41,7 @@ class Args:
     dataset_name: str = arg("arithmetic", "'arithmetic' (built in), a hub dataset, or a local data file/folder with prompt and completion columns")
     dataset_train_split: str = arg("train", "split to train on")
     dataset_test_split: str = arg("test", "split to evaluate on (needs a ground_truth column); skipped when absent")
-    label_noise: float = arg(0.5, "arithmetic: probability that a demonstrated answer is off by ±1 or ±2")
+    label_noise: float = arg(0.5, "arithmetic: probability that the demonstrator guesses (off by ±1 or ±2) instead of working it out")
     samples_per_problem: int = arg(200, "arithmetic: demonstrations per training problem")
     learning_rate: float = arg(3e-3, "AdamW learning rate")
     lr_scheduler_type: str = arg("cosine", "transformers scheduler name: constant, linear, cosine, ...")
@@ -47,17 +49,17 @@ class Args:
     weight_decay: float = arg(0.0, "AdamW weight decay")
     max_grad_norm: float = arg(1.0, "gradient clipping norm")
     per_device_train_batch_size: int = arg(64, "sequences per optimizer step")
-    max_steps: int = arg(1200, "optimizer steps")
+    max_steps: int = arg(1500, "optimizer steps")
     max_length: int = arg(128, "sequences are truncated to this many tokens")
     seed: int = arg(0, "random seed")
     logging_steps: int = arg(25, "log every this many steps")
-    eval_steps: int = arg(400, "evaluate every this many steps (and at the start and end)")
+    eval_steps: int = arg(500, "evaluate every this many steps (and at the start and end)")
     num_generations_eval: int = arg(4, "completions sampled per held-out prompt for eval/accuracy")
     per_device_eval_batch_size: int = arg(512, "completions per generate call during evaluation")
     temperature: float = arg(1.0, "evaluation sampling temperature")
     top_p: float = arg(1.0, "evaluation nucleus sampling (1.0 = off)")
     top_k: int = arg(0, "evaluation top-k sampling (0 = off)")
-    max_completion_length: int = arg(16, "evaluation: max generated tokens")
+    max_completion_length: int = arg(24, "evaluation: max generated tokens")
     output_dir: str = arg("outputs/sft", "where metrics, checkpoints and the final model go")
     save_steps: int = arg(0, "save a checkpoint every this many steps (0 = only on Ctrl-C)")
     resume_from_checkpoint: str | None = arg(None, "a checkpoint folder, or 'latest' in output_dir")
@@ -91,8 +93,11 @@ def arithmetic_sft_dataset(split: str, label_noise: float, samples_per_problem: 
     for a, op, b, answer in problems:
         prompt = [{"role": "user", "content": common.arithmetic_question(a, op, b)}]
         for _ in range(samples_per_problem if split == "train" else 1):
-            shown = answer + (rng.choice([-2, -1, 1, 2]) if rng.random() < label_noise else 0)
-            rows.append({"prompt": prompt, "completion": [{"role": "assistant", "content": f"<answer>{shown}</answer>"}], "ground_truth": str(answer)})
+            if rng.random() < label_noise:  # a guess at a glance, off by one or two
+                content = f"<answer>{answer + rng.choice([-2, -1, 1, 2])}</answer>"
+            else:  # shows its work, and is right
+                content = f"{a} {op} {b} = {answer} <answer>{answer}</answer>"
+            rows.append({"prompt": prompt, "completion": [{"role": "assistant", "content": content}], "ground_truth": str(answer)})
     return Dataset.from_list(rows)
 
 
