@@ -33,7 +33,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 from tqdm.auto import tqdm
-from transformers import get_scheduler
+from transformers import SchedulerType, get_scheduler
 
 import common
 from common import arg, require
@@ -106,6 +106,7 @@ def check_args(args: Args):
     require(micro % args.num_generations == 0, f"--micro_batch_size: {micro} is not a multiple of --num_generations {args.num_generations} (each prompt's group must share a micro-batch)")
     require(batch_size % micro == 0, f"--micro_batch_size: {micro} does not divide the batch of {batch_size} completions (prompts_per_step × num_generations)")
     require(args.learning_rate > 0, f"--learning_rate: must be positive, got {args.learning_rate}")
+    require(args.lr_scheduler_type in {s.value for s in SchedulerType}, f"--lr_scheduler_type: unknown scheduler {args.lr_scheduler_type!r}")
     require(args.max_completion_length > 0, f"--max_completion_length: must be positive, got {args.max_completion_length}")
     require(args.max_steps > 0, f"--max_steps: must be positive, got {args.max_steps}")
     require(args.num_iterations >= 1, f"--num_iterations: must be ≥ 1, got {args.num_iterations}")

@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 from tqdm.auto import tqdm
-from transformers import get_scheduler
+from transformers import SchedulerType, get_scheduler
 
 import common
 from common import ConfigError, arg, require
@@ -155,6 +155,7 @@ def collate(rows: list[dict], pad_token_id: int, device) -> dict:
 
 def main(args: Args):
     require(args.learning_rate > 0, f"--learning_rate: must be positive, got {args.learning_rate}")
+    require(args.lr_scheduler_type in {s.value for s in SchedulerType}, f"--lr_scheduler_type: unknown scheduler {args.lr_scheduler_type!r}")
     require(args.max_steps > 0, f"--max_steps: must be positive, got {args.max_steps}")
     require(args.per_device_train_batch_size > 0, "--per_device_train_batch_size: must be positive")
     require(0.0 <= args.label_noise <= 1.0, f"--label_noise: must be in [0, 1], got {args.label_noise}")
