@@ -67,7 +67,7 @@ class Args:
     reward_weights: str = arg("", "comma-separated weights, one per reward (empty: all 1.0)")
     reward_model_path: str | None = arg(None, "a sequence-classification reward model (num_labels=1), added to the rewards")
     # GRPO
-    num_generations: int = arg(8, "completions sampled per prompt (G ≥ 2), the group whose mean is the baseline")
+    num_generations: int = arg(8, "completions sampled per prompt (G ≥ 2), the group whose mean is the baseline (8: few all-equal groups)")
     scale_rewards: str = arg("group", "divide the centered rewards by the std of the group, of the batch, or none (Dr. GRPO)")
     loss_type: str = arg("dapo", "token weighting of the loss: grpo, bnpo, dr_grpo or dapo (see the module docstring)")
     beta: float = arg(0.0, "coefficient β of the k3 KL term in the loss; 0 skips the reference model entirely")
@@ -81,12 +81,12 @@ class Args:
     temperature: float = arg(1.0, "sampling temperature; log-probs use the same logits / temperature")
     top_p: float = arg(1.0, "nucleus sampling (1.0 = off)")
     top_k: int = arg(0, "top-k sampling (0 = off)")
-    max_completion_length: int = arg(16, "max generated tokens per completion")
+    max_completion_length: int = arg(24, "max generated tokens per completion")
     # optimization
     prompts_per_step: int = arg(8, "distinct prompts per step; the step's batch is prompts_per_step × num_generations completions")
     micro_batch_size: int = arg(0, "completions per forward/backward, gradients accumulated (0 = the whole batch)")
     max_steps: int = arg(100, "training steps (one batch of completions each)")
-    learning_rate: float = arg(2e-4, "AdamW learning rate (the embedded model; use ~1e-6 for a full 0.5B model)")
+    learning_rate: float = arg(1e-4, "AdamW learning rate (the embedded model; use ~1e-6 for a full 0.5B model)")
     lr_scheduler_type: str = arg("constant_with_warmup", "transformers scheduler: constant, constant_with_warmup, linear, cosine, ...")
     warmup_ratio: float = arg(0.03, "fraction of optimizer steps spent warming up")
     weight_decay: float = arg(0.0, "AdamW weight decay")
@@ -322,7 +322,8 @@ def main(args: Args):
             order = torch.randperm(len(train_dataset), generator=torch.Generator().manual_seed(args.seed + epoch))
             rows = train_dataset.select(order[position * args.prompts_per_step:(position + 1) * args.prompts_per_step].tolist())
 
-            # 2-3. generate and score; dynamic sampling draws its extra prompts at random, seeded by (seed, step, round)
+            # 2-3. generate and score (see generate_and_score); dynamic sampling drops the groups whose rewards are all
+            # equal and draws more prompts at random, seeded by (seed, step, round) so that a resumed run draws the same
             if args.dynamic_sampling:
                 def sample_round(round):
                     if round == 0:
@@ -330,16 +331,16 @@ def main(args: Args):
                     generator = torch.Generator().manual_seed(hash((args.seed, step, round)) % 2**63)
                     return generate_and_score(train_dataset.select(torch.randperm(len(train_dataset), generator=generator)[:args.prompts_per_step].tolist()))
 
-                sample, dropped_frac = dynamic_sampling(sample_round, args.prompts_per_step, G, args.max_resample_rounds, tokenizer.pad_token_id)
+                rollout, dropped_frac = dynamic_sampling(sample_round, args.prompts_per_step, G, args.max_resample_rounds, tokenizer.pad_token_id)
             else:
-                sample = generate_and_score(rows)
-            prompts, completion_texts, rewards_per_func = sample["prompts"], sample["completion_texts"], sample["rewards_per_func"]
-            completion_ids, completion_mask = sample["completion_ids"], sample["completion_mask"]  # (B, T)
-            input_ids = torch.cat([sample["prompt_ids"], completion_ids], 1)
-            attention_mask = torch.cat([sample["prompt_mask"], completion_mask], 1)
+                rollout = generate_and_score(rows)
+            prompts, completion_texts, rewards_per_func = rollout["prompts"], rollout["completion_texts"], rollout["rewards_per_func"]
+            completion_ids, completion_mask = rollout["completion_ids"], rollout["completion_mask"]  # (B, T)
+            input_ids = torch.cat([rollout["prompt_ids"], completion_ids], 1)
+            attention_mask = torch.cat([rollout["prompt_mask"], completion_mask], 1)
             T = completion_ids.shape[1]
-            rewards = sample["rewards"].to(device)
-            loss_mask = completion_mask * ~sample["is_truncated"][:, None] if args.mask_truncated_completions else completion_mask
+            rewards = rollout["rewards"].to(device)
+            loss_mask = completion_mask * ~rollout["is_truncated"][:, None] if args.mask_truncated_completions else completion_mask
 
             # 4. group-relative advantage (rewards only: the KL is a loss term), and the whole batch's token weights
             advantages = group_relative_advantages(rewards, G, args.scale_rewards)
@@ -385,12 +386,12 @@ def main(args: Args):
             # 7. log
             if step % args.logging_steps == 0 or step == args.max_steps:
                 lengths = completion_mask.sum(1).float()
-                terminated = lengths[~sample["is_truncated"]]
+                terminated = lengths[~rollout["is_truncated"]]
                 group_std = rewards.view(-1, G).std(1)
                 metrics = {
                     "reward": rewards.mean().item(),
                     "reward_std": group_std.mean().item(),
-                    "frac_reward_zero_std": zero_std_groups(rewards, G).float().mean().item(),
+                    "frac_reward_zero_std": (group_std < 1e-6).float().mean().item(),
                     **{f"rewards/{name}/mean": rewards_per_func[:, j].nanmean().item() for j, name in enumerate(reward_funcs)},
                     **{f"rewards/{name}/std": common.nanstd(rewards_per_func[:, j]) for j, name in enumerate(reward_funcs)},
                     **({"kl": common.masked_mean(kl, completion_mask).item()} if args.beta > 0 else {}),
@@ -404,7 +405,7 @@ def main(args: Args):
                     "completions/mean_length": lengths.mean().item(),
                     "completions/min_length": lengths.min().item(),
                     "completions/max_length": lengths.max().item(),
-                    "completions/clipped_ratio": sample["is_truncated"].float().mean().item(),
+                    "completions/clipped_ratio": rollout["is_truncated"].float().mean().item(),
                     "completions/mean_terminated_length": terminated.mean().item() if len(terminated) else 0.0,
                     "completions/min_terminated_length": terminated.min().item() if len(terminated) else 0.0,
                     "completions/max_terminated_length": terminated.max().item() if len(terminated) else 0.0,

@@ -74,11 +74,11 @@ class Args:
     temperature: float = arg(1.0, "sampling temperature; log-probs use the same logits / temperature")
     top_p: float = arg(1.0, "nucleus sampling (1.0 = off)")
     top_k: int = arg(0, "top-k sampling (0 = off)")
-    max_completion_length: int = arg(16, "max generated tokens per completion")
+    max_completion_length: int = arg(24, "max generated tokens per completion")
     # optimization
     prompts_per_step: int = arg(32, "distinct prompts per step; the step's batch is prompts_per_step × num_generations completions")
     micro_batch_size: int = arg(0, "completions per forward/backward, gradients accumulated (0 = the whole batch)")
-    max_steps: int = arg(200, "training steps (one batch of completions each)")
+    max_steps: int = arg(100, "training steps (one batch of completions each)")
     learning_rate: float = arg(2e-4, "AdamW learning rate (the embedded model; use ~1e-6 for a full 0.5B model)")
     lr_scheduler_type: str = arg("constant_with_warmup", "transformers scheduler: constant, constant_with_warmup, linear, cosine, ...")
     warmup_ratio: float = arg(0.03, "fraction of optimizer steps spent warming up")

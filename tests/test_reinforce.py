@@ -169,6 +169,6 @@ def test_several_generations_per_prompt(tmp_path):
 @pytest.mark.slow
 def test_default_run_learns(tmp_path):
     """A shortened default run raises held-out sampled accuracy."""
-    reinforce.main(reinforce.Args(output_dir=str(tmp_path / "out"), max_steps=100, eval_steps=0))
+    reinforce.main(reinforce.Args(output_dir=str(tmp_path / "out"), max_steps=60, eval_steps=0))
     evals = [r for r in common.read_metrics(tmp_path / "out") if "eval/accuracy" in r]
     assert evals[-1]["eval/accuracy"] - evals[0]["eval/accuracy"] >= 0.1
