@@ -47,7 +47,7 @@ from dataclasses import asdict, dataclass
 import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
-from transformers import get_scheduler
+from transformers import SchedulerType, get_scheduler
 
 import common
 from common import arg, require
@@ -122,6 +122,7 @@ def check_args(args: Args):
     micro = args.micro_batch_size or batch_size
     require(batch_size % micro == 0, f"--micro_batch_size: {micro} does not divide the batch of {batch_size} completions (prompts_per_step × num_generations)")
     require(args.learning_rate > 0, f"--learning_rate: must be positive, got {args.learning_rate}")
+    require(args.lr_scheduler_type in {s.value for s in SchedulerType}, f"--lr_scheduler_type: unknown scheduler {args.lr_scheduler_type!r}")
     require(args.max_completion_length > 0, f"--max_completion_length: must be positive, got {args.max_completion_length}")
     require(args.max_steps > 0, f"--max_steps: must be positive, got {args.max_steps}")
     require(args.num_iterations >= 1, f"--num_iterations: must be ≥ 1, got {args.num_iterations}")

@@ -229,6 +229,7 @@ def test_dynamic_sampling_fills_up_with_dropped_groups_when_rounds_run_out():
         (dict(epsilon_high=0.0), "--epsilon_high: must be positive"),
         (dict(max_resample_rounds=-1), "--max_resample_rounds: must be ≥ 0"),
         (dict(learning_rate=0.0), "--learning_rate: must be positive"),
+        (dict(lr_scheduler_type="cosine_with_bumps"), "--lr_scheduler_type: unknown scheduler 'cosine_with_bumps'"),
         (dict(model_name_or_path="/no/such/model"), "--model_name_or_path: cannot load a tokenizer"),
         (dict(reward_funcs="accuracy,bogus"), "--reward_funcs: unknown reward function 'bogus'"),
         (dict(resume_from_checkpoint="latest"), "--resume_from_checkpoint latest: no checkpoint"),
