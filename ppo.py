@@ -1,0 +1,491 @@
+"""PPO: Proximal Policy Optimization for language models, token by token, with a learned value model (Schulman et al.
+2017; as used for RLHF by Ziegler et al. 2019 and described in "Back to Basics", Ahmadian et al. 2024, §2–3).
+
+Four models: the policy π_θ (trained); a frozen reference π_ref (the initial policy; with LoRA, the policy with its
+adapters disabled); a reward source r (reward functions as in rloo.py, or a reward model); a value model V_ψ (trained;
+a scalar head read at every position). For every prompt x, sample one completion y = y_1..y_T at temperature T and
+score it. Each token y_t is an action taken in the state s_t = (x, y_<t). Then:
+
+    KL-shaped per-token reward (Back to Basics Eq. 3, spread over the tokens; Ziegler et al. Eq. 2)
+        kl_t = log π_θ(y_t | s_t) − log π_ref(y_t | s_t)                                  (k1, the default)
+        kl_t = exp(log π_ref − log π_θ) − (log π_ref − log π_θ) − 1                          (k3, --kl_estimator k3)
+        r_t = −kl_coef · kl_t,   plus the score r(x, y) on the last real token (the stop token; TRL put it one past)
+        r(x, y) −= missing_eos_penalty when y has no --stop_token (a truncated completion)
+
+    GAE (Schulman et al. 2016, Eq. 16), with V = 0 past the last real token
+        δ_t = r_t + γ V(s_{t+1}) − V(s_t)
+        A_t = Σ_l (γλ)^l δ_{t+l},        returns R_t = A_t + V(s_t)
+        advantages whitened over the real tokens of the batch: (A − mean) / std
+
+    Clipped losses, masked means over the real tokens of a mini-batch; num_ppo_epochs passes over num_mini_batches
+        ρ_t = π_θ(y_t | s_t) / π_θ_old(y_t | s_t)
+        L_pg = max(−A_t ρ_t, −A_t clip(ρ_t, 1 − cliprange, 1 + cliprange))                 (PPO Eq. 7, as a loss)
+        L_vf = 0.5 · max((V − R)², (clip(V, V_old − cliprange_value, V_old + cliprange_value) − R)²)
+        L = L_pg + vf_coef · L_vf                                                           (PPO Eq. 9, no entropy bonus)
+
+Vanilla PG (Back to Basics Eq. 9) is `--lam 1.0 --num_ppo_epochs 1 --num_mini_batches 1 --whiten_advantages False`
+(γ = 1, the default): the δ_t telescope to A_t = Σ_{l≥0} r_{t+l} − V(s_t) = G_t − V(s_t), one update per batch makes
+ρ ≡ 1 so no clip binds, and ∇L_pg = −1/N Σ_t (G_t − V(s_t)) ∇ log π_θ(y_t | s_t) over the batch's N real tokens.
+
+--adaptive_kl (Ziegler et al. §2.2, lm-human-preferences) adapts kl_coef after each step towards a sequence KL target:
+    kl_coef ← kl_coef · (1 + clip(KL / kl_target − 1, −0.2, 0.2) · B / kl_horizon),   KL = mean_i Σ_t kl_{i,t}
+(lm-human-preferences starts it at 0.15 with target 6 and horizon 10000; here --kl_coef is the start).
+
+The value model V_ψ is a sequence-classification model (num_labels=1) whose scalar head is applied to the backbone's
+hidden state at every position, not only at the last token: V(s_t) is read where the policy's logits for y_t are. It
+starts from --value_model_path, else the reward model (as in the reference implementations), else the policy's own
+backbone with a fresh, zero-initialized head (V ≡ 0 at the start). It must share the policy's tokenizer.
+
+Unlike rloo.py, the advantages need every value and log-prob of the batch before the first loss (GAE runs from the last
+token back, whitening spans the batch), so each step spends one no-grad rollout pass of the policy and value model.
+
+    python ppo.py                                                  # the embedded tiny model, offline, ~3 minutes on a CPU
+    python ppo.py --reward_model_path outputs/reward_model        # a reward model made by reward_model.py
+"""
+
+import time
+from contextlib import nullcontext
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+from transformers import SchedulerType, get_scheduler
+
+import common
+from common import ConfigError, arg, require
+from rewards import accuracy_reward, compute_rewards, format_reward, load_reward_funcs, reward_weights
+
+
+@dataclass
+class Args:
+    # model and data
+    model_name_or_path: str = arg(common.EMBEDDED_MODEL, "policy to train: a hub id or a local folder (default: the embedded tiny model)")
+    dataset_name: str = arg("arithmetic", "'arithmetic' (built in), a hub dataset, or a local data file/folder with a 'prompt' column")
+    dataset_train_split: str = arg("train", "split to train on")
+    dataset_test_split: str = arg("test", "held-out split for eval/accuracy (needs a ground_truth column); skipped when absent")
+    reward_funcs: str = arg("accuracy", "comma-separated reward functions: accuracy, format, module:function, or none")
+    reward_weights: str = arg("", "comma-separated weights, one per reward (empty: all 1.0)")
+    reward_model_path: str | None = arg(None, "a sequence-classification reward model (num_labels=1), added to the rewards")
+    value_model_path: str | None = arg(None, "initial value model (sequence-classification, or a causal LM given a fresh head); default: the reward model, else the policy")
+    # PPO
+    num_ppo_epochs: int = arg(4, "passes over each batch of completions")
+    num_mini_batches: int = arg(1, "optimizer steps per pass: the batch is split into this many mini-batches")
+    cliprange: float = arg(0.2, "clipping range ε of the per-token ratio ρ in the policy loss")
+    vf_coef: float = arg(0.1, "weight of the value loss in the total loss")
+    cliprange_value: float = arg(0.2, "the new value may move at most this far from the rollout's value before its loss is clipped")
+    gamma: float = arg(1.0, "discount γ")
+    lam: float = arg(0.95, "GAE λ (1.0: Monte-Carlo returns minus the value baseline)")
+    whiten_advantages: bool = arg(True, "whiten the advantages over the batch's real tokens (off for Vanilla PG)")
+    whiten_rewards: bool = arg(False, "scale the per-token rewards to unit variance over the batch before GAE (mean kept)")
+    kl_coef: float = arg(0.05, "KL coefficient in the per-token reward; 0 skips the reference model entirely")
+    kl_estimator: str = arg("k1", "per-token KL estimator in the reward: k1 (log-ratio) or k3")
+    adaptive_kl: bool = arg(False, "adapt kl_coef towards --kl_target (Ziegler et al. 2019); --kl_coef is its start")
+    kl_target: float = arg(6.0, "--adaptive_kl: target sequence KL in nats")
+    kl_horizon: int = arg(10000, "--adaptive_kl: horizon in completions")
+    stop_token: str = arg("eos", "the token that ends a completion: 'eos' (the tokenizer's) or any text that is one token")
+    missing_eos_penalty: float | None = arg(None, "subtracted from the score of a completion without the stop token")
+    # generation
+    temperature: float = arg(1.0, "sampling temperature; log-probs use the same logits / temperature")
+    top_p: float = arg(1.0, "nucleus sampling (1.0 = off)")
+    top_k: int = arg(0, "top-k sampling (0 = off)")
+    max_completion_length: int = arg(24, "max generated tokens per completion")
+    # optimization
+    prompts_per_step: int = arg(16, "prompts per step, one completion each: the step's batch of completions")
+    micro_batch_size: int = arg(0, "completions per forward/backward, gradients accumulated (0 = the whole mini-batch)")
+    max_steps: int = arg(30, "training steps (one batch of completions each)")
+    learning_rate: float = arg(1e-4, "AdamW learning rate of the policy and the value model (the embedded model; use ~3e-6 for a full 0.5B model)")
+    lr_scheduler_type: str = arg("constant_with_warmup", "transformers scheduler: constant, constant_with_warmup, linear, cosine, ...")
+    warmup_ratio: float = arg(0.03, "fraction of optimizer steps spent warming up")
+    weight_decay: float = arg(0.0, "AdamW weight decay")
+    max_grad_norm: float = arg(1.0, "gradient clipping norm, of the policy and of the value model separately")
+    seed: int = arg(0, "random seed (sampling, data order)")
+    # logging, evaluation, checkpoints
+    logging_steps: int = arg(5, "write metrics every this many steps")
+    log_completions: bool = arg(False, "print a few sampled completions with their rewards at each logging step")
+    num_completions_to_print: int = arg(2, "how many completions --log_completions prints")
+    eval_steps: int = arg(50, "evaluate on the held-out split every this many steps (also at the start and the end)")
+    num_generations_eval: int = arg(4, "completions sampled per held-out prompt for eval/accuracy")
+    per_device_eval_batch_size: int = arg(512, "completions per generate call during evaluation")
+    output_dir: str = arg("outputs/ppo", "where metrics.jsonl, checkpoints and the final model (value model in value_model/) go")
+    save_steps: int = arg(100, "save a checkpoint every this many steps (0 = never; Ctrl-C always saves)")
+    resume_from_checkpoint: str | None = arg(None, "a checkpoint folder, or 'latest' in output_dir")
+    # efficiency
+    use_peft: bool = arg(False, "train LoRA adapters (policy and value model); the reference model is then the policy with adapters disabled")
+    lora_r: int = arg(16, "LoRA rank")
+    lora_alpha: int = arg(32, "LoRA alpha")
+    lora_dropout: float = arg(0.05, "LoRA dropout")
+    lora_target_modules: str = arg("all-linear", "comma-separated module names, or all-linear")
+    save_merged_model: bool = arg(False, "with --use_peft, also save the merged model in output_dir/merged")
+    gradient_checkpointing: bool = arg(False, "recompute activations in the backward pass to save memory")
+    bf16: bool = arg(False, "bfloat16 autocast for forward passes")
+    report_to: str = arg("none", "none, tensorboard or wandb")
+
+
+def check_args(args: Args):
+    require(args.prompts_per_step > 0, f"--prompts_per_step: must be positive, got {args.prompts_per_step}")
+    require(args.num_mini_batches > 0, f"--num_mini_batches: must be positive, got {args.num_mini_batches}")
+    require(args.prompts_per_step % args.num_mini_batches == 0, f"--num_mini_batches: {args.num_mini_batches} does not divide the batch of {args.prompts_per_step} completions (prompts_per_step)")
+    mini_batch_size = args.prompts_per_step // args.num_mini_batches
+    require(args.micro_batch_size >= 0, f"--micro_batch_size: must be ≥ 0, got {args.micro_batch_size}")
+    micro = args.micro_batch_size or mini_batch_size
+    require(mini_batch_size % micro == 0, f"--micro_batch_size: {micro} does not divide the mini-batch of {mini_batch_size} completions (prompts_per_step / num_mini_batches)")
+    require(args.learning_rate > 0, f"--learning_rate: must be positive, got {args.learning_rate}")
+    require(args.lr_scheduler_type in {s.value for s in SchedulerType}, f"--lr_scheduler_type: unknown scheduler {args.lr_scheduler_type!r}")
+    require(args.max_completion_length > 0, f"--max_completion_length: must be positive, got {args.max_completion_length}")
+    require(args.max_steps > 0, f"--max_steps: must be positive, got {args.max_steps}")
+    require(args.num_ppo_epochs >= 1, f"--num_ppo_epochs: must be ≥ 1, got {args.num_ppo_epochs}")
+    require(args.cliprange > 0, f"--cliprange: must be positive, got {args.cliprange}")
+    require(args.cliprange_value > 0, f"--cliprange_value: must be positive, got {args.cliprange_value}")
+    require(args.vf_coef >= 0, f"--vf_coef: must be ≥ 0, got {args.vf_coef}")
+    require(0 <= args.gamma <= 1, f"--gamma: must be in [0, 1], got {args.gamma}")
+    require(0 <= args.lam <= 1, f"--lam: must be in [0, 1], got {args.lam}")
+    require(args.kl_coef >= 0, f"--kl_coef: must be ≥ 0, got {args.kl_coef}")
+    require(args.kl_estimator in ("k1", "k3"), f"--kl_estimator: expected k1 or k3, got {args.kl_estimator!r}")
+    require(not args.adaptive_kl or args.kl_coef > 0, "--adaptive_kl: needs a positive --kl_coef to start from")
+    require(args.kl_target > 0, f"--kl_target: must be positive, got {args.kl_target}")
+    require(args.kl_horizon > 0, f"--kl_horizon: must be positive, got {args.kl_horizon}")
+    require(args.temperature > 0, f"--temperature: must be positive, got {args.temperature}")
+
+
+def per_token_kl(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: str) -> torch.Tensor:
+    """kl_t for each sampled token: k1 = log π − log π_ref (unbiased), k3 = exp(−k1) + k1 − 1 (unbiased, ≥ 0)."""
+    log_ratio = logprobs - ref_logprobs
+    return log_ratio if estimator == "k1" else torch.exp(-log_ratio) + log_ratio - 1
+
+
+def stop_token_id(tokenizer, stop_token: str) -> int:
+    """--stop_token as a token id: 'eos' is the tokenizer's EOS; any other text must be exactly one token."""
+    if stop_token == "eos":
+        return tokenizer.eos_token_id
+    ids = tokenizer.encode(stop_token, add_special_tokens=False)
+    require(len(ids) == 1, f"--stop_token: {stop_token!r} is {len(ids)} tokens for this tokenizer, not one")
+    return ids[0]
+
+
+def cut_at_stop_token(completion_ids: torch.Tensor, completion_mask: torch.Tensor, stop_id: int, pad_token_id: int):
+    """End each completion at its first stop token (inclusive). Returns the ids (pad after the end), the mask, and
+    whether each completion ended with the stop token (the others were truncated, or ended at a different EOS)."""
+    is_stop = (completion_ids == stop_id) & completion_mask.bool()
+    stopped = is_stop.any(1)
+    first_stop = torch.where(stopped, is_stop.int().argmax(1), completion_ids.shape[1])
+    completion_mask = completion_mask * (torch.arange(completion_ids.shape[1], device=completion_ids.device)[None] <= first_stop[:, None])
+    return completion_ids.masked_fill(completion_mask == 0, pad_token_id), completion_mask, stopped
+
+
+def load_value_model(path: str, flag: str):
+    """A sequence-classification model with one label; a causal LM gets a fresh head, zero-initialized so V ≡ 0."""
+    from transformers import AutoModelForSequenceClassification
+
+    try:
+        value_model, info = AutoModelForSequenceClassification.from_pretrained(path, num_labels=1, output_loading_info=True)
+    except (OSError, ValueError) as error:
+        raise ConfigError(f"{flag}: cannot load a value model from {path!r}: {str(error).splitlines()[0]}") from None
+    require(hasattr(value_model, "score"), f"{flag}: {type(value_model).__name__} has no 'score' head to read values from")
+    if any(key.startswith("score.") for key in info["missing_keys"]):
+        torch.nn.init.zeros_(value_model.score.weight)
+    return value_model
+
+
+def completion_values(value_model, input_ids, attention_mask, num_completion_tokens: int) -> torch.Tensor:
+    """V(s_t) (B, T) for the state before each of the last T tokens: the scalar head on every position's hidden state.
+    Position ids come from the attention mask, as in common.completion_logprobs."""
+    model = value_model.get_base_model() if hasattr(value_model, "get_base_model") else value_model  # LoRA lives inside
+    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+    hidden = getattr(model, model.base_model_prefix)(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids).last_hidden_state
+    return model.score(hidden[:, -num_completion_tokens - 1:-1]).squeeze(-1).float()
+
+
+def per_token_rewards(scores: torch.Tensor, kl: torch.Tensor, completion_mask: torch.Tensor, kl_coef: float) -> torch.Tensor:
+    """r_t = −kl_coef · kl_t on every real token, plus the score on the last real token (the stop token). (B, T)"""
+    rewards = -kl_coef * kl * completion_mask
+    last = completion_mask.sum(1).long() - 1  # index of the last real token; every completion has at least one
+    rewards[torch.arange(len(scores), device=scores.device), last] += scores
+    return rewards
+
+
+def masked_whiten(values: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True) -> torch.Tensor:
+    """(x − mean) / std over the real tokens only (std with Bessel's correction); padding stays 0. With
+    shift_mean=False the mean is kept: only the scale changes."""
+    mean = common.masked_mean(values, mask)
+    n = mask.sum()
+    variance = common.masked_mean((values - mean) ** 2, mask) * n / (n - 1).clamp(min=1)
+    whitened = (values - mean) * torch.rsqrt(variance + 1e-8)
+    return (whitened if shift_mean else whitened + mean) * mask
+
+
+def gae_advantages(rewards: torch.Tensor, values: torch.Tensor, completion_mask: torch.Tensor, gamma: float, lam: float):
+    """A_t = Σ_l (γλ)^l δ_{t+l}, δ_t = r_t + γ V_{t+1} − V_t, with r = V = 0 past the last real token.
+    Returns the advantages and the returns A + V, both (B, T) and 0 on padding."""
+    rewards, values = rewards * completion_mask, values * completion_mask
+    advantages = torch.zeros_like(rewards)
+    next_advantage = torch.zeros_like(rewards[:, 0])
+    next_value = torch.zeros_like(values[:, 0])
+    for t in reversed(range(rewards.shape[1])):
+        delta = rewards[:, t] + gamma * next_value - values[:, t]
+        next_advantage = delta + gamma * lam * next_advantage
+        advantages[:, t] = next_advantage
+        next_value = values[:, t]
+    advantages = advantages * completion_mask
+    return advantages, advantages + values
+
+
+def policy_loss(logprobs, old_logprobs, advantages, completion_mask, cliprange: float, num_tokens: int):
+    """Σ_t max(−A_t ρ_t, −A_t clip(ρ_t, 1 ± ε)) / num_tokens over this micro-batch's real tokens; num_tokens counts the
+    whole mini-batch, so accumulating micro-batches gives the mini-batch mean. Returns the loss, ρ and where the clipped
+    term is the larger one (B_mb, T)."""
+    ratio = torch.exp(logprobs - old_logprobs)
+    unclipped = -advantages * ratio
+    clipped = -advantages * ratio.clamp(1 - cliprange, 1 + cliprange)
+    return (torch.max(unclipped, clipped) * completion_mask).sum() / num_tokens, ratio, clipped > unclipped
+
+
+def value_loss(values, old_values, returns, completion_mask, cliprange_value: float, num_tokens: int):
+    """0.5 · Σ_t max((V − R)², (clip(V, V_old ± ε_v) − R)²) / num_tokens over this micro-batch's real tokens.
+    Returns the loss and where the clipped term is the larger one (B_mb, T)."""
+    clipped_values = old_values + (values - old_values).clamp(-cliprange_value, cliprange_value)
+    unclipped_loss = (values - returns) ** 2
+    clipped_loss = (clipped_values - returns) ** 2
+    return 0.5 * (torch.max(unclipped_loss, clipped_loss) * completion_mask).sum() / num_tokens, clipped_loss > unclipped_loss
+
+
+def adaptive_kl_coef(kl_coef: float, kl: float, kl_target: float, kl_horizon: int, batch_size: int) -> float:
+    """Ziegler et al.'s proportional controller: kl_coef · (1 + clip(KL / target − 1, ±0.2) · B / horizon)."""
+    error = min(max(kl / kl_target - 1, -0.2), 0.2)
+    return kl_coef * (1 + error * batch_size / kl_horizon)
+
+
+def main(args: Args):
+    check_args(args)
+    common.seed_everything(args.seed)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    batch_size = args.prompts_per_step
+    mini_batch_size = batch_size // args.num_mini_batches
+    micro_batch_size = args.micro_batch_size or mini_batch_size
+
+    # ---- data: prompts, and every other column for the reward functions ----
+    builtin = {"arithmetic": common.arithmetic_dataset}
+    train_dataset = common.load_split(args.dataset_name, args.dataset_train_split, builtin)
+    require(train_dataset is not None, f"--dataset_train_split: {args.dataset_name} has no split {args.dataset_train_split!r}")
+    common.check_prompt_column(train_dataset)
+    require(len(train_dataset) >= args.prompts_per_step, f"--prompts_per_step: {args.prompts_per_step} exceeds the {len(train_dataset)} training prompts")
+    eval_dataset = common.load_split(args.dataset_name, args.dataset_test_split, builtin)
+    if eval_dataset is None or "ground_truth" not in eval_dataset.column_names:
+        print(f"no held-out split {args.dataset_test_split!r} with a ground_truth column: evaluation is skipped")
+        eval_dataset = None
+
+    # ---- models: policy, reference (only when kl_coef > 0), reward functions, value model ----
+    checkpoint = common.resolve_checkpoint(args.resume_from_checkpoint, args.output_dir)
+    tokenizer = common.load_tokenizer(args.model_name_or_path)
+    stop_id = stop_token_id(tokenizer, args.stop_token)
+    model = common.load_causal_lm(str(checkpoint) if checkpoint and not args.use_peft else args.model_name_or_path)
+    if args.use_peft:
+        from peft import PeftModel, get_peft_model
+
+        model = PeftModel.from_pretrained(model, checkpoint, is_trainable=True) if checkpoint else get_peft_model(model, common.lora_config(args))
+    if args.gradient_checkpointing:
+        model.gradient_checkpointing_enable()
+        if args.use_peft:
+            model.enable_input_require_grads()
+    model.to(device).train()
+    ref_model = None
+    if args.kl_coef > 0 and not args.use_peft:
+        ref_model = common.load_causal_lm(args.model_name_or_path).to(device).eval().requires_grad_(False)
+    reward_funcs = load_reward_funcs(args.reward_funcs, args.reward_model_path, device)
+    weights = reward_weights(args.reward_weights, reward_funcs)
+    value_flag = "--value_model_path" if args.value_model_path else "--reward_model_path" if args.reward_model_path else "--model_name_or_path"
+    value_model = load_value_model(args.value_model_path or args.reward_model_path or args.model_name_or_path, value_flag)
+    if args.use_peft:
+        value_model = get_peft_model(value_model, common.lora_config(args, task_type="SEQ_CLS"))  # its state is in the checkpoint
+    if args.gradient_checkpointing:
+        value_model.gradient_checkpointing_enable()
+        if args.use_peft:
+            value_model.enable_input_require_grads()
+    value_model.to(device).train()
+    generation_config = common.sampling_config(tokenizer, args)
+    generation_config.eos_token_id = list({tokenizer.eos_token_id, stop_id})  # common.generate ends a completion at EOS
+    autocast = lambda: torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.bf16)  # noqa: E731
+
+    def reference_logprobs(input_ids, attention_mask, T):
+        with torch.no_grad(), autocast(), (model.disable_adapter() if args.use_peft else nullcontext()):
+            return common.completion_logprobs(ref_model or model, input_ids, attention_mask, T, args.temperature)
+
+    params = [p for p in model.parameters() if p.requires_grad]
+    value_params = [p for p in value_model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW([{"params": params}, {"params": value_params}], lr=args.learning_rate, weight_decay=args.weight_decay)
+    total_updates = args.max_steps * args.num_ppo_epochs * args.num_mini_batches
+    scheduler = get_scheduler(args.lr_scheduler_type, optimizer, num_warmup_steps=int(args.warmup_ratio * total_updates), num_training_steps=total_updates)
+    start_step, num_tokens, kl_coef = 0, 0, args.kl_coef
+    if checkpoint is not None:
+        state = common.load_training_state(checkpoint, optimizer, scheduler)
+        start_step, num_tokens, kl_coef = state["step"], state["num_tokens"], state["kl_coef"]
+        value_model.load_state_dict(state["value_model"])
+    logger = common.MetricsLogger(args.output_dir, args.report_to, asdict(args), resume_step=start_step)
+    eval_rewards = {"accuracy": accuracy_reward, "format": format_reward}
+
+    def run_eval(step: int) -> dict:
+        if eval_dataset is None:
+            return {}
+        metrics = common.evaluate(model, tokenizer, eval_dataset, args, eval_rewards, seed=args.seed + step)
+        logger.log(step, metrics)
+        return metrics
+
+    def training_state() -> dict:
+        return {"num_tokens": num_tokens, "kl_coef": kl_coef, "value_model": value_model.state_dict()}
+
+    first_eval = run_eval(0) if start_step == 0 else {}
+    steps_per_epoch = len(train_dataset) // args.prompts_per_step
+    columns = [c for c in train_dataset.column_names if c != "prompt"]
+
+    # ---- training loop ----
+    step = start_step
+    progress = tqdm(total=args.max_steps, initial=start_step, desc="ppo")
+    with common.graceful_interrupt() as interrupted:
+        while step < args.max_steps and not interrupted.is_set():
+            step_start = time.perf_counter()
+
+            # 1. sample prompts; the data position is a function of the step, so a resumed run sees the same prompts
+            epoch, position = divmod(step, steps_per_epoch)
+            order = torch.randperm(len(train_dataset), generator=torch.Generator().manual_seed(args.seed + epoch))
+            rows = train_dataset.select(order[position * args.prompts_per_step:(position + 1) * args.prompts_per_step].tolist())
+            prompts = rows["prompt"]
+            row_columns = {c: rows[c] for c in columns}
+
+            # 2. generate one completion per prompt, ended at the stop token
+            model.eval()  # no dropout while sampling
+            rollout = common.generate(model, tokenizer, [common.prompt_text(tokenizer, p) for p in prompts], generation_config)
+            model.train()
+            completion_ids, completion_mask, stopped = cut_at_stop_token(rollout["completion_ids"], rollout["completion_mask"], stop_id, tokenizer.pad_token_id)
+            input_ids = torch.cat([rollout["prompt_ids"], completion_ids], 1)
+            attention_mask = torch.cat([rollout["prompt_mask"], completion_mask], 1)
+            T = completion_ids.shape[1]
+
+            # 3. score: r(x, y), the weighted sum of the reward functions, minus the penalty for a missing stop token
+            completion_texts = common.decode_completions(tokenizer, completion_ids)
+            completion_id_lists = [ids[mask.bool()].tolist() for ids, mask in zip(completion_ids, completion_mask)]
+            scores, rewards_per_func = compute_rewards(reward_funcs, weights, prompts, completion_texts, completion_id_lists, row_columns)
+            scores = scores.to(device)
+            if args.missing_eos_penalty is not None:
+                scores -= args.missing_eos_penalty * (~stopped).float()
+
+            # 4. rollout pass, no gradient: π_θ_old log-probs, V_old, and the per-token KL to the reference
+            old_logprobs = torch.zeros(batch_size, T, device=device)
+            old_values = torch.zeros(batch_size, T, device=device)
+            kl = torch.zeros(batch_size, T, device=device)
+            with torch.no_grad():
+                for mb in torch.arange(batch_size, device=device).split(micro_batch_size):
+                    with autocast():
+                        old_logprobs[mb] = common.completion_logprobs(model, input_ids[mb], attention_mask[mb], T, args.temperature)
+                        old_values[mb] = completion_values(value_model, input_ids[mb], attention_mask[mb], T)
+                    if args.kl_coef > 0:
+                        ref_logprobs = reference_logprobs(input_ids[mb], attention_mask[mb], T)
+                        kl[mb] = per_token_kl(old_logprobs[mb], ref_logprobs, args.kl_estimator) * completion_mask[mb]
+
+            # 5. per-token KL-shaped rewards → GAE advantages and returns → whitened advantages
+            rewards = per_token_rewards(scores, kl, completion_mask, kl_coef)
+            if args.whiten_rewards:
+                rewards = masked_whiten(rewards, completion_mask, shift_mean=False)
+            advantages, returns = gae_advantages(rewards, old_values, completion_mask, args.gamma, args.lam)
+            if args.whiten_advantages:
+                advantages = masked_whiten(advantages, completion_mask)
+
+            # 6. num_ppo_epochs passes over fresh mini-batches: clipped policy and value losses, micro-batches accumulated
+            token_sums = dict.fromkeys(("policy/approxkl_avg", "policy/clipfrac_avg", "policy/entropy_avg", "val/clipfrac_avg", "val/ratio", "val/ratio_var"), 0.0)
+            policy_losses, value_losses, grad_norms, value_grad_norms = [], [], [], []
+            for ppo_epoch in range(args.num_ppo_epochs):
+                for mini in torch.randperm(batch_size, device=device).split(mini_batch_size):
+                    mini_tokens = completion_mask[mini].sum().item()
+                    policy_loss_sum = value_loss_sum = 0.0
+                    for mb in mini.split(micro_batch_size):
+                        with autocast():
+                            logprobs, token_entropy = common.completion_logprobs(model, input_ids[mb], attention_mask[mb], T, args.temperature, entropy=True)
+                            values = completion_values(value_model, input_ids[mb], attention_mask[mb], T)
+                        mask = completion_mask[mb]
+                        pg_loss, ratio, pg_clipped = policy_loss(logprobs, old_logprobs[mb], advantages[mb], mask, args.cliprange, mini_tokens)
+                        vf_loss, vf_clipped = value_loss(values, old_values[mb], returns[mb], mask, args.cliprange_value, mini_tokens)
+                        (pg_loss + args.vf_coef * vf_loss).backward()
+                        policy_loss_sum += pg_loss.item()
+                        value_loss_sum += vf_loss.item()
+                        for key, value in (("policy/approxkl_avg", 0.5 * (logprobs - old_logprobs[mb]) ** 2), ("policy/clipfrac_avg", pg_clipped),
+                                           ("policy/entropy_avg", token_entropy), ("val/clipfrac_avg", vf_clipped), ("val/ratio", ratio), ("val/ratio_var", ratio ** 2)):
+                            token_sums[key] += (value.detach().float() * mask).sum().item()
+                    policy_losses.append(policy_loss_sum)
+                    value_losses.append(value_loss_sum)
+                    grad_norms.append(torch.nn.utils.clip_grad_norm_(params, args.max_grad_norm).item())
+                    value_grad_norms.append(torch.nn.utils.clip_grad_norm_(value_params, args.max_grad_norm).item())
+                    optimizer.step()
+                    scheduler.step()
+                    optimizer.zero_grad(set_to_none=True)
+            step += 1
+            progress.update()
+            num_tokens += attention_mask.sum().item()
+            sequence_kl = kl.sum(1).mean().item()
+            step_kl_coef = kl_coef
+            if args.adaptive_kl:
+                kl_coef = adaptive_kl_coef(kl_coef, sequence_kl, args.kl_target, args.kl_horizon, batch_size)
+
+            # 7. log
+            if step % args.logging_steps == 0 or step == args.max_steps:
+                lengths = completion_mask.sum(1).float()
+                terminated = lengths[stopped]
+                non_score_reward = (-step_kl_coef * kl).sum(1)
+                mean = lambda values: sum(values) / len(values)  # noqa: E731
+                token_means = {key: total / (args.num_ppo_epochs * completion_mask.sum().item()) for key, total in token_sums.items()}
+                token_means["val/ratio_var"] -= token_means["val/ratio"] ** 2  # E[ρ²] − E[ρ]² over every token of every update
+                metrics = {
+                    "objective/scores": scores.mean().item(),
+                    "objective/rlhf_reward": (scores + non_score_reward).mean().item(),
+                    "objective/kl": sequence_kl,
+                    "objective/non_score_reward": non_score_reward.mean().item(),
+                    "objective/entropy": (-old_logprobs * completion_mask).sum(1).mean().item(),
+                    "objective/kl_coef": step_kl_coef,
+                    **{f"rewards/{name}/mean": rewards_per_func[:, j].nanmean().item() for j, name in enumerate(reward_funcs)},
+                    **{f"rewards/{name}/std": common.nanstd(rewards_per_func[:, j]) for j, name in enumerate(reward_funcs)},
+                    **token_means,  # policy/approxkl_avg, policy/clipfrac_avg, policy/entropy_avg, val/clipfrac_avg, val/ratio, val/ratio_var
+                    "loss/policy_avg": mean(policy_losses),
+                    "loss/value_avg": mean(value_losses),
+                    "val/num_eos_tokens": stopped.sum().item(),
+                    "completions/mean_length": lengths.mean().item(),
+                    "completions/min_length": lengths.min().item(),
+                    "completions/max_length": lengths.max().item(),
+                    "completions/clipped_ratio": (~stopped).float().mean().item(),
+                    "completions/mean_terminated_length": terminated.mean().item() if len(terminated) else 0.0,
+                    "completions/min_terminated_length": terminated.min().item() if len(terminated) else 0.0,
+                    "completions/max_terminated_length": terminated.max().item() if len(terminated) else 0.0,
+                    "grad_norm": mean(grad_norms),
+                    "val/grad_norm": mean(value_grad_norms),
+                    "learning_rate": scheduler.get_last_lr()[0],
+                    "num_tokens": num_tokens,
+                    "step_time": time.perf_counter() - step_start,
+                }
+                logger.log(step, metrics)
+                progress.set_postfix(score=f"{metrics['objective/scores']:.3f}", kl=f"{metrics['objective/kl']:.4f}")
+                if args.log_completions:
+                    for i in range(min(args.num_completions_to_print, batch_size)):
+                        tqdm.write(f"[step {step}] {prompts[i]!r} → {completion_texts[i]!r}  score {scores[i].item():.3f}")
+
+            # 8. evaluate and save
+            if args.eval_steps and step % args.eval_steps == 0 and step != args.max_steps:
+                run_eval(step)
+            if args.save_steps and step % args.save_steps == 0:
+                common.save_checkpoint(args.output_dir, step, model, tokenizer, optimizer, scheduler, training_state())
+    progress.close()
+    if interrupted.is_set():
+        path = common.save_checkpoint(args.output_dir, step, model, tokenizer, optimizer, scheduler, training_state())
+        print(f"interrupted at step {step}: saved {path}; continue with --resume_from_checkpoint latest")
+        logger.close()
+        raise SystemExit(130)
+
+    last_eval = run_eval(step)
+    common.save_final_model(args.output_dir, model, tokenizer, args.save_merged_model)
+    value_model.save_pretrained(Path(args.output_dir) / "value_model")
+    tokenizer.save_pretrained(Path(args.output_dir) / "value_model")
+    logger.close()
+    if first_eval and last_eval:
+        print(f"held-out accuracy (sampled, T={args.temperature}): {first_eval['eval/accuracy']:.3f} → {last_eval['eval/accuracy']:.3f}; "
+              f"greedy: {first_eval['eval/accuracy_greedy']:.3f} → {last_eval['eval/accuracy_greedy']:.3f}")
+    print(f"saved the model to {args.output_dir}")
+
+
+if __name__ == "__main__":
+    common.cli(main, Args)

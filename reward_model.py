@@ -1,0 +1,277 @@
+"""Reward model: a scalar score r_φ(x, y), trained on preference pairs with the Bradley–Terry loss (InstructGPT,
+Ouyang et al. 2022, Eq. 1), as TRL's RewardTrainer does:
+
+    L(φ) = −log σ(r_φ(x, y_c) − r_φ(x, y_r) − m)  +  c · (r_φ(x, y_c) + r_φ(x, y_r))²,     averaged over the pairs
+
+y_c is the chosen completion, y_r the rejected one; m is the row's `margin` column when the dataset has one (Llama 2,
+Eq. 2; 0 otherwise); c is --center_rewards_coefficient (Eisenstein et al. 2023; off by default), which pulls the
+scores towards zero mean. eval/accuracy is the fraction of held-out pairs scored r_c > r_r (a tie counts one half).
+
+The model is AutoModelForSequenceClassification with one label, built from any causal-LM checkpoint (the backbone is
+kept, the scalar head `score` is new) and read at the last non-padding token. A pair is rendered exactly as
+`rewards.reward_model_function` renders what it scores: prompt + completion through the chat template for
+conversational data, concatenated strings for standard data. The saved folder is what `--reward_model_path` of the RL
+scripts loads (and ppo.py initializes its value model from).
+
+Data: `--dataset_name arithmetic` (built in) or any HF dataset / local json, jsonl, csv or parquet file with `chosen`
+and `rejected` columns, standard or conversational, with an optional `prompt` column (without it, chosen and rejected
+hold the whole text or conversation) and an optional `margin` column. The built-in pairs come from the arithmetic task
+and sft.py's noisy demonstrator: chosen is its right answer, which shows its work (`7 × 8 = 56 <answer>56</answer>`);
+rejected is its guess, off by ±1 or ±2 (`<answer>54</answer>`, half the pairs), another number (a quarter), or a
+broken format (a quarter). It trains on the RL training problems and evaluates on the held-out ones.
+
+What the built-in reward model learns is the demonstrator's style as much as arithmetic: shown work and the answer
+format tell chosen from rejected, and a model this small does not learn to check the arithmetic of problems it never
+trained on (a right and an off-by-one bare answer to a held-out problem score alike). On this task that shortcut is
+aligned with correctness, which is why PPO on it raises accuracy; a completion that shows wrong work would fool it, the
+classic reward-model failure that eval/accuracy (the exact-answer check) exposes.
+
+    python reward_model.py                                  # the embedded tiny model, offline, ~1 minute on a CPU
+"""
+
+import random
+import time
+from dataclasses import asdict, dataclass
+
+import torch
+from tqdm.auto import tqdm
+from transformers import SchedulerType, get_scheduler
+
+import common
+from common import ConfigError, arg, require
+
+
+@dataclass
+class Args:
+    model_name_or_path: str = arg(common.EMBEDDED_MODEL, "model to start from: a causal LM (a fresh scalar head is added) or a reward model")
+    dataset_name: str = arg("arithmetic", "'arithmetic' (built in), a hub dataset, or a local data file/folder with chosen and rejected columns")
+    dataset_train_split: str = arg("train", "split to train on")
+    dataset_test_split: str = arg("test", "held-out split for eval/accuracy; skipped when absent")
+    pairs_per_problem: int = arg(8, "arithmetic: preference pairs per problem")
+    center_rewards_coefficient: float | None = arg(None, "weight c of the (r_c + r_r)² term that centers the scores (None = off)")
+    learning_rate: float = arg(5e-4, "AdamW learning rate (the embedded model; use ~1e-5 for a full 0.5B model)")
+    lr_scheduler_type: str = arg("cosine", "transformers scheduler name: constant, linear, cosine, ...")
+    warmup_ratio: float = arg(0.05, "fraction of steps spent warming the learning rate up")
+    weight_decay: float = arg(0.0, "AdamW weight decay")
+    max_grad_norm: float = arg(1.0, "gradient clipping norm")
+    per_device_train_batch_size: int = arg(32, "preference pairs per optimizer step")
+    max_steps: int = arg(100, "optimizer steps")
+    max_length: int = arg(128, "pairs with a text longer than this many tokens are dropped (as TRL does)")
+    seed: int = arg(0, "random seed")
+    logging_steps: int = arg(25, "log every this many steps")
+    eval_steps: int = arg(50, "evaluate every this many steps (and at the start and end)")
+    per_device_eval_batch_size: int = arg(256, "pairs per forward pass during evaluation")
+    output_dir: str = arg("outputs/reward_model", "where metrics, checkpoints and the final model go")
+    save_steps: int = arg(0, "save a checkpoint every this many steps (0 = only on Ctrl-C)")
+    resume_from_checkpoint: str | None = arg(None, "a checkpoint folder, or 'latest' in output_dir")
+    use_peft: bool = arg(False, "train a LoRA adapter (task type SEQ_CLS; the score head is trained fully) instead of all weights")
+    lora_r: int = arg(16, "LoRA rank")
+    lora_alpha: int = arg(32, "LoRA alpha")
+    lora_dropout: float = arg(0.05, "LoRA dropout")
+    lora_target_modules: str = arg("all-linear", "comma-separated module names, or all-linear")
+    save_merged_model: bool = arg(False, "with --use_peft, also save the merged model in output_dir/merged")
+    gradient_checkpointing: bool = arg(False, "recompute activations in the backward pass to save memory")
+    bf16: bool = arg(False, "bfloat16 autocast for forward passes")
+    report_to: str = arg("none", "none, tensorboard or wandb")
+
+
+def arithmetic_preference_dataset(split: str, pairs_per_problem: int, seed: int):
+    """Conversational pairs on the RL split's problems, from sft.py's noisy demonstrator: its right answers, which show
+    their work, are chosen over a guess off by ±1 or ±2 (half the pairs), another number (a quarter), or a broken
+    format (a quarter)."""
+    from datasets import Dataset
+
+    rng = random.Random(f"{seed}-{split}")
+    rows = []
+    for a, op, b, answer in common.arithmetic_split(split):
+        prompt = [{"role": "user", "content": common.arithmetic_question(a, op, b)}]
+        for _ in range(pairs_per_problem):
+            kind = rng.random()
+            if kind < 0.5:
+                rejected = f"<answer>{answer + rng.choice([-2, -1, 1, 2])}</answer>"
+            elif kind < 0.75:
+                rejected = f"<answer>{rng.choice([n for n in range(-9, 82) if n != answer])}</answer>"
+            else:
+                rejected = rng.choice([f"{a} {op} {b} = {answer}", f"<answer>{answer}", f"answer: {answer}", "<answer></answer>"])
+            rows.append({
+                "prompt": prompt,
+                "chosen": [{"role": "assistant", "content": f"{a} {op} {b} = {answer} <answer>{answer}</answer>"}],
+                "rejected": [{"role": "assistant", "content": rejected}],
+            })
+    return Dataset.from_list(rows)
+
+
+def scored_text(tokenizer, prompt, completion) -> str:
+    """The text the reward model reads, rendered as rewards.reward_model_function renders it; prompt may be None."""
+    if common.is_conversational(completion):
+        return tokenizer.apply_chat_template((prompt or []) + completion, tokenize=False)
+    require(isinstance(completion, str), f"--dataset_name: expected a string or a list of messages, got {type(completion).__name__}")
+    return (prompt or "") + completion
+
+
+def tokenize_pairs(tokenizer, dataset, max_length: int) -> list[dict]:
+    """chosen_ids, rejected_ids and margin per pair, tokenized as the scorer tokenizes; over-long pairs are dropped."""
+    prompts = dataset["prompt"] if "prompt" in dataset.column_names else [None] * len(dataset)
+    margins = dataset["margin"] if "margin" in dataset.column_names else [0.0] * len(dataset)
+    chosen = tokenizer([scored_text(tokenizer, p, c) for p, c in zip(prompts, dataset["chosen"])]).input_ids
+    rejected = tokenizer([scored_text(tokenizer, p, r) for p, r in zip(prompts, dataset["rejected"])]).input_ids
+    rows = [{"chosen_ids": c, "rejected_ids": r, "margin": float(m)} for c, r, m in zip(chosen, rejected, margins) if max(len(c), len(r)) <= max_length]
+    if len(rows) < len(dataset):
+        print(f"dropped {len(dataset) - len(rows)} of {len(dataset)} pairs longer than --max_length {max_length}")
+    return rows
+
+
+def pair_rewards(model, rows: list[dict], pad_token_id: int, device):
+    """(r_chosen, r_rejected), each (B,): one forward pass over the 2B texts, right-padded like the scorer."""
+    sequences = [r["chosen_ids"] for r in rows] + [r["rejected_ids"] for r in rows]
+    length = max(len(s) for s in sequences)
+    input_ids = torch.tensor([s + [pad_token_id] * (length - len(s)) for s in sequences], device=device)
+    attention_mask = torch.tensor([[1] * len(s) + [0] * (length - len(s)) for s in sequences], device=device)
+    rewards = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, 0].float()
+    return rewards[:len(rows)], rewards[len(rows):]
+
+
+def bradley_terry_loss(chosen_rewards, rejected_rewards, margins=None, center_rewards_coefficient: float | None = None):
+    """mean of −log σ(r_c − r_r − m), plus c · mean((r_c + r_r)²) when centering."""
+    difference = chosen_rewards - rejected_rewards - (0.0 if margins is None else margins)
+    loss = -torch.nn.functional.logsigmoid(difference).mean()
+    if center_rewards_coefficient:
+        loss = loss + center_rewards_coefficient * ((chosen_rewards + rejected_rewards) ** 2).mean()
+    return loss
+
+
+def pair_accuracy(chosen_rewards, rejected_rewards) -> float:
+    """Fraction of pairs with r_c > r_r; a tie counts one half."""
+    return ((chosen_rewards > rejected_rewards).float() + 0.5 * (chosen_rewards == rejected_rewards).float()).mean().item()
+
+
+def main(args: Args):
+    require(args.learning_rate > 0, f"--learning_rate: must be positive, got {args.learning_rate}")
+    require(args.lr_scheduler_type in {s.value for s in SchedulerType}, f"--lr_scheduler_type: unknown scheduler {args.lr_scheduler_type!r}")
+    require(args.max_steps > 0, f"--max_steps: must be positive, got {args.max_steps}")
+    require(args.per_device_train_batch_size > 0, "--per_device_train_batch_size: must be positive")
+    require(args.per_device_eval_batch_size > 0, "--per_device_eval_batch_size: must be positive")
+    require(args.pairs_per_problem > 0, f"--pairs_per_problem: must be positive, got {args.pairs_per_problem}")
+    require(args.max_length > 0, f"--max_length: must be positive, got {args.max_length}")
+    common.seed_everything(args.seed)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+    # ---- data ----
+    builtin = {"arithmetic": lambda split: arithmetic_preference_dataset(split, args.pairs_per_problem, args.seed)}
+    train_dataset = common.load_split(args.dataset_name, args.dataset_train_split, builtin)
+    require(train_dataset is not None, f"--dataset_train_split: {args.dataset_name} has no split {args.dataset_train_split!r}")
+    eval_dataset = common.load_split(args.dataset_name, args.dataset_test_split, builtin)
+    for dataset in (train_dataset, eval_dataset) if eval_dataset is not None else (train_dataset,):
+        for column in ("chosen", "rejected"):
+            require(column in dataset.column_names, f"--dataset_name: the dataset has no {column!r} column (columns: {dataset.column_names})")
+
+    # ---- model: the backbone of a causal LM (or a reward model) with a scalar head ----
+    from transformers import AutoModelForSequenceClassification
+
+    checkpoint = common.resolve_checkpoint(args.resume_from_checkpoint, args.output_dir)
+    tokenizer = common.load_tokenizer(args.model_name_or_path)
+    path = str(checkpoint) if checkpoint and not args.use_peft else args.model_name_or_path
+    try:
+        model = AutoModelForSequenceClassification.from_pretrained(path, num_labels=1)
+    except (OSError, ValueError) as error:
+        raise ConfigError(f"--model_name_or_path: cannot load a model from {path!r}: {str(error).splitlines()[0]}") from None
+    model.config.pad_token_id = tokenizer.pad_token_id  # the head reads the last token that is not padding
+    if args.use_peft:
+        from peft import PeftModel, get_peft_model
+
+        model = PeftModel.from_pretrained(model, checkpoint, is_trainable=True) if checkpoint else get_peft_model(model, common.lora_config(args, task_type="SEQ_CLS"))
+    if args.gradient_checkpointing:
+        model.gradient_checkpointing_enable()
+        if args.use_peft:
+            model.enable_input_require_grads()
+    model.to(device).train()
+
+    rows = tokenize_pairs(tokenizer, train_dataset, args.max_length)
+    eval_rows = tokenize_pairs(tokenizer, eval_dataset, args.max_length) if eval_dataset is not None else []
+    batches_per_epoch = len(rows) // args.per_device_train_batch_size
+    require(batches_per_epoch > 0, f"--per_device_train_batch_size: {args.per_device_train_batch_size} exceeds the {len(rows)} training pairs")
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=args.learning_rate, weight_decay=args.weight_decay)
+    scheduler = get_scheduler(args.lr_scheduler_type, optimizer, num_warmup_steps=int(args.warmup_ratio * args.max_steps), num_training_steps=args.max_steps)
+    start_step = 0
+    if checkpoint is not None:
+        start_step = common.load_training_state(checkpoint, optimizer, scheduler)["step"]
+    logger = common.MetricsLogger(args.output_dir, args.report_to, asdict(args), resume_step=start_step)
+    autocast = lambda: torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.bf16)  # noqa: E731
+
+    @torch.no_grad()
+    def run_eval(step: int) -> dict:
+        if not eval_rows:
+            return {}
+        model.eval()
+        chosen, rejected, margins = [], [], []
+        for start in range(0, len(eval_rows), args.per_device_eval_batch_size):
+            batch = eval_rows[start:start + args.per_device_eval_batch_size]
+            with autocast():
+                r_c, r_r = pair_rewards(model, batch, tokenizer.pad_token_id, device)
+            chosen.append(r_c)
+            rejected.append(r_r)
+            margins += [r["margin"] for r in batch]
+        model.train()
+        chosen, rejected = torch.cat(chosen), torch.cat(rejected)
+        metrics = {
+            "eval/accuracy": pair_accuracy(chosen, rejected),
+            "eval/loss": bradley_terry_loss(chosen, rejected, torch.tensor(margins, device=device), args.center_rewards_coefficient).item(),
+            "eval/margin": (chosen - rejected).mean().item(),
+        }
+        logger.log(step, metrics)
+        return metrics
+
+    first_eval = run_eval(start_step) if start_step == 0 else {}
+
+    # ---- training loop ----
+    step = start_step
+    progress = tqdm(total=args.max_steps, initial=start_step, desc="reward model")
+    with common.graceful_interrupt() as interrupted:
+        while step < args.max_steps and not interrupted.is_set():
+            start = time.perf_counter()
+            epoch, position = divmod(step, batches_per_epoch)  # the data position is a function of the step
+            order = torch.randperm(len(rows), generator=torch.Generator().manual_seed(args.seed + epoch))
+            batch = [rows[i] for i in order[position * args.per_device_train_batch_size:(position + 1) * args.per_device_train_batch_size].tolist()]
+            with autocast():
+                chosen_rewards, rejected_rewards = pair_rewards(model, batch, tokenizer.pad_token_id, device)
+            margins = torch.tensor([r["margin"] for r in batch], device=device)
+            loss = bradley_terry_loss(chosen_rewards, rejected_rewards, margins, args.center_rewards_coefficient)
+            loss.backward()
+            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.max_grad_norm)
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+            step += 1
+            progress.update()
+            if step % args.logging_steps == 0 or step == args.max_steps:
+                metrics = {
+                    "loss": loss.item(),
+                    "accuracy": pair_accuracy(chosen_rewards, rejected_rewards),
+                    "margin": (chosen_rewards - rejected_rewards).mean().item(),
+                    "grad_norm": grad_norm.item(),
+                    "learning_rate": scheduler.get_last_lr()[0],
+                    "step_time": time.perf_counter() - start,
+                }
+                logger.log(step, metrics)
+                progress.set_postfix(loss=f"{metrics['loss']:.3f}", accuracy=f"{metrics['accuracy']:.2f}")
+            if args.eval_steps and step % args.eval_steps == 0 and step != args.max_steps:
+                run_eval(step)
+            if args.save_steps and step % args.save_steps == 0:
+                common.save_checkpoint(args.output_dir, step, model, tokenizer, optimizer, scheduler)
+    progress.close()
+    if interrupted.is_set():
+        path = common.save_checkpoint(args.output_dir, step, model, tokenizer, optimizer, scheduler)
+        print(f"interrupted at step {step}: saved {path}; continue with --resume_from_checkpoint latest")
+        logger.close()
+        raise SystemExit(130)
+
+    last_eval = run_eval(step)
+    common.save_final_model(args.output_dir, model, tokenizer, args.save_merged_model)
+    logger.close()
+    if first_eval and last_eval:
+        print(f"held-out pair accuracy {first_eval['eval/accuracy']:.3f} → {last_eval['eval/accuracy']:.3f}")
+    print(f"saved the reward model to {args.output_dir}")
+
+
+if __name__ == "__main__":
+    common.cli(main, Args)
