@@ -30,9 +30,10 @@ share of the one sum: accumulating micro-batches gives exactly the one-batch los
 A_i depends on the rewards only, so micro-batches need not hold whole groups.
 
 With num_iterations = 1 (the default) the completions are used once: ρ ≡ 1 and ∇L = −Σ_{i,t} w_{i,t} A_i ∇ log π_θ(y_{i,t})
-(+ the KL term). The logged `loss` and `policy_loss` then sit near 0, because the advantages of each group sum to
-zero; `grad_norm` shows that the update is not. Worked example (G = 4, --scale_rewards none): rewards 10, 8, 4, 2
-have group mean 6 and advantages +4, +2, −2, −4, which RLOO's leave-one-out advantages scale by G/(G−1) = 4/3.
+(+ the KL term). The logged `loss` and `policy_loss` (the loss without its β·kl term) then sit near 0, because the
+advantages of each group sum to zero; `grad_norm` shows that the update is not. Worked example (G = 4,
+--scale_rewards none): rewards 10, 8, 4, 2 have group mean 6 and advantages +4, +2, −2, −4, which RLOO's
+leave-one-out advantages scale by G/(G−1) = 4/3.
 
 One forward pass per completion and iteration: the policy log-probs of the first iteration, detached, are π_θ_old,
 so no separate "old log-prob" pass is spent; β = 0 (the default) loads no reference model.
@@ -217,8 +218,8 @@ def dynamic_sampling(sample_round, num_prompts: int, num_generations: int, max_r
     more until num_prompts groups are kept or max_resample_rounds extra rounds are spent; dropped groups fill whatever
     is still missing. sample_round(0) is the step's own prompts. Returns the batch and the fraction of dropped groups."""
     kept, dropped, num_sampled = [], [], 0
-    for round in range(1 + max_resample_rounds):
-        sample = sample_round(round)
+    for round_index in range(1 + max_resample_rounds):
+        sample = sample_round(round_index)
         zero_std = zero_std_groups(sample["rewards"], num_generations).tolist()
         num_sampled += len(zero_std)
         kept.append(select_groups(sample, [g for g, z in enumerate(zero_std) if not z], num_generations))
@@ -326,10 +327,10 @@ def main(args: Args):
             # 2-3. generate and score (see generate_and_score); dynamic sampling drops the groups whose rewards are all
             # equal and draws more prompts at random, seeded by (seed, step, round) so that a resumed run draws the same
             if args.dynamic_sampling:
-                def sample_round(round):
-                    if round == 0:
+                def sample_round(round_index):
+                    if round_index == 0:
                         return generate_and_score(rows)
-                    generator = torch.Generator().manual_seed(hash((args.seed, step, round)) % 2**63)
+                    generator = torch.Generator().manual_seed(hash((args.seed, step, round_index)) % 2**63)
                     return generate_and_score(train_dataset.select(torch.randperm(len(train_dataset), generator=generator)[:args.prompts_per_step].tolist()))
 
                 rollout, dropped_frac = dynamic_sampling(sample_round, args.prompts_per_step, G, args.max_resample_rounds, tokenizer.pad_token_id)
