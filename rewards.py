@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from common import ConfigError, as_completion, is_conversational, prompt_text, split_list
+from common import ConfigError, as_completion, is_conversational, split_list
 
 ANSWER = re.compile(r"<answer>\s*(.*?)\s*</answer>", flags=re.DOTALL)
 FORMAT = re.compile(r".*<answer>\s*[-+]?[0-9]+(?:\.[0-9]+)?\s*</answer>\s*$", flags=re.DOTALL)
