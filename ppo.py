@@ -93,7 +93,7 @@ class Args:
     # optimization
     prompts_per_step: int = arg(16, "prompts per step, one completion each: the step's batch of completions")
     micro_batch_size: int = arg(0, "completions per forward/backward, gradients accumulated (0 = the whole mini-batch)")
-    max_steps: int = arg(30, "training steps (one batch of completions each)")
+    max_steps: int = arg(25, "training steps (one batch of completions each)")
     learning_rate: float = arg(1e-4, "AdamW learning rate of the policy and the value model (the embedded model; use ~3e-6 for a full 0.5B model)")
     lr_scheduler_type: str = arg("constant_with_warmup", "transformers scheduler: constant, constant_with_warmup, linear, cosine, ...")
     warmup_ratio: float = arg(0.03, "fraction of optimizer steps spent warming up")

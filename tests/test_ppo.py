@@ -21,7 +21,7 @@ from ppo import (adaptive_kl_coef, cut_at_stop_token, gae_advantages, masked_whi
                  value_loss)
 
 ROOT = Path(__file__).resolve().parents[1]
-FAST = dict(prompts_per_step=4, num_ppo_epochs=2, max_steps=2, eval_steps=0, logging_steps=1, save_steps=0, num_generations_eval=1)
+FAST = dict(prompts_per_step=4, num_ppo_epochs=2, max_steps=2, eval_steps=0, logging_steps=1, save_steps=0, num_generations_eval=1, max_completion_length=16)
 VANILLA_PG = dict(lam=1.0, gamma=1.0, num_ppo_epochs=1, num_mini_batches=1, whiten_advantages=False)  # the documented flags
 
 
@@ -339,21 +339,21 @@ def test_metrics_use_trl_names_and_are_masked(tmp_path):
         assert key in records[1], key
     assert train["objective/entropy"] > 0 and train["policy/entropy_avg"] > 0 and train["objective/kl"] >= 0  # k3 ≥ 0; no padding
     assert train["objective/rlhf_reward"] == pytest.approx(train["objective/scores"] + train["objective/non_score_reward"])
-    assert train["completions/max_length"] <= 24
+    assert train["completions/max_length"] <= 16
     assert [r["step"] for r in records if "eval/accuracy" in r] == [0, 1]
 
 
 def test_lora_trains_adapters_and_resumes(tmp_path):
     from transformers import AutoModelForCausalLM
 
-    ppo.main(args(tmp_path, use_peft=True, lora_r=4, learning_rate=1e-3, save_merged_model=True, save_steps=1))
+    ppo.main(args(tmp_path, use_peft=True, lora_r=4, learning_rate=1e-3, save_merged_model=True, save_steps=1, max_completion_length=24))
     out = tmp_path / "out"
     assert (out / "adapter_config.json").exists() and not (out / "model.safetensors").exists()
     assert (out / "value_model" / "adapter_config.json").exists()
     merged = AutoModelForCausalLM.from_pretrained(out / "merged")
     base = AutoModelForCausalLM.from_pretrained(common.EMBEDDED_MODEL)
     assert any(not torch.equal(p, q) for p, q in zip(merged.parameters(), base.parameters()))
-    ppo.main(args(tmp_path, use_peft=True, lora_r=4, learning_rate=1e-3, max_steps=3, resume_from_checkpoint="latest"))
+    ppo.main(args(tmp_path, use_peft=True, lora_r=4, learning_rate=1e-3, max_steps=3, resume_from_checkpoint="latest", max_completion_length=24))
     assert [r["step"] for r in training_records(out)] == [1, 2, 3]
 
 
@@ -400,6 +400,18 @@ def test_default_run_learns(tmp_path):
 
 @pytest.mark.slow
 def test_vanilla_pg_learns(tmp_path):
-    ppo.main(ppo.Args(output_dir=str(tmp_path / "out"), eval_steps=0, max_steps=60, **VANILLA_PG))
+    ppo.main(ppo.Args(output_dir=str(tmp_path / "out"), eval_steps=0, max_steps=40, **VANILLA_PG))
+    evals = [r for r in common.read_metrics(tmp_path / "out") if "eval/accuracy" in r]
+    assert evals[-1]["eval/accuracy"] - evals[0]["eval/accuracy"] >= 0.1
+
+
+@pytest.mark.slow
+def test_pipeline_reward_model_then_ppo_learns(tmp_path):
+    """reward_model.py (defaults) → ppo.py --reward_model_path … --reward_funcs none: held-out accuracy rises although
+    the policy never sees the accuracy reward."""
+    import reward_model
+
+    reward_model.main(reward_model.Args(output_dir=str(tmp_path / "rm")))
+    ppo.main(ppo.Args(output_dir=str(tmp_path / "out"), reward_model_path=str(tmp_path / "rm"), reward_funcs="none", eval_steps=0))
     evals = [r for r in common.read_metrics(tmp_path / "out") if "eval/accuracy" in r]
     assert evals[-1]["eval/accuracy"] - evals[0]["eval/accuracy"] >= 0.1
