@@ -27,20 +27,22 @@ Vanilla PG (Back to Basics Eq. 9) is `--lam 1.0 --num_ppo_epochs 1 --num_mini_ba
 (γ = 1, the default): the δ_t telescope to A_t = Σ_{l≥0} r_{t+l} − V(s_t) = G_t − V(s_t), one update per batch makes
 ρ ≡ 1 so no clip binds, and ∇L_pg = −1/N Σ_t (G_t − V(s_t)) ∇ log π_θ(y_t | s_t) over the batch's N real tokens.
 
---adaptive_kl (Ziegler et al. §2.2, lm-human-preferences) adapts kl_coef after each step towards a sequence KL target:
+--adaptive_kl (Ziegler et al. 2019; lm-human-preferences) adapts kl_coef after each step towards a sequence KL target:
     kl_coef ← kl_coef · (1 + clip(KL / kl_target − 1, −0.2, 0.2) · B / kl_horizon),   KL = mean_i Σ_t kl_{i,t}
 (lm-human-preferences starts it at 0.15 with target 6 and horizon 10000; here --kl_coef is the start).
 
 The value model V_ψ is a sequence-classification model (num_labels=1) whose scalar head is applied to the backbone's
 hidden state at every position, not only at the last token: V(s_t) is read where the policy's logits for y_t are. It
-starts from --value_model_path, else the reward model (as in the reference implementations), else the policy's own
-backbone with a fresh, zero-initialized head (V ≡ 0 at the start). It must share the policy's tokenizer.
+starts from --value_model_path, else the reward model (as in the reference implementations; a LoRA one is merged),
+else the policy's own backbone with a fresh, zero-initialized head (V ≡ 0 at the start). It must share the policy's
+tokenizer. Policy and value model share one AdamW (two parameter groups) but are gradient-clipped separately, so the
+value loss never shrinks the policy's step.
 
 Unlike rloo.py, the advantages need every value and log-prob of the batch before the first loss (GAE runs from the last
 token back, whitening spans the batch), so each step spends one no-grad rollout pass of the policy and value model.
 
-    python ppo.py                                                  # the embedded tiny model, offline, ~3 minutes on a CPU
-    python ppo.py --reward_model_path outputs/reward_model        # a reward model made by reward_model.py
+    python ppo.py                                                  # the embedded tiny model, offline, ~20 s on an idle 2-core CPU
+    python ppo.py --reward_model_path outputs/reward_model --reward_funcs none   # the reward model of reward_model.py alone
 """
 
 import time
@@ -174,15 +176,22 @@ def cut_at_stop_token(completion_ids: torch.Tensor, completion_mask: torch.Tenso
 
 
 def load_value_model(path: str, flag: str):
-    """A sequence-classification model with one label; a causal LM gets a fresh head, zero-initialized so V ≡ 0."""
+    """A sequence-classification model with one label: a reward model (a LoRA one merged into its base model), or a
+    causal LM given a fresh head, zero-initialized so that V ≡ 0 at the start."""
     from transformers import AutoModelForSequenceClassification
 
     try:
-        value_model, info = AutoModelForSequenceClassification.from_pretrained(path, num_labels=1, output_loading_info=True)
+        if (Path(path) / "adapter_config.json").is_file():
+            from peft import AutoPeftModelForSequenceClassification
+
+            value_model, missing_keys = AutoPeftModelForSequenceClassification.from_pretrained(path, num_labels=1).merge_and_unload(), []
+        else:
+            value_model, info = AutoModelForSequenceClassification.from_pretrained(path, num_labels=1, output_loading_info=True)
+            missing_keys = info["missing_keys"]
     except (OSError, ValueError) as error:
         raise ConfigError(f"{flag}: cannot load a value model from {path!r}: {str(error).splitlines()[0]}") from None
     require(hasattr(value_model, "score"), f"{flag}: {type(value_model).__name__} has no 'score' head to read values from")
-    if any(key.startswith("score.") for key in info["missing_keys"]):
+    if any(key.startswith("score.") for key in missing_keys):
         torch.nn.init.zeros_(value_model.score.weight)
     return value_model
 

@@ -26,7 +26,7 @@ trained on (a right and an off-by-one bare answer to a held-out problem score al
 aligned with correctness, which is why PPO on it raises accuracy; a completion that shows wrong work would fool it, the
 classic reward-model failure that eval/accuracy (the exact-answer check) exposes.
 
-    python reward_model.py                                  # the embedded tiny model, offline, ~1 minute on a CPU
+    python reward_model.py                                  # the embedded tiny model, offline, ~30 s on an idle 2-core CPU
 """
 
 import random

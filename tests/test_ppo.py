@@ -389,6 +389,18 @@ def test_reward_model_as_the_reward_and_the_value_model_start(tmp_path):
     assert "rewards/rm/mean" in record and record["objective/scores"] == pytest.approx(record["rewards/rm/mean"])
 
 
+def test_a_lora_reward_model_starts_the_value_model_merged(tmp_path):
+    import reward_model
+    from transformers import AutoModelForSequenceClassification
+
+    rm_dir = tmp_path / "rm"
+    reward_model.main(reward_model.Args(output_dir=str(rm_dir), use_peft=True, lora_r=4, save_merged_model=True, max_steps=2, eval_steps=0, pairs_per_problem=1))
+    value_model = ppo.load_value_model(str(rm_dir), "--reward_model_path")
+    merged = AutoModelForSequenceClassification.from_pretrained(rm_dir / "merged")
+    assert value_model.score.weight.abs().sum().item() > 0
+    assert all(torch.allclose(p, q, atol=1e-6) for p, q in zip(value_model.parameters(), merged.parameters()))
+
+
 # ---- learning (slow) ----------------------------------------------------------------------------------------------------
 @pytest.mark.slow
 def test_default_run_learns(tmp_path):
