@@ -8,7 +8,9 @@ Eq. 2; 0 otherwise); c is --center_rewards_coefficient (Eisenstein et al. 2023; 
 scores towards zero mean. eval/accuracy is the fraction of held-out pairs scored r_c > r_r (a tie counts one half).
 
 The model is AutoModelForSequenceClassification with one label, built from any causal-LM checkpoint (the backbone is
-kept, the scalar head `score` is new) and read at the last non-padding token. A pair is rendered exactly as
+kept, the scalar head `score` is new) and read at the last token that is not padding: the tokenizer's pad id is
+written into the saved config (where a tokenizer pads with its EOS, the head reads the token before a trailing EOS, in
+training and in scoring alike). A pair is rendered exactly as
 `rewards.reward_model_function` renders what it scores: prompt + completion through the chat template for
 conversational data, concatenated strings for standard data. The saved folder is what `--reward_model_path` of the RL
 scripts loads (and ppo.py initializes its value model from).
