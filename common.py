@@ -18,6 +18,8 @@ import threading
 from pathlib import Path
 
 import torch
+from accelerate import Accelerator, DistributedType, PartialState
+from accelerate.utils import gather_object
 from datasets import Dataset, get_dataset_split_names, load_dataset
 from transformers import GenerationConfig, HfArgumentParser
 
@@ -78,6 +80,55 @@ def graceful_interrupt():
 def seed_everything(seed: int):
     random.seed(seed)
     torch.manual_seed(seed)  # seeds CUDA too
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Processes: every script runs as one process, or as N under `accelerate launch` (DDP, DeepSpeed, FSDP)
+# ----------------------------------------------------------------------------------------------------------------------
+def make_accelerator(args) -> Accelerator:
+    """accelerate's Accelerator: one process, or whatever `accelerate launch` set up. `--bf16` forces bf16 autocast;
+    otherwise the launch config's mixed precision applies."""
+    accelerator = Accelerator(mixed_precision="bf16" if args.bf16 else None)
+    if accelerator.state.deepspeed_plugin is not None:  # no DataLoader is prepared, so DeepSpeed's batch bookkeeping
+        accelerator.state.deepspeed_plugin.deepspeed_config["train_micro_batch_size_per_gpu"] = 1  # needs a number
+    return accelerator
+
+
+def shard(accelerator: Accelerator, total: int, flag: str) -> slice:
+    """This process's contiguous share of `total` items (prompts of a step, sequences of a batch)."""
+    n = accelerator.num_processes
+    require(total % n == 0, f"{flag}: {total} is not divisible by the {n} processes")
+    return slice(accelerator.process_index * total // n, (accelerator.process_index + 1) * total // n)
+
+
+def any_process(accelerator: Accelerator, flag: bool) -> bool:
+    """True when `flag` is set on any process (a Ctrl-C seen by one rank stops them all at the same step)."""
+    if accelerator.num_processes == 1:
+        return flag
+    return bool(accelerator.reduce(torch.tensor(float(flag), device=accelerator.device), "sum").item() > 0)
+
+
+def check_backend(accelerator: Accelerator, one_backward_per_update: bool, rescales_gradients: bool = False):
+    """DeepSpeed takes its optimizer step inside `backward` and keeps the gradients to itself: under DeepSpeed an update
+    must be a single backward pass, and the accumulated gradient cannot be rescaled afterwards."""
+    if accelerator.distributed_type == DistributedType.DEEPSPEED:
+        require(one_backward_per_update, "--micro_batch_size: under DeepSpeed each update is one backward pass: leave it 0 (the whole per-process batch)")
+        require(not rescales_gradients, "--normalize_advantages: not available under DeepSpeed (it rescales the accumulated gradient)")
+
+
+@contextlib.contextmanager
+def generation_model(accelerator: Accelerator, model):
+    """The plain model for `generate`, without the DDP wrapper. Under DeepSpeed ZeRO-3 the parameters are gathered for
+    the duration (as TRL does), so generation runs without a collective per token; under FSDP2 the module is its own
+    unwrapped model and transformers keeps the ranks in step (`synced_gpus`)."""
+    unwrapped = accelerator.unwrap_model(model)
+    if accelerator.distributed_type == DistributedType.DEEPSPEED and accelerator.state.deepspeed_plugin.zero_stage == 3:
+        import deepspeed
+
+        with deepspeed.zero.GatheredParameters(list(model.parameters())):
+            yield unwrapped
+    else:
+        yield unwrapped
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -236,26 +287,93 @@ def sampling_config(tokenizer, args, greedy: bool = False) -> GenerationConfig:
 
 @torch.no_grad()
 def generate(model, tokenizer, texts: list[str], generation_config: GenerationConfig) -> dict:
-    """Sample one completion per text. Completion tokens after the first EOS are masked out.
+    """Sample one completion per text with `model.generate`. A completion ends at its first end token (the config's
+    `eos_token_id`: one id or several); the tokens after it are masked out.
 
     Returns prompt_ids / prompt_mask (B, P) left-padded, completion_ids / completion_mask (B, T) right-padded, and
-    is_truncated (B,): no EOS within max_completion_length.
+    is_truncated (B,): no end token within max_completion_length.
     """
     device = next(model.parameters()).device
     enc = tokenizer(texts, return_tensors="pt", padding=True, padding_side="left", add_special_tokens=False).to(device)
     sequences = model.generate(**enc, generation_config=generation_config)
-    completion_ids = sequences[:, enc.input_ids.shape[1]:]
-    is_eos = completion_ids == tokenizer.eos_token_id
-    first_eos = torch.where(is_eos.any(1), is_eos.int().argmax(1), completion_ids.shape[1])
-    completion_mask = (torch.arange(completion_ids.shape[1], device=device)[None] <= first_eos[:, None]).long()
-    completion_ids = completion_ids.masked_fill(completion_mask == 0, tokenizer.pad_token_id)
+    return rollout(tokenizer, enc, sequences[:, enc.input_ids.shape[1]:], generation_config.eos_token_id)
+
+
+def rollout(tokenizer, prompt_encoding, completion_ids: torch.Tensor, end_ids: int | list[int]) -> dict:
+    """The tensors every script trains on, from the tokenized prompts and the sampled ids (B, T): each completion
+    ends at its first token in `end_ids` (kept), padding after it."""
+    is_end = torch.isin(completion_ids, torch.tensor(end_ids, device=completion_ids.device))
+    first_end = torch.where(is_end.any(1), is_end.int().argmax(1), completion_ids.shape[1])
+    completion_mask = (torch.arange(completion_ids.shape[1], device=completion_ids.device)[None] <= first_end[:, None]).long()
     return {
-        "prompt_ids": enc.input_ids,
-        "prompt_mask": enc.attention_mask,
-        "completion_ids": completion_ids,
+        "prompt_ids": prompt_encoding.input_ids,
+        "prompt_mask": prompt_encoding.attention_mask,
+        "completion_ids": completion_ids.masked_fill(completion_mask == 0, tokenizer.pad_token_id),
         "completion_mask": completion_mask,
-        "is_truncated": ~is_eos.any(1),
+        "is_truncated": ~is_end.any(1),
     }
+
+
+class VLLMGenerator:
+    """Colocated vLLM sampling (`--use_vllm`, as TRL's vllm_mode="colocate"): each training process runs its own vLLM
+    engine on its own GPU, in the same process, with `--vllm_gpu_memory_utilization` of the memory, and the policy's
+    weights are copied into it at the start (a resumed run's) and after every update (`sync_weights`). vllm is
+    imported only here."""
+
+    def __init__(self, accelerator: Accelerator, args, tokenizer, model, end_ids: list[int] | None = None):
+        try:
+            import vllm
+        except ImportError:
+            raise ConfigError("--use_vllm: the vllm package is not installed (pip install vllm); without the flag, transformers generates") from None
+        require(0 < args.vllm_gpu_memory_utilization <= 1, f"--vllm_gpu_memory_utilization: expected a fraction in (0, 1], got {args.vllm_gpu_memory_utilization}")
+        # vLLM's "external_launcher" joins the process group that `accelerate launch` (or a single process) describes
+        for key, value in {"RANK": accelerator.process_index, "LOCAL_RANK": accelerator.local_process_index,
+                           "WORLD_SIZE": accelerator.num_processes, "MASTER_ADDR": "localhost", "MASTER_PORT": 29511}.items():
+            os.environ.setdefault(key, str(value))
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine lives in this process: weights set in place
+        self.llm = vllm.LLM(
+            model=args.model_name_or_path,
+            gpu_memory_utilization=args.vllm_gpu_memory_utilization,
+            distributed_executor_backend="external_launcher",
+            seed=args.seed + accelerator.process_index,
+            dtype="bfloat16" if args.bf16 else "auto",
+            max_model_len=args.vllm_max_model_length,
+        )
+        self.end_ids = end_ids or [tokenizer.eos_token_id]  # a completion ends at any of these (EOS, or PPO's --stop_token)
+        self.sampling_params = vllm.SamplingParams(  # the distribution the log-probs assume, as sampling_config
+            n=1, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k or -1, max_tokens=args.max_completion_length,
+            stop_token_ids=self.end_ids,
+        )
+        self.tokenizer = tokenizer
+        self.sync_weights(accelerator, model)
+
+    @torch.no_grad()
+    def sync_weights(self, accelerator: Accelerator, model):
+        """Load the policy's current weights into the engine; a LoRA policy is merged for the copy, then unmerged."""
+        with generation_model(accelerator, model) as policy:
+            if hasattr(policy, "merge_adapter"):
+                policy.merge_adapter()
+                weights = {  # peft's names back to the base model's; the adapters themselves are not copied
+                    name.removeprefix("base_model.model.").replace(".base_layer", ""): value
+                    for name, value in policy.state_dict().items() if "lora_" not in name
+                }
+                self._engine_model().load_weights(weights.items())
+                policy.unmerge_adapter()
+            else:
+                self._engine_model().load_weights(policy.state_dict().items())
+        self.llm.reset_prefix_cache()  # cached prompt states were computed with the old weights
+
+    def _engine_model(self):
+        return self.llm.llm_engine.model_executor.driver_worker.worker.model_runner.model
+
+    def generate(self, texts: list[str], device) -> dict:
+        """Sample one completion per text; the same tensors as `generate`."""
+        enc = self.tokenizer(texts, return_tensors="pt", padding=True, padding_side="left", add_special_tokens=False).to(device)
+        prompts = [{"prompt_token_ids": ids[mask.bool()].tolist()} for ids, mask in zip(enc.input_ids, enc.attention_mask)]
+        outputs = [out.outputs[0] for out in self.llm.generate(prompts, self.sampling_params, use_tqdm=False)]
+        T = max(len(out.token_ids) for out in outputs)
+        padded = [list(out.token_ids) + [self.tokenizer.pad_token_id] * (T - len(out.token_ids)) for out in outputs]
+        return rollout(self.tokenizer, enc, torch.tensor(padded, device=device), self.end_ids)
 
 
 def decode_completions(tokenizer, completion_ids: torch.Tensor) -> list[str]:
@@ -303,30 +421,37 @@ def masked_mean(values: torch.Tensor, mask: torch.Tensor, dim=None) -> torch.Ten
 def evaluate(model, tokenizer, eval_dataset: Dataset, args, reward_fns: dict, seed: int) -> dict:
     """Mean of each reward function on held-out prompts: `eval/<name>` sampled (`num_generations_eval` samples per
     prompt at the training temperature) and `eval/<name>_greedy`. Runs under its own RNG, so evaluating never changes
-    what training samples."""
+    what training samples. With several processes, each scores an equal share of the prompts (padded by repeating the
+    last one, which is dropped again) and every process returns the same means."""
+    processes = PartialState()  # the process layout `accelerate launch` set up (one process without it)
     was_training = model.training
     model.eval()
     columns = eval_dataset.column_names
     metrics = {}
     with torch.random.fork_rng(devices=[torch.cuda.current_device()] if torch.cuda.is_available() else []):
-        torch.manual_seed(seed)
+        torch.manual_seed(seed + 1000 * processes.process_index)
         for suffix, repeats, config in (
             ("", args.num_generations_eval, sampling_config(tokenizer, args)),
             ("_greedy", 1, sampling_config(tokenizer, args, greedy=True)),
         ):
             rows = [row for row in eval_dataset for _ in range(repeats)]
-            scores = {name: [] for name in reward_fns}
-            for start in range(0, len(rows), args.per_device_eval_batch_size):
-                batch = rows[start:start + args.per_device_eval_batch_size]
-                prompts = [row["prompt"] for row in batch]
-                out = generate(model, tokenizer, [prompt_text(tokenizer, p) for p in prompts], config)
-                texts = decode_completions(tokenizer, out["completion_ids"])
-                completions = [as_completion(p, t) for p, t in zip(prompts, texts)]
-                kwargs = {c: [row[c] for row in batch] for c in columns if c != "prompt"}
-                for name, fn in reward_fns.items():
-                    scores[name] += fn(prompts=prompts, completions=completions, **kwargs)
-            for name, values in scores.items():
-                metrics[f"eval/{name}{suffix}"] = sum(values) / len(values)
+            scores = {name: {} for name in reward_fns}  # row index -> score; a padded duplicate overwrites its original
+            everyone = list(range(len(rows)))
+            everyone += everyone[-1:] * (processes.num_processes - len(everyone))  # fewer rows than processes: repeat
+            with processes.split_between_processes(everyone, apply_padding=True) as indices:
+                for start in range(0, len(indices), args.per_device_eval_batch_size):
+                    batch_indices = indices[start:start + args.per_device_eval_batch_size]
+                    batch = [rows[i] for i in batch_indices]
+                    prompts = [row["prompt"] for row in batch]
+                    out = generate(model, tokenizer, [prompt_text(tokenizer, p) for p in prompts], config)
+                    texts = decode_completions(tokenizer, out["completion_ids"])
+                    completions = [as_completion(p, t) for p, t in zip(prompts, texts)]
+                    kwargs = {c: [row[c] for row in batch] for c in columns if c != "prompt"}
+                    for name, fn in reward_fns.items():
+                        scores[name].update(zip(batch_indices, fn(prompts=prompts, completions=completions, **kwargs)))
+            for name, local in scores.items():
+                merged = {i: v for part in gather_object([local]) for i, v in part.items()}
+                metrics[f"eval/{name}{suffix}"] = sum(merged.values()) / len(merged)
     model.train(was_training)
     return metrics
 
@@ -334,25 +459,23 @@ def evaluate(model, tokenizer, eval_dataset: Dataset, args, reward_fns: dict, se
 # ----------------------------------------------------------------------------------------------------------------------
 # Checkpoints: HF-format model + tokenizer (or adapter), plus optimizer, scheduler, RNG and step
 # ----------------------------------------------------------------------------------------------------------------------
-def save_checkpoint(output_dir: str, step: int, model, tokenizer, optimizer, scheduler, extra: dict | None = None) -> Path:
-    """Write `checkpoint-{step}` atomically (a temporary folder renamed at the end: never half-written)."""
+def save_checkpoint(accelerator: Accelerator, output_dir: str, step: int, model, tokenizer, extra: dict | None = None) -> Path:
+    """Write `checkpoint-{step}`: the model in HF format (or the LoRA adapter) and the tokenizer, for people;
+    `accelerator_state/` (accelerate's own: model, optimizer, registered scheduler, every process's RNG; sharded
+    states under DeepSpeed / FSDP), for resuming; `training_state.pt` with the step and the script's extras. Written
+    to a temporary folder and renamed at the end: never half-written. Every process must call it."""
     final = Path(output_dir) / f"checkpoint-{step}"
     tmp = Path(output_dir) / f".checkpoint-{step}.tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    state = {
-        "step": step,
-        "optimizer": optimizer.state_dict(),
-        "scheduler": scheduler.state_dict(),
-        "torch_rng": torch.get_rng_state(),
-        "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
-        "python_rng": random.getstate(),
-        **(extra or {}),
-    }
-    torch.save(state, tmp / "training_state.pt")
-    shutil.rmtree(final, ignore_errors=True)
-    os.replace(tmp, final)
+    if accelerator.is_main_process:
+        shutil.rmtree(tmp, ignore_errors=True)
+    accelerator.wait_for_everyone()
+    accelerator.save_state(str(tmp / "accelerator_state"))
+    save_model(accelerator, tmp, model, tokenizer)
+    if accelerator.is_main_process:
+        torch.save({"step": step, **(extra or {})}, tmp / "training_state.pt")
+        shutil.rmtree(final, ignore_errors=True)
+        os.replace(tmp, final)
+    accelerator.wait_for_everyone()
     return final
 
 
@@ -369,42 +492,54 @@ def resolve_checkpoint(resume_from_checkpoint: str | None, output_dir: str) -> P
     return path
 
 
-def load_training_state(checkpoint: Path, optimizer, scheduler) -> dict:
-    """Restore optimizer, scheduler and RNG states; returns the whole saved dict (step, script-specific extras)."""
-    state = torch.load(checkpoint / "training_state.pt", weights_only=False, map_location="cpu")
-    optimizer.load_state_dict(state["optimizer"])
-    scheduler.load_state_dict(state["scheduler"])
-    torch.set_rng_state(state["torch_rng"])
-    if state["cuda_rng"] and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda_rng"])
-    random.setstate(state["python_rng"])
-    return state
+def load_training_state(accelerator: Accelerator, checkpoint: Path) -> dict:
+    """Restore what `save_checkpoint` saved into the prepared model(s) and optimizer(s), the registered scheduler and
+    this process's RNG; returns the step and the script's extras. Resume with the same number of processes."""
+    saved = len(list((checkpoint / "accelerator_state").glob("random_states_*.pkl")))
+    require(saved == accelerator.num_processes, f"--resume_from_checkpoint: {checkpoint} was saved by {saved} processes; resume it with as many (got {accelerator.num_processes})")
+    accelerator.load_state(str(checkpoint / "accelerator_state"))
+    return torch.load(checkpoint / "training_state.pt", weights_only=False, map_location="cpu")
 
 
-def save_final_model(output_dir: str, model, tokenizer, save_merged: bool = False):
+def save_model(accelerator: Accelerator, output_dir, model, tokenizer):
+    """The model in HF format (with LoRA: the adapter) and the tokenizer, written by the main process; the weights
+    come from `accelerator.get_state_dict`, which gathers DeepSpeed ZeRO-3 / FSDP shards. Every process must call it."""
+    state_dict = accelerator.get_state_dict(model)
+    if accelerator.is_main_process:
+        accelerator.unwrap_model(model).save_pretrained(output_dir, state_dict=state_dict)
+        tokenizer.save_pretrained(output_dir)
+
+
+def save_final_model(accelerator: Accelerator, output_dir: str, model, tokenizer, save_merged: bool = False):
     """The trained model in HF format at output_dir; with LoRA the adapter, and with `save_merged` also the merged
     full model in output_dir/merged, loadable with AutoModelForCausalLM.from_pretrained."""
-    model.save_pretrained(output_dir)
-    tokenizer.save_pretrained(output_dir)
-    if save_merged and hasattr(model, "merge_and_unload"):
+    save_model(accelerator, output_dir, model, tokenizer)
+    unwrapped = accelerator.unwrap_model(model)
+    if save_merged and hasattr(unwrapped, "merge_and_unload") and accelerator.is_main_process:
         merged_dir = Path(output_dir) / "merged"
-        model.merge_and_unload().save_pretrained(merged_dir)
+        unwrapped.merge_and_unload().save_pretrained(merged_dir)
         tokenizer.save_pretrained(merged_dir)
+    accelerator.wait_for_everyone()
 
 
 # ----------------------------------------------------------------------------------------------------------------------
 # Logging: {output_dir}/metrics.jsonl (one object per logged step), plus TensorBoard or W&B on request
 # ----------------------------------------------------------------------------------------------------------------------
 class MetricsLogger:
-    def __init__(self, output_dir: str, report_to: str, config: dict, resume_step: int = 0):
+    """Only the main process writes (pass `enabled=accelerator.is_main_process`); on the others `log` does nothing."""
+
+    def __init__(self, output_dir: str, report_to: str, config: dict, resume_step: int = 0, enabled: bool = True):
         require(report_to in ("none", "tensorboard", "wandb"), f"--report_to: expected none, tensorboard or wandb, got {report_to!r}")
+        self.enabled = enabled
+        self.writer = self.wandb = None
+        if not enabled:
+            return
         self.path = Path(output_dir) / "metrics.jsonl"
         self.path.parent.mkdir(parents=True, exist_ok=True)
         kept = []
         if resume_step and self.path.exists():  # a resumed run continues the file: drop records past the checkpoint
             kept = [line for line in self.path.read_text().splitlines() if line and json.loads(line)["step"] <= resume_step]
         self.path.write_text("".join(line + "\n" for line in kept))
-        self.writer = self.wandb = None
         if report_to == "tensorboard":
             try:
                 from torch.utils.tensorboard import SummaryWriter
@@ -419,6 +554,8 @@ class MetricsLogger:
             self.wandb = wandb.init(config=config, dir=output_dir)
 
     def log(self, step: int, metrics: dict):
+        if not self.enabled:
+            return
         record = {"step": step, **{k: (float(v) if isinstance(v, (int, float)) else v) for k, v in metrics.items()}}
         record = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in record.items()}
         with self.path.open("a") as f:

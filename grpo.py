@@ -29,6 +29,13 @@ Every normalizer is computed once over the whole batch, after truncation masking
 share of the one sum: accumulating micro-batches gives exactly the one-batch loss and gradient, whatever the loss_type.
 A_i depends on the rewards only, so micro-batches need not hold whole groups.
 
+Under `accelerate launch --num_processes N` each process takes prompts_per_step / N of the step's prompts and
+generates and scores their groups (a group never spans processes; with --dynamic_sampling each process refills its
+own share). The rewards are gathered, so A_i, and the std of --scale_rewards batch, are those of the whole batch. Each
+normalizer above is counted over all processes (accelerator.reduce), and as DDP averages the N processes' gradients,
+each process's loss is N times its share of the one sum: the update is the one-process update for the same batch.
+Logged statistics are gathered over the whole batch; only the main process writes logs, checkpoints and the model.
+
 With num_iterations = 1 (the default) the completions are used once: ρ ≡ 1 and ∇L = −Σ_{i,t} w_{i,t} A_i ∇ log π_θ(y_{i,t})
 (+ the KL term). The logged `loss` and `policy_loss` (the loss without its β·kl term) then sit near 0, because the
 advantages of each group sum to zero; `grad_norm` shows that the update is not. Worked example (G = 4,
@@ -83,6 +90,9 @@ class Args:
     top_p: float = arg(1.0, "nucleus sampling (1.0 = off)")
     top_k: int = arg(0, "top-k sampling (0 = off)")
     max_completion_length: int = arg(24, "max generated tokens per completion")
+    use_vllm: bool = arg(False, "sample with a colocated vLLM engine (needs vllm and a GPU); weights synced after each update")
+    vllm_gpu_memory_utilization: float = arg(0.3, "fraction of each GPU's memory the vLLM engine may take")
+    vllm_max_model_length: int | None = arg(None, "vLLM's context length (default: the model's); lower it to save memory")
     # optimization
     prompts_per_step: int = arg(8, "distinct prompts per step; the step's batch is prompts_per_step × num_generations completions")
     micro_batch_size: int = arg(0, "completions per forward/backward, gradients accumulated (0 = the whole batch)")
@@ -153,16 +163,18 @@ def group_relative_advantages(rewards: torch.Tensor, num_generations: int, scale
     return centered.flatten()
 
 
-def loss_token_weights(loss_mask: torch.Tensor, loss_type: str, max_completion_length: int) -> torch.Tensor:
-    """w (B, T) of L = Σ_{i,t} w_{i,t} ℓ_{i,t}, computed over the WHOLE batch; loss_mask (B, T) marks the tokens that
-    get a loss (completion tokens, after truncation masking). A micro-batch's loss is its rows' share of the sum."""
+def loss_token_weights(loss_mask: torch.Tensor, loss_type: str, max_completion_length: int, sum_over_processes=lambda count: count) -> torch.Tensor:
+    """w (B, T) of L = Σ_{i,t} w_{i,t} ℓ_{i,t}, normalized over the WHOLE batch; loss_mask (B, T) marks the tokens that
+    get a loss (completion tokens, after truncation masking). A micro-batch's loss is its rows' share of the sum. With
+    several processes loss_mask holds this process's rows, and sum_over_processes (accelerator.reduce) adds the other
+    processes' counts to the normalizer."""
     loss_mask = loss_mask.float()
     if loss_type == "grpo":  # each sequence's token mean, then the mean over the sequences that have a loss
         lengths = loss_mask.sum(1, keepdim=True)
-        return loss_mask / lengths.clamp(min=1) / (lengths > 0).sum().clamp(min=1)
+        return loss_mask / lengths.clamp(min=1) / sum_over_processes((lengths > 0).sum()).clamp(min=1)
     if loss_type == "dr_grpo":  # a constant: every token weighs the same, whatever the lengths in this batch
-        return loss_mask / (loss_mask.shape[0] * max_completion_length)
-    return loss_mask / loss_mask.sum().clamp(min=1)  # dapo and bnpo: every token of the batch weighs the same
+        return loss_mask / sum_over_processes(loss_mask.new_tensor(loss_mask.shape[0] * max_completion_length))
+    return loss_mask / sum_over_processes(loss_mask.sum()).clamp(min=1)  # dapo and bnpo: every token of the batch weighs the same
 
 
 def grpo_loss(logprobs, old_logprobs, ref_logprobs, advantages, token_weights, beta: float, epsilon: float, epsilon_high: float):
@@ -213,10 +225,12 @@ def select_groups(sample: dict, groups: list[int], num_generations: int) -> dict
     }
 
 
-def dynamic_sampling(sample_round, num_prompts: int, num_generations: int, max_resample_rounds: int, pad_token_id: int):
+def dynamic_sampling(sample_round, num_prompts: int, num_generations: int, max_resample_rounds: int, pad_token_id: int, all_done=lambda done: done):
     """DAPO's dynamic sampling: keep the groups whose rewards differ, calling sample_round(1), sample_round(2), ... for
     more until num_prompts groups are kept or max_resample_rounds extra rounds are spent; dropped groups fill whatever
-    is still missing. sample_round(0) is the step's own prompts. Returns the batch and the fraction of dropped groups."""
+    is still missing. sample_round(0) is the step's own prompts. Returns the batch and the fraction of dropped groups.
+    With several processes each fills its own num_prompts, and all_done(done) is True once every process is done: all
+    run the same rounds (generation under DeepSpeed ZeRO-3 or FSDP takes every process), the extra groups unused."""
     kept, dropped, num_sampled = [], [], 0
     for round_index in range(1 + max_resample_rounds):
         sample = sample_round(round_index)
@@ -224,7 +238,7 @@ def dynamic_sampling(sample_round, num_prompts: int, num_generations: int, max_r
         num_sampled += len(zero_std)
         kept.append(select_groups(sample, [g for g, z in enumerate(zero_std) if not z], num_generations))
         dropped.append(select_groups(sample, [g for g, z in enumerate(zero_std) if z], num_generations))
-        if sum(len(s["prompts"]) for s in kept) >= num_prompts * num_generations:
+        if all_done(sum(len(s["prompts"]) for s in kept) >= num_prompts * num_generations):
             break
     batch = concat_samples(kept + dropped, pad_token_id)
     batch = select_groups(batch, list(range(num_prompts)), num_generations)
@@ -233,11 +247,17 @@ def dynamic_sampling(sample_round, num_prompts: int, num_generations: int, max_r
 
 def main(args: Args):
     check_args(args)
-    common.seed_everything(args.seed)
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    accelerator = common.make_accelerator(args)  # one process, or N under `accelerate launch`
+    common.seed_everything(args.seed + accelerator.process_index)  # each process samples its own completions
+    device = accelerator.device
     G = args.num_generations
-    batch_size = args.prompts_per_step * G
-    micro_batch_size = args.micro_batch_size or batch_size
+    batch_size = args.prompts_per_step * G  # completions per step, over all processes
+    my_prompts = common.shard(accelerator, args.prompts_per_step, "--prompts_per_step")  # this process's prompts
+    my_rows = common.shard(accelerator, batch_size, "--prompts_per_step")  # and their completions, in the whole batch
+    local_prompts, local_batch_size = args.prompts_per_step // accelerator.num_processes, batch_size // accelerator.num_processes
+    micro_batch_size = args.micro_batch_size or local_batch_size
+    require(local_batch_size % micro_batch_size == 0, f"--micro_batch_size: {micro_batch_size} does not divide the {local_batch_size} completions of each of the {accelerator.num_processes} processes")
+    common.check_backend(accelerator, micro_batch_size == local_batch_size)
     epsilon_high = args.epsilon if args.epsilon_high is None else args.epsilon_high
 
     # ---- data: prompts, and every other column for the reward functions ----
@@ -254,43 +274,47 @@ def main(args: Args):
     # ---- models: policy, reference (only when β > 0), reward functions ----
     checkpoint = common.resolve_checkpoint(args.resume_from_checkpoint, args.output_dir)
     tokenizer = common.load_tokenizer(args.model_name_or_path)
-    model = common.load_causal_lm(str(checkpoint) if checkpoint and not args.use_peft else args.model_name_or_path)
+    model = common.load_causal_lm(args.model_name_or_path)  # a resumed run gets its weights from the checkpoint below
     if args.use_peft:
-        from peft import PeftModel, get_peft_model
+        from peft import get_peft_model
 
-        model = PeftModel.from_pretrained(model, checkpoint, is_trainable=True) if checkpoint else get_peft_model(model, common.lora_config(args))
+        model = get_peft_model(model, common.lora_config(args))
     if args.gradient_checkpointing:
         model.gradient_checkpointing_enable()
         if args.use_peft:
             model.enable_input_require_grads()
-    model.to(device).train()
+    model.train()
     ref_model = None
     if args.beta > 0 and not args.use_peft:
         ref_model = common.load_causal_lm(args.model_name_or_path).to(device).eval().requires_grad_(False)
     reward_funcs = load_reward_funcs(args.reward_funcs, args.reward_model_path, device)
     weights = reward_weights(args.reward_weights, reward_funcs)
     generation_config = common.sampling_config(tokenizer, args)
-    autocast = lambda: torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.bf16)  # noqa: E731
-
-    def reference_logprobs(input_ids, attention_mask, T):
-        with torch.no_grad(), autocast(), (model.disable_adapter() if args.use_peft else nullcontext()):
-            return common.completion_logprobs(ref_model or model, input_ids, attention_mask, T, args.temperature)
 
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=args.learning_rate, weight_decay=args.weight_decay)
     total_updates = args.max_steps * args.num_iterations
     scheduler = get_scheduler(args.lr_scheduler_type, optimizer, num_warmup_steps=int(args.warmup_ratio * total_updates), num_training_steps=total_updates)
+    model, optimizer = accelerator.prepare(model, optimizer)  # DDP / DeepSpeed / FSDP wrapping, device placement
+    accelerator.register_for_checkpointing(scheduler)  # saved and restored, but stepped once per update by us
     start_step, num_tokens = 0, 0
     if checkpoint is not None:
-        state = common.load_training_state(checkpoint, optimizer, scheduler)
+        state = common.load_training_state(accelerator, checkpoint)
         start_step, num_tokens = state["step"], state["num_tokens"]
-    logger = common.MetricsLogger(args.output_dir, args.report_to, asdict(args), resume_step=start_step)
+    vllm = common.VLLMGenerator(accelerator, args, tokenizer, model) if args.use_vllm else None  # after resuming: synced
+    logger = common.MetricsLogger(args.output_dir, args.report_to, asdict(args), resume_step=start_step, enabled=accelerator.is_main_process)
     eval_rewards = {"accuracy": accuracy_reward, "format": format_reward}
+
+    def reference_logprobs(input_ids, attention_mask, T):
+        policy = accelerator.unwrap_model(model)
+        with torch.no_grad(), accelerator.autocast(), (policy.disable_adapter() if args.use_peft else nullcontext()):
+            return common.completion_logprobs(ref_model or policy, input_ids, attention_mask, T, args.temperature)
 
     def run_eval(step: int) -> dict:
         if eval_dataset is None:
             return {}
-        metrics = common.evaluate(model, tokenizer, eval_dataset, args, eval_rewards, seed=args.seed + step)
+        with common.generation_model(accelerator, model) as policy:
+            metrics = common.evaluate(policy, tokenizer, eval_dataset, args, eval_rewards, seed=args.seed + step)
         logger.log(step, metrics)
         return metrics
 
@@ -301,9 +325,14 @@ def main(args: Args):
     def generate_and_score(rows) -> dict:
         # 2. generate G completions per prompt
         prompts = [p for p in rows["prompt"] for _ in range(G)]  # each prompt's G completions are contiguous
-        model.eval()  # no dropout while sampling
-        rollout = common.generate(model, tokenizer, [common.prompt_text(tokenizer, p) for p in prompts], generation_config)
-        model.train()
+        texts = [common.prompt_text(tokenizer, p) for p in prompts]
+        if vllm is not None:
+            rollout = vllm.generate(texts, device)
+        else:
+            model.eval()  # no dropout while sampling
+            with common.generation_model(accelerator, model) as policy:
+                rollout = common.generate(policy, tokenizer, texts, generation_config)
+            model.train()
 
         # 3. score: r(x, y_i), the weighted sum of the reward functions
         completion_texts = common.decode_completions(tokenizer, rollout["completion_ids"])
@@ -314,26 +343,29 @@ def main(args: Args):
 
     # ---- training loop ----
     step = start_step
-    progress = tqdm(total=args.max_steps, initial=start_step, desc="grpo")
+    progress = tqdm(total=args.max_steps, initial=start_step, desc="grpo", disable=not accelerator.is_main_process)
     with common.graceful_interrupt() as interrupted:
-        while step < args.max_steps and not interrupted.is_set():
+        while step < args.max_steps and not common.any_process(accelerator, interrupted.is_set()):
             step_start = time.perf_counter()
 
             # 1. sample prompts; the data position is a function of the step, so a resumed run sees the same prompts
             epoch, position = divmod(step, steps_per_epoch)
             order = torch.randperm(len(train_dataset), generator=torch.Generator().manual_seed(args.seed + epoch))
-            rows = train_dataset.select(order[position * args.prompts_per_step:(position + 1) * args.prompts_per_step].tolist())
+            rows = train_dataset.select(order[position * args.prompts_per_step:(position + 1) * args.prompts_per_step][my_prompts].tolist())
 
             # 2-3. generate and score (see generate_and_score); dynamic sampling drops the groups whose rewards are all
-            # equal and draws more prompts at random, seeded by (seed, step, round) so that a resumed run draws the same
+            # equal and draws more prompts at random, seeded by (seed, step, round) so that a resumed run draws the same.
+            # Each process refills its own share, from its share of each round's draw.
             if args.dynamic_sampling:
                 def sample_round(round_index):
                     if round_index == 0:
                         return generate_and_score(rows)
                     generator = torch.Generator().manual_seed(hash((args.seed, step, round_index)) % 2**63)
-                    return generate_and_score(train_dataset.select(torch.randperm(len(train_dataset), generator=generator)[:args.prompts_per_step].tolist()))
+                    return generate_and_score(train_dataset.select(torch.randperm(len(train_dataset), generator=generator)[:args.prompts_per_step][my_prompts].tolist()))
 
-                rollout, dropped_frac = dynamic_sampling(sample_round, args.prompts_per_step, G, args.max_resample_rounds, tokenizer.pad_token_id)
+                all_done = lambda done: not common.any_process(accelerator, not done)  # noqa: E731
+                rollout, dropped_frac = dynamic_sampling(sample_round, local_prompts, G, args.max_resample_rounds, tokenizer.pad_token_id, all_done)
+                dropped_frac = accelerator.reduce(torch.tensor(dropped_frac, device=device), "mean").item()  # same rounds: equal counts
             else:
                 rollout = generate_and_score(rows)
             prompts, completion_texts, rewards_per_func = rollout["prompts"], rollout["completion_texts"], rollout["rewards_per_func"]
@@ -344,75 +376,89 @@ def main(args: Args):
             rewards = rollout["rewards"].to(device)
             loss_mask = completion_mask * ~rollout["is_truncated"][:, None] if args.mask_truncated_completions else completion_mask
 
-            # 4. group-relative advantage (rewards only: the KL is a loss term), and the whole batch's token weights
-            advantages = group_relative_advantages(rewards, G, args.scale_rewards)
-            token_weights = loss_token_weights(loss_mask, args.loss_type, args.max_completion_length)  # (B, T), sums over the batch
+            # 4. group-relative advantage (rewards only: the KL is a loss term) over the whole batch, gathered from every
+            # process, of which this process keeps its rows; and the token weights, normalized over the whole batch.
+            # DDP averages the N processes' gradients, so each process's weights are N × its share of the one sum.
+            all_rewards = accelerator.gather(rewards)  # (B,), in the order of the one-process batch
+            advantages = group_relative_advantages(all_rewards, G, args.scale_rewards)[my_rows]
+            sum_over_processes = lambda count: accelerator.reduce(count, "sum")  # noqa: E731
+            token_weights = loss_token_weights(loss_mask, args.loss_type, args.max_completion_length, sum_over_processes) * accelerator.num_processes
 
             # 5-6. per micro-batch: log-probs → per-token clipped surrogate + β·k3 → loss
-            old_logprobs = torch.zeros(batch_size, T, device=device)
-            ref_logprobs = torch.zeros(batch_size, T, device=device)
-            kl = torch.zeros(batch_size, T, device=device)
-            entropy = torch.zeros(batch_size, T, device=device)
+            old_logprobs = torch.zeros(local_batch_size, T, device=device)
+            ref_logprobs = torch.zeros(local_batch_size, T, device=device)
+            kl = torch.zeros(local_batch_size, T, device=device)
+            entropy = torch.zeros(local_batch_size, T, device=device)
             clip_low, clip_high, losses, policy_losses, grad_norms = [], [], [], [], []
+            micro_batches = torch.arange(local_batch_size, device=device).split(micro_batch_size)
             for iteration in range(args.num_iterations):
                 loss_sum, policy_loss_sum = 0.0, 0.0
-                for mb in torch.arange(batch_size, device=device).split(micro_batch_size):
-                    with autocast():
-                        logprobs, token_entropy = common.completion_logprobs(model, input_ids[mb], attention_mask[mb], T, args.temperature, entropy=True)
-                    mask = completion_mask[mb]
-                    if iteration == 0:
-                        old_logprobs[mb] = logprobs.detach()  # π_θ_old = the sampling policy = π_θ before this batch's first update
-                        entropy[mb] = token_entropy
-                        if args.beta > 0:
-                            ref_logprobs[mb] = reference_logprobs(input_ids[mb], attention_mask[mb], T)
-                            kl[mb] = per_token_kl(old_logprobs[mb], ref_logprobs[mb]) * mask
-                    A = advantages[mb]
-                    loss, policy_loss, ratio = grpo_loss(logprobs, old_logprobs[mb], ref_logprobs[mb], A, token_weights[mb], args.beta, args.epsilon, epsilon_high)
-                    loss.backward()
+                for k, mb in enumerate(micro_batches):
+                    # one all-reduce per update: all but the last micro-batch run forward and backward under no_sync
+                    with nullcontext() if k == len(micro_batches) - 1 else accelerator.no_sync(model):
+                        with accelerator.autocast():
+                            logprobs, token_entropy = common.completion_logprobs(model, input_ids[mb], attention_mask[mb], T, args.temperature, entropy=True)
+                        mask = completion_mask[mb]
+                        if iteration == 0:
+                            old_logprobs[mb] = logprobs.detach()  # π_θ_old = the sampling policy = π_θ before this batch's first update
+                            entropy[mb] = token_entropy
+                            if args.beta > 0:
+                                ref_logprobs[mb] = reference_logprobs(input_ids[mb], attention_mask[mb], T)
+                                kl[mb] = per_token_kl(old_logprobs[mb], ref_logprobs[mb]) * mask
+                        A = advantages[mb]
+                        loss, policy_loss, ratio = grpo_loss(logprobs, old_logprobs[mb], ref_logprobs[mb], A, token_weights[mb], args.beta, args.epsilon, epsilon_high)
+                        accelerator.backward(loss)
                     loss_sum += loss.item()
                     policy_loss_sum += policy_loss.item()
                     is_low = (ratio < 1 - args.epsilon) & (A[:, None] < 0)
                     is_high = (ratio > 1 + epsilon_high) & (A[:, None] > 0)
                     clip_low.append(common.masked_mean(is_low.float(), mask).item())
                     clip_high.append(common.masked_mean(is_high.float(), mask).item())
-                grad_norms.append(torch.nn.utils.clip_grad_norm_(params, args.max_grad_norm).item())
+                grad_norms.append(float(accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)))
                 optimizer.step()
                 scheduler.step()
                 optimizer.zero_grad(set_to_none=True)
                 losses.append(loss_sum)
                 policy_losses.append(policy_loss_sum)
+            if vllm is not None:
+                vllm.sync_weights(accelerator, model)  # the next step samples from the updated policy
             step += 1
             progress.update()
-            num_tokens += attention_mask.sum().item()
+            num_tokens += accelerator.reduce(attention_mask.sum(), "sum").item()
 
-            # 7. log
+            # 7. log: statistics over the whole batch, gathered from every process
             if step % args.logging_steps == 0 or step == args.max_steps:
-                lengths = completion_mask.sum(1).float()
-                terminated = lengths[~rollout["is_truncated"]]
-                group_std = rewards.view(-1, G).std(1)
+                everywhere = lambda x: accelerator.gather(x.to(device))  # noqa: E731  (B_local, ...) -> (B, ...)
+                all_rewards_per_func = everywhere(rewards_per_func)
+                lengths = everywhere(completion_mask.sum(1).float())
+                truncated = everywhere(rollout["is_truncated"])
+                terminated = lengths[~truncated]
+                group_std = all_rewards.view(-1, G).std(1)
+                token_count = lengths.sum().clamp(min=1)
+                clip_low_all, clip_high_all = everywhere(torch.tensor(clip_low)), everywhere(torch.tensor(clip_high))
                 metrics = {
-                    "reward": rewards.mean().item(),
+                    "reward": all_rewards.mean().item(),
                     "reward_std": group_std.mean().item(),
                     "frac_reward_zero_std": (group_std < 1e-6).float().mean().item(),
-                    **{f"rewards/{name}/mean": rewards_per_func[:, j].nanmean().item() for j, name in enumerate(reward_funcs)},
-                    **{f"rewards/{name}/std": common.nanstd(rewards_per_func[:, j]) for j, name in enumerate(reward_funcs)},
-                    **({"kl": common.masked_mean(kl, completion_mask).item()} if args.beta > 0 else {}),
+                    **{f"rewards/{name}/mean": all_rewards_per_func[:, j].nanmean().item() for j, name in enumerate(reward_funcs)},
+                    **{f"rewards/{name}/std": common.nanstd(all_rewards_per_func[:, j]) for j, name in enumerate(reward_funcs)},
+                    **({"kl": (everywhere(kl.sum(1)).sum() / token_count).item()} if args.beta > 0 else {}),
                     **({"dynamic_sampling/dropped_frac": dropped_frac} if args.dynamic_sampling else {}),
-                    "entropy": common.masked_mean(entropy, completion_mask).item(),
-                    "clip_ratio/low_mean": sum(clip_low) / len(clip_low),
-                    "clip_ratio/low_min": min(clip_low),
-                    "clip_ratio/high_mean": sum(clip_high) / len(clip_high),
-                    "clip_ratio/high_max": max(clip_high),
-                    "clip_ratio/region_mean": (sum(clip_low) + sum(clip_high)) / len(clip_low),
+                    "entropy": (everywhere((entropy * completion_mask).sum(1)).sum() / token_count).item(),
+                    "clip_ratio/low_mean": clip_low_all.mean().item(),
+                    "clip_ratio/low_min": clip_low_all.min().item(),
+                    "clip_ratio/high_mean": clip_high_all.mean().item(),
+                    "clip_ratio/high_max": clip_high_all.max().item(),
+                    "clip_ratio/region_mean": (clip_low_all + clip_high_all).mean().item(),
                     "completions/mean_length": lengths.mean().item(),
                     "completions/min_length": lengths.min().item(),
                     "completions/max_length": lengths.max().item(),
-                    "completions/clipped_ratio": rollout["is_truncated"].float().mean().item(),
+                    "completions/clipped_ratio": truncated.float().mean().item(),
                     "completions/mean_terminated_length": terminated.mean().item() if len(terminated) else 0.0,
                     "completions/min_terminated_length": terminated.min().item() if len(terminated) else 0.0,
                     "completions/max_terminated_length": terminated.max().item() if len(terminated) else 0.0,
-                    "loss": sum(losses) / len(losses),
-                    "policy_loss": sum(policy_losses) / len(policy_losses),
+                    "loss": accelerator.reduce(torch.tensor(sum(losses) / len(losses), device=device), "mean").item(),  # mean of N × each share: the sum
+                    "policy_loss": accelerator.reduce(torch.tensor(sum(policy_losses) / len(policy_losses), device=device), "mean").item(),
                     "grad_norm": sum(grad_norms) / len(grad_norms),
                     "learning_rate": scheduler.get_last_lr()[0],
                     "num_tokens": num_tokens,
@@ -420,29 +466,30 @@ def main(args: Args):
                 }
                 logger.log(step, metrics)
                 progress.set_postfix(reward=f"{metrics['reward']:.3f}", grad_norm=f"{metrics['grad_norm']:.3f}")
-                if args.log_completions:
-                    for i in range(min(args.num_completions_to_print, batch_size)):
+                if args.log_completions and accelerator.is_main_process:
+                    for i in range(min(args.num_completions_to_print, local_batch_size)):
                         tqdm.write(f"[step {step}] {prompts[i]!r} → {completion_texts[i]!r}  reward {rewards[i].item():.3f}")
 
             # 8. evaluate and save
             if args.eval_steps and step % args.eval_steps == 0 and step != args.max_steps:
                 run_eval(step)
             if args.save_steps and step % args.save_steps == 0:
-                common.save_checkpoint(args.output_dir, step, model, tokenizer, optimizer, scheduler, {"num_tokens": num_tokens})
+                common.save_checkpoint(accelerator, args.output_dir, step, model, tokenizer, {"num_tokens": num_tokens})
     progress.close()
-    if interrupted.is_set():
-        path = common.save_checkpoint(args.output_dir, step, model, tokenizer, optimizer, scheduler, {"num_tokens": num_tokens})
-        print(f"interrupted at step {step}: saved {path}; continue with --resume_from_checkpoint latest")
+    if step < args.max_steps:  # interrupted (Ctrl-C on any process)
+        path = common.save_checkpoint(accelerator, args.output_dir, step, model, tokenizer, {"num_tokens": num_tokens})
+        accelerator.print(f"interrupted at step {step}: saved {path}; continue with --resume_from_checkpoint latest")
         logger.close()
         raise SystemExit(130)
 
     last_eval = run_eval(step)
-    common.save_final_model(args.output_dir, model, tokenizer, args.save_merged_model)
+    common.save_final_model(accelerator, args.output_dir, model, tokenizer, args.save_merged_model)
     logger.close()
+    accelerator.end_training()
     if first_eval and last_eval:
-        print(f"held-out accuracy (sampled, T={args.temperature}): {first_eval['eval/accuracy']:.3f} → {last_eval['eval/accuracy']:.3f}; "
+        accelerator.print(f"held-out accuracy (sampled, T={args.temperature}): {first_eval['eval/accuracy']:.3f} → {last_eval['eval/accuracy']:.3f}; "
               f"greedy: {first_eval['eval/accuracy_greedy']:.3f} → {last_eval['eval/accuracy_greedy']:.3f}")
-    print(f"saved the model to {args.output_dir}")
+    accelerator.print(f"saved the model to {args.output_dir}")
 
 
 if __name__ == "__main__":

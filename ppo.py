@@ -41,6 +41,12 @@ value loss never shrinks the policy's step.
 Unlike rloo.py, the advantages need every value and log-prob of the batch before the first loss (GAE runs from the last
 token back, whitening spans the batch), so each step spends one no-grad rollout pass of the policy and value model.
 
+Under `accelerate launch --num_processes N` (DDP; DeepSpeed and FSDP are refused), each process samples, scores and
+trains on its own prompts_per_step / N prompts, split into num_mini_batches. The whitening statistics, the token count
+that normalizes both losses, the KL of the adaptive controller and the logged metrics are summed or gathered over all
+processes, so with one mini-batch an update is the one-process update of the same batch (with more, a mini-batch is N
+random shares, one per process, rather than a random subset of the whole batch).
+
     python ppo.py                                                  # the embedded tiny model, offline, ~20 s on an idle 2-core CPU
     python ppo.py --reward_model_path outputs/reward_model --reward_funcs none   # the reward model of reward_model.py alone
 """
@@ -51,6 +57,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
+from accelerate import DistributedType
 from tqdm.auto import tqdm
 from transformers import SchedulerType, get_scheduler
 
@@ -92,6 +99,9 @@ class Args:
     top_p: float = arg(1.0, "nucleus sampling (1.0 = off)")
     top_k: int = arg(0, "top-k sampling (0 = off)")
     max_completion_length: int = arg(24, "max generated tokens per completion")
+    use_vllm: bool = arg(False, "sample with a colocated vLLM engine (needs vllm and a GPU); weights synced after each step")
+    vllm_gpu_memory_utilization: float = arg(0.3, "fraction of each GPU's memory the vLLM engine may take")
+    vllm_max_model_length: int | None = arg(None, "vLLM's context length (default: the model's); lower it to save memory")
     # optimization
     prompts_per_step: int = arg(16, "prompts per step, one completion each: the step's batch of completions")
     micro_batch_size: int = arg(0, "completions per forward/backward, gradients accumulated (0 = the whole mini-batch)")
@@ -165,14 +175,11 @@ def stop_token_id(tokenizer, stop_token: str) -> int:
     return ids[0]
 
 
-def cut_at_stop_token(completion_ids: torch.Tensor, completion_mask: torch.Tensor, stop_id: int, pad_token_id: int):
-    """End each completion at its first stop token (inclusive). Returns the ids (pad after the end), the mask, and
-    whether each completion ended with the stop token (the others were truncated, or ended at a different EOS)."""
-    is_stop = (completion_ids == stop_id) & completion_mask.bool()
-    stopped = is_stop.any(1)
-    first_stop = torch.where(stopped, is_stop.int().argmax(1), completion_ids.shape[1])
-    completion_mask = completion_mask * (torch.arange(completion_ids.shape[1], device=completion_ids.device)[None] <= first_stop[:, None])
-    return completion_ids.masked_fill(completion_mask == 0, pad_token_id), completion_mask, stopped
+def ends_with(completion_ids: torch.Tensor, completion_mask: torch.Tensor, token_id: int) -> torch.Tensor:
+    """Whether each completion's last real token is `token_id` (B,): False for a truncated completion, or one that
+    ended at another end token (the tokenizer's EOS when --stop_token is something else)."""
+    last = (completion_mask.sum(1) - 1).clamp(min=0)
+    return (completion_ids.gather(1, last[:, None]).squeeze(1) == token_id) & (completion_mask.sum(1) > 0)
 
 
 def load_value_model(path: str, flag: str):
@@ -198,11 +205,13 @@ def load_value_model(path: str, flag: str):
 
 def completion_values(value_model, input_ids, attention_mask, num_completion_tokens: int) -> torch.Tensor:
     """V(s_t) (B, T) for the state before each of the last T tokens: the scalar head on every position's hidden state.
-    Position ids come from the attention mask, as in common.completion_logprobs."""
-    model = value_model.get_base_model() if hasattr(value_model, "get_base_model") else value_model  # LoRA lives inside
+    Position ids come from the attention mask, as in common.completion_logprobs. The backbone runs through the value
+    model's own forward (under DDP the wrapper's, which is what synchronizes the gradients), asked for its hidden
+    states; the forward itself reads the head at the last token only."""
     position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
-    hidden = getattr(model, model.base_model_prefix)(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids).last_hidden_state
-    return model.score(hidden[:, -num_completion_tokens - 1:-1]).squeeze(-1).float()
+    output = value_model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, output_hidden_states=True)
+    head = getattr(value_model, "module", value_model).score  # DDP keeps the model in .module; peft forwards the name
+    return head(output.hidden_states[-1][:, -num_completion_tokens - 1:-1]).squeeze(-1).float()
 
 
 def per_token_rewards(scores: torch.Tensor, kl: torch.Tensor, completion_mask: torch.Tensor, kl_coef: float) -> torch.Tensor:
@@ -213,12 +222,13 @@ def per_token_rewards(scores: torch.Tensor, kl: torch.Tensor, completion_mask: t
     return rewards
 
 
-def masked_whiten(values: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True) -> torch.Tensor:
+def masked_whiten(values: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True, all_sum=lambda total: total) -> torch.Tensor:
     """(x − mean) / std over the real tokens only (std with Bessel's correction); padding stays 0. With
-    shift_mean=False the mean is kept: only the scale changes."""
-    mean = common.masked_mean(values, mask)
-    n = mask.sum()
-    variance = common.masked_mean((values - mean) ** 2, mask) * n / (n - 1).clamp(min=1)
+    shift_mean=False the mean is kept: only the scale changes. `all_sum` sums a tensor over the processes, so that the
+    mean and the std are those of the whole batch, not of this process's share."""
+    n = all_sum(mask.sum())
+    mean = all_sum((values * mask).sum()) / n.clamp(min=1)
+    variance = all_sum((((values - mean) ** 2) * mask).sum()) / (n - 1).clamp(min=1)
     whitened = (values - mean) * torch.rsqrt(variance + 1e-8)
     return (whitened if shift_mean else whitened + mean) * mask
 
@@ -266,11 +276,21 @@ def adaptive_kl_coef(kl_coef: float, kl: float, kl_target: float, kl_horizon: in
 
 def main(args: Args):
     check_args(args)
-    common.seed_everything(args.seed)
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    batch_size = args.prompts_per_step
-    mini_batch_size = batch_size // args.num_mini_batches
+    accelerator = common.make_accelerator(args)  # one process, or N under `accelerate launch`
+    require(accelerator.distributed_type not in (DistributedType.DEEPSPEED, DistributedType.FSDP),  # two models, one optimizer
+            f"accelerate launch: ppo.py runs as one process or under DDP, not {accelerator.distributed_type.value}")
+    common.seed_everything(args.seed + accelerator.process_index)  # each process samples its own completions
+    device = accelerator.device
+    P = accelerator.num_processes
+    batch_size = args.prompts_per_step  # completions per step, over all processes
+    my_prompts = common.shard(accelerator, args.prompts_per_step, "--prompts_per_step")  # this process's prompts
+    local_batch_size = batch_size // P
+    require(local_batch_size % args.num_mini_batches == 0, f"--num_mini_batches: {args.num_mini_batches} does not divide the {local_batch_size} completions of each of the {P} processes")
+    mini_batch_size = local_batch_size // args.num_mini_batches  # each process splits its share into num_mini_batches
     micro_batch_size = args.micro_batch_size or mini_batch_size
+    require(mini_batch_size % micro_batch_size == 0, f"--micro_batch_size: {micro_batch_size} does not divide the mini-batch of {mini_batch_size} completions of each of the {P} processes")
+    all_sum = lambda total: accelerator.reduce(total, "sum")  # noqa: E731  a sum over every process's share of the batch
+    everywhere = lambda x: accelerator.gather(x.to(device))  # noqa: E731  (B_local, ...) -> (B, ...), every process's rows
 
     # ---- data: prompts, and every other column for the reward functions ----
     builtin = {"arithmetic": common.arithmetic_dataset}
@@ -280,23 +300,23 @@ def main(args: Args):
     require(len(train_dataset) >= args.prompts_per_step, f"--prompts_per_step: {args.prompts_per_step} exceeds the {len(train_dataset)} training prompts")
     eval_dataset = common.load_split(args.dataset_name, args.dataset_test_split, builtin)
     if eval_dataset is None or "ground_truth" not in eval_dataset.column_names:
-        print(f"no held-out split {args.dataset_test_split!r} with a ground_truth column: evaluation is skipped")
+        accelerator.print(f"no held-out split {args.dataset_test_split!r} with a ground_truth column: evaluation is skipped")
         eval_dataset = None
 
     # ---- models: policy, reference (only when kl_coef > 0), reward functions, value model ----
     checkpoint = common.resolve_checkpoint(args.resume_from_checkpoint, args.output_dir)
     tokenizer = common.load_tokenizer(args.model_name_or_path)
     stop_id = stop_token_id(tokenizer, args.stop_token)
-    model = common.load_causal_lm(str(checkpoint) if checkpoint and not args.use_peft else args.model_name_or_path)
+    model = common.load_causal_lm(args.model_name_or_path)  # a resumed run gets its weights from the checkpoint below
     if args.use_peft:
-        from peft import PeftModel, get_peft_model
+        from peft import get_peft_model
 
-        model = PeftModel.from_pretrained(model, checkpoint, is_trainable=True) if checkpoint else get_peft_model(model, common.lora_config(args))
+        model = get_peft_model(model, common.lora_config(args))
     if args.gradient_checkpointing:
         model.gradient_checkpointing_enable()
         if args.use_peft:
             model.enable_input_require_grads()
-    model.to(device).train()
+    model.train()
     ref_model = None
     if args.kl_coef > 0 and not args.use_peft:
         ref_model = common.load_causal_lm(args.model_name_or_path).to(device).eval().requires_grad_(False)
@@ -304,43 +324,48 @@ def main(args: Args):
     weights = reward_weights(args.reward_weights, reward_funcs)
     value_flag = "--value_model_path" if args.value_model_path else "--reward_model_path" if args.reward_model_path else "--model_name_or_path"
     value_model = load_value_model(args.value_model_path or args.reward_model_path or args.model_name_or_path, value_flag)
+    value_model.config.pad_token_id = tokenizer.pad_token_id  # its forward also reads the head at the last non-pad token
     if args.use_peft:
-        value_model = get_peft_model(value_model, common.lora_config(args, task_type="SEQ_CLS"))  # its state is in the checkpoint
+        value_model = get_peft_model(value_model, common.lora_config(args, task_type="SEQ_CLS"))
     if args.gradient_checkpointing:
         value_model.gradient_checkpointing_enable()
         if args.use_peft:
             value_model.enable_input_require_grads()
-    value_model.to(device).train()
+    value_model.train()
     generation_config = common.sampling_config(tokenizer, args)
-    generation_config.eos_token_id = list({tokenizer.eos_token_id, stop_id})  # common.generate ends a completion at EOS
-    autocast = lambda: torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.bf16)  # noqa: E731
-
-    def reference_logprobs(input_ids, attention_mask, T):
-        with torch.no_grad(), autocast(), (model.disable_adapter() if args.use_peft else nullcontext()):
-            return common.completion_logprobs(ref_model or model, input_ids, attention_mask, T, args.temperature)
+    generation_config.eos_token_id = sorted({tokenizer.eos_token_id, stop_id})  # a completion ends at EOS or the stop token
 
     params = [p for p in model.parameters() if p.requires_grad]
     value_params = [p for p in value_model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW([{"params": params}, {"params": value_params}], lr=args.learning_rate, weight_decay=args.weight_decay)
     total_updates = args.max_steps * args.num_ppo_epochs * args.num_mini_batches
     scheduler = get_scheduler(args.lr_scheduler_type, optimizer, num_warmup_steps=int(args.warmup_ratio * total_updates), num_training_steps=total_updates)
+    model, value_model, optimizer = accelerator.prepare(model, value_model, optimizer)  # DDP wrapping, device placement
+    value_params = [p for p in value_model.parameters() if p.requires_grad]
+    accelerator.register_for_checkpointing(scheduler)  # saved and restored, but stepped once per update by us
     start_step, num_tokens, kl_coef = 0, 0, args.kl_coef
-    if checkpoint is not None:
-        state = common.load_training_state(checkpoint, optimizer, scheduler)
+    if checkpoint is not None:  # policy, value model, optimizer, scheduler and RNG from accelerator_state/
+        state = common.load_training_state(accelerator, checkpoint)
         start_step, num_tokens, kl_coef = state["step"], state["num_tokens"], state["kl_coef"]
-        value_model.load_state_dict(state["value_model"])
-    logger = common.MetricsLogger(args.output_dir, args.report_to, asdict(args), resume_step=start_step)
+    vllm = common.VLLMGenerator(accelerator, args, tokenizer, model, generation_config.eos_token_id) if args.use_vllm else None  # synced
+    logger = common.MetricsLogger(args.output_dir, args.report_to, asdict(args), resume_step=start_step, enabled=accelerator.is_main_process)
     eval_rewards = {"accuracy": accuracy_reward, "format": format_reward}
+
+    def reference_logprobs(input_ids, attention_mask, T):
+        policy = accelerator.unwrap_model(model)
+        with torch.no_grad(), accelerator.autocast(), (policy.disable_adapter() if args.use_peft else nullcontext()):
+            return common.completion_logprobs(ref_model or policy, input_ids, attention_mask, T, args.temperature)
 
     def run_eval(step: int) -> dict:
         if eval_dataset is None:
             return {}
-        metrics = common.evaluate(model, tokenizer, eval_dataset, args, eval_rewards, seed=args.seed + step)
+        with common.generation_model(accelerator, model) as policy:
+            metrics = common.evaluate(policy, tokenizer, eval_dataset, args, eval_rewards, seed=args.seed + step)
         logger.log(step, metrics)
         return metrics
 
     def training_state() -> dict:
-        return {"num_tokens": num_tokens, "kl_coef": kl_coef, "value_model": value_model.state_dict()}
+        return {"num_tokens": num_tokens, "kl_coef": kl_coef}  # the value model is in accelerator_state/ with the policy
 
     first_eval = run_eval(0) if start_step == 0 else {}
     steps_per_epoch = len(train_dataset) // args.prompts_per_step
@@ -348,23 +373,29 @@ def main(args: Args):
 
     # ---- training loop ----
     step = start_step
-    progress = tqdm(total=args.max_steps, initial=start_step, desc="ppo")
+    progress = tqdm(total=args.max_steps, initial=start_step, desc="ppo", disable=not accelerator.is_main_process)
     with common.graceful_interrupt() as interrupted:
-        while step < args.max_steps and not interrupted.is_set():
+        while step < args.max_steps and not common.any_process(accelerator, interrupted.is_set()):
             step_start = time.perf_counter()
 
             # 1. sample prompts; the data position is a function of the step, so a resumed run sees the same prompts
             epoch, position = divmod(step, steps_per_epoch)
             order = torch.randperm(len(train_dataset), generator=torch.Generator().manual_seed(args.seed + epoch))
-            rows = train_dataset.select(order[position * args.prompts_per_step:(position + 1) * args.prompts_per_step].tolist())
+            rows = train_dataset.select(order[position * args.prompts_per_step:(position + 1) * args.prompts_per_step][my_prompts].tolist())
             prompts = rows["prompt"]
             row_columns = {c: rows[c] for c in columns}
 
             # 2. generate one completion per prompt, ended at the stop token
-            model.eval()  # no dropout while sampling
-            rollout = common.generate(model, tokenizer, [common.prompt_text(tokenizer, p) for p in prompts], generation_config)
-            model.train()
-            completion_ids, completion_mask, stopped = cut_at_stop_token(rollout["completion_ids"], rollout["completion_mask"], stop_id, tokenizer.pad_token_id)
+            texts = [common.prompt_text(tokenizer, p) for p in prompts]
+            if vllm is not None:
+                rollout = vllm.generate(texts, device)
+            else:
+                model.eval()  # no dropout while sampling
+                with common.generation_model(accelerator, model) as policy:
+                    rollout = common.generate(policy, tokenizer, texts, generation_config)
+                model.train()
+            completion_ids, completion_mask = rollout["completion_ids"], rollout["completion_mask"]
+            stopped = ends_with(completion_ids, completion_mask, stop_id)  # the others get --missing_eos_penalty
             input_ids = torch.cat([rollout["prompt_ids"], completion_ids], 1)
             attention_mask = torch.cat([rollout["prompt_mask"], completion_mask], 1)
             T = completion_ids.shape[1]
@@ -378,41 +409,48 @@ def main(args: Args):
                 scores -= args.missing_eos_penalty * (~stopped).float()
 
             # 4. rollout pass, no gradient: π_θ_old log-probs, V_old, and the per-token KL to the reference
-            old_logprobs = torch.zeros(batch_size, T, device=device)
-            old_values = torch.zeros(batch_size, T, device=device)
-            kl = torch.zeros(batch_size, T, device=device)
+            old_logprobs = torch.zeros(local_batch_size, T, device=device)
+            old_values = torch.zeros(local_batch_size, T, device=device)
+            kl = torch.zeros(local_batch_size, T, device=device)
             with torch.no_grad():
-                for mb in torch.arange(batch_size, device=device).split(micro_batch_size):
-                    with autocast():
+                for mb in torch.arange(local_batch_size, device=device).split(micro_batch_size):
+                    with accelerator.autocast():
                         old_logprobs[mb] = common.completion_logprobs(model, input_ids[mb], attention_mask[mb], T, args.temperature)
                         old_values[mb] = completion_values(value_model, input_ids[mb], attention_mask[mb], T)
                     if args.kl_coef > 0:
                         ref_logprobs = reference_logprobs(input_ids[mb], attention_mask[mb], T)
                         kl[mb] = per_token_kl(old_logprobs[mb], ref_logprobs, args.kl_estimator) * completion_mask[mb]
 
-            # 5. per-token KL-shaped rewards → GAE advantages and returns → whitened advantages
+            # 5. per-token KL-shaped rewards → GAE advantages and returns → whitened advantages (over the whole batch)
             rewards = per_token_rewards(scores, kl, completion_mask, kl_coef)
             if args.whiten_rewards:
-                rewards = masked_whiten(rewards, completion_mask, shift_mean=False)
+                rewards = masked_whiten(rewards, completion_mask, shift_mean=False, all_sum=all_sum)
             advantages, returns = gae_advantages(rewards, old_values, completion_mask, args.gamma, args.lam)
             if args.whiten_advantages:
-                advantages = masked_whiten(advantages, completion_mask)
+                advantages = masked_whiten(advantages, completion_mask, all_sum=all_sum)
 
-            # 6. num_ppo_epochs passes over fresh mini-batches: clipped policy and value losses, micro-batches accumulated
+            # 6. num_ppo_epochs passes over fresh mini-batches: clipped policy and value losses, micro-batches accumulated.
+            # The losses are token means over the mini-batch of every process together. DDP averages the gradients over
+            # the P processes, so each process divides its token sum by the global token count and multiplies by P:
+            # the average is then the masked mean over all the mini-batch's tokens, as one process would take it.
             token_sums = dict.fromkeys(("policy/approxkl_avg", "policy/clipfrac_avg", "policy/entropy_avg", "val/clipfrac_avg", "val/ratio", "val/ratio_var"), 0.0)
             policy_losses, value_losses, grad_norms, value_grad_norms = [], [], [], []
             for ppo_epoch in range(args.num_ppo_epochs):
-                for mini in torch.randperm(batch_size, device=device).split(mini_batch_size):
-                    mini_tokens = completion_mask[mini].sum().item()
+                for mini in torch.randperm(local_batch_size, device=device).split(mini_batch_size):
+                    loss_tokens = all_sum(completion_mask[mini].sum()).item() / P
                     policy_loss_sum = value_loss_sum = 0.0
-                    for mb in mini.split(micro_batch_size):
-                        with autocast():
-                            logprobs, token_entropy = common.completion_logprobs(model, input_ids[mb], attention_mask[mb], T, args.temperature, entropy=True)
-                            values = completion_values(value_model, input_ids[mb], attention_mask[mb], T)
-                        mask = completion_mask[mb]
-                        pg_loss, ratio, pg_clipped = policy_loss(logprobs, old_logprobs[mb], advantages[mb], mask, args.cliprange, mini_tokens)
-                        vf_loss, vf_clipped = value_loss(values, old_values[mb], returns[mb], mask, args.cliprange_value, mini_tokens)
-                        (pg_loss + args.vf_coef * vf_loss).backward()
+                    micro_batches = mini.split(micro_batch_size)
+                    for k, mb in enumerate(micro_batches):
+                        # DDP all-reduces the accumulated gradients once, in the last micro-batch (decided at its forward)
+                        sync = k == len(micro_batches) - 1
+                        with nullcontext() if sync else accelerator.no_sync(model), nullcontext() if sync else accelerator.no_sync(value_model):
+                            with accelerator.autocast():
+                                logprobs, token_entropy = common.completion_logprobs(model, input_ids[mb], attention_mask[mb], T, args.temperature, entropy=True)
+                                values = completion_values(value_model, input_ids[mb], attention_mask[mb], T)
+                            mask = completion_mask[mb]
+                            pg_loss, ratio, pg_clipped = policy_loss(logprobs, old_logprobs[mb], advantages[mb], mask, args.cliprange, loss_tokens)
+                            vf_loss, vf_clipped = value_loss(values, old_values[mb], returns[mb], mask, args.cliprange_value, loss_tokens)
+                            accelerator.backward(pg_loss + args.vf_coef * vf_loss)
                         policy_loss_sum += pg_loss.item()
                         value_loss_sum += vf_loss.item()
                         for key, value in (("policy/approxkl_avg", 0.5 * (logprobs - old_logprobs[mb]) ** 2), ("policy/clipfrac_avg", pg_clipped),
@@ -420,80 +458,85 @@ def main(args: Args):
                             token_sums[key] += (value.detach().float() * mask).sum().item()
                     policy_losses.append(policy_loss_sum)
                     value_losses.append(value_loss_sum)
-                    grad_norms.append(torch.nn.utils.clip_grad_norm_(params, args.max_grad_norm).item())
-                    value_grad_norms.append(torch.nn.utils.clip_grad_norm_(value_params, args.max_grad_norm).item())
+                    grad_norms.append(float(accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)))
+                    # that call unscaled the whole optimizer's gradients (fp16), the value model's too: clip them directly
+                    value_grad_norms.append(float(torch.nn.utils.clip_grad_norm_(value_params, args.max_grad_norm)))
                     optimizer.step()
                     scheduler.step()
                     optimizer.zero_grad(set_to_none=True)
+            if vllm is not None:
+                vllm.sync_weights(accelerator, model)  # the next step samples from the updated policy
             step += 1
             progress.update()
-            num_tokens += attention_mask.sum().item()
-            sequence_kl = kl.sum(1).mean().item()
+            num_tokens += all_sum(attention_mask.sum()).item()
+            sequence_kl = everywhere(kl.sum(1)).mean().item()  # KL = mean_i Σ_t kl_{i,t} over the whole batch
             step_kl_coef = kl_coef
             if args.adaptive_kl:
                 kl_coef = adaptive_kl_coef(kl_coef, sequence_kl, args.kl_target, args.kl_horizon, batch_size)
 
-            # 7. log
+            # 7. log: statistics over the whole batch, gathered from every process
             if step % args.logging_steps == 0 or step == args.max_steps:
-                lengths = completion_mask.sum(1).float()
-                terminated = lengths[stopped]
-                non_score_reward = (-step_kl_coef * kl).sum(1)
-                mean = lambda values: sum(values) / len(values)  # noqa: E731
-                token_means = {key: total / (args.num_ppo_epochs * completion_mask.sum().item()) for key, total in token_sums.items()}
+                all_scores, all_rewards_per_func, all_stopped = everywhere(scores), everywhere(rewards_per_func), everywhere(stopped)
+                lengths = everywhere(completion_mask.sum(1).float())
+                terminated = lengths[all_stopped]
+                non_score_reward = everywhere((-step_kl_coef * kl).sum(1))
+                mean = lambda values: accelerator.reduce(torch.tensor(sum(values) / len(values), device=device), "mean").item()  # noqa: E731
+                token_totals = all_sum(torch.tensor(list(token_sums.values()), device=device)).tolist()
+                token_means = {key: total / (args.num_ppo_epochs * lengths.sum().item()) for key, total in zip(token_sums, token_totals)}
                 token_means["val/ratio_var"] -= token_means["val/ratio"] ** 2  # E[ρ²] − E[ρ]² over every token of every update
                 metrics = {
-                    "objective/scores": scores.mean().item(),
-                    "objective/rlhf_reward": (scores + non_score_reward).mean().item(),
+                    "objective/scores": all_scores.mean().item(),
+                    "objective/rlhf_reward": (all_scores + non_score_reward).mean().item(),
                     "objective/kl": sequence_kl,
                     "objective/non_score_reward": non_score_reward.mean().item(),
-                    "objective/entropy": (-old_logprobs * completion_mask).sum(1).mean().item(),
+                    "objective/entropy": everywhere((-old_logprobs * completion_mask).sum(1)).mean().item(),
                     "objective/kl_coef": step_kl_coef,
-                    **{f"rewards/{name}/mean": rewards_per_func[:, j].nanmean().item() for j, name in enumerate(reward_funcs)},
-                    **{f"rewards/{name}/std": common.nanstd(rewards_per_func[:, j]) for j, name in enumerate(reward_funcs)},
+                    **{f"rewards/{name}/mean": all_rewards_per_func[:, j].nanmean().item() for j, name in enumerate(reward_funcs)},
+                    **{f"rewards/{name}/std": common.nanstd(all_rewards_per_func[:, j]) for j, name in enumerate(reward_funcs)},
                     **token_means,  # policy/approxkl_avg, policy/clipfrac_avg, policy/entropy_avg, val/clipfrac_avg, val/ratio, val/ratio_var
                     "loss/policy_avg": mean(policy_losses),
                     "loss/value_avg": mean(value_losses),
-                    "val/num_eos_tokens": stopped.sum().item(),
+                    "val/num_eos_tokens": all_stopped.sum().item(),
                     "completions/mean_length": lengths.mean().item(),
                     "completions/min_length": lengths.min().item(),
                     "completions/max_length": lengths.max().item(),
-                    "completions/clipped_ratio": (~stopped).float().mean().item(),
+                    "completions/clipped_ratio": (~all_stopped).float().mean().item(),
                     "completions/mean_terminated_length": terminated.mean().item() if len(terminated) else 0.0,
                     "completions/min_terminated_length": terminated.min().item() if len(terminated) else 0.0,
                     "completions/max_terminated_length": terminated.max().item() if len(terminated) else 0.0,
-                    "grad_norm": mean(grad_norms),
-                    "val/grad_norm": mean(value_grad_norms),
+                    "grad_norm": sum(grad_norms) / len(grad_norms),
+                    "val/grad_norm": sum(value_grad_norms) / len(value_grad_norms),
                     "learning_rate": scheduler.get_last_lr()[0],
                     "num_tokens": num_tokens,
                     "step_time": time.perf_counter() - step_start,
                 }
                 logger.log(step, metrics)
                 progress.set_postfix(score=f"{metrics['objective/scores']:.3f}", kl=f"{metrics['objective/kl']:.4f}")
-                if args.log_completions:
-                    for i in range(min(args.num_completions_to_print, batch_size)):
+                if args.log_completions and accelerator.is_main_process:
+                    for i in range(min(args.num_completions_to_print, local_batch_size)):
                         tqdm.write(f"[step {step}] {prompts[i]!r} → {completion_texts[i]!r}  score {scores[i].item():.3f}")
 
             # 8. evaluate and save
             if args.eval_steps and step % args.eval_steps == 0 and step != args.max_steps:
                 run_eval(step)
             if args.save_steps and step % args.save_steps == 0:
-                common.save_checkpoint(args.output_dir, step, model, tokenizer, optimizer, scheduler, training_state())
+                common.save_checkpoint(accelerator, args.output_dir, step, model, tokenizer, training_state())
     progress.close()
-    if interrupted.is_set():
-        path = common.save_checkpoint(args.output_dir, step, model, tokenizer, optimizer, scheduler, training_state())
-        print(f"interrupted at step {step}: saved {path}; continue with --resume_from_checkpoint latest")
+    if step < args.max_steps:  # interrupted (Ctrl-C on any process)
+        path = common.save_checkpoint(accelerator, args.output_dir, step, model, tokenizer, training_state())
+        accelerator.print(f"interrupted at step {step}: saved {path}; continue with --resume_from_checkpoint latest")
         logger.close()
         raise SystemExit(130)
 
     last_eval = run_eval(step)
-    common.save_final_model(args.output_dir, model, tokenizer, args.save_merged_model)
-    value_model.save_pretrained(Path(args.output_dir) / "value_model")
-    tokenizer.save_pretrained(Path(args.output_dir) / "value_model")
+    common.save_model(accelerator, Path(args.output_dir) / "value_model", value_model, tokenizer)
+    common.save_final_model(accelerator, args.output_dir, model, tokenizer, args.save_merged_model)
     logger.close()
+    accelerator.end_training()
     if first_eval and last_eval:
-        print(f"held-out accuracy (sampled, T={args.temperature}): {first_eval['eval/accuracy']:.3f} → {last_eval['eval/accuracy']:.3f}; "
-              f"greedy: {first_eval['eval/accuracy_greedy']:.3f} → {last_eval['eval/accuracy_greedy']:.3f}")
-    print(f"saved the model to {args.output_dir}")
+        accelerator.print(f"held-out accuracy (sampled, T={args.temperature}): {first_eval['eval/accuracy']:.3f} → {last_eval['eval/accuracy']:.3f}; "
+                          f"greedy: {first_eval['eval/accuracy_greedy']:.3f} → {last_eval['eval/accuracy_greedy']:.3f}")
+    accelerator.print(f"saved the model to {args.output_dir}")
 
 
 if __name__ == "__main__":

@@ -28,6 +28,11 @@ trained on (a right and an off-by-one bare answer to a held-out problem score al
 aligned with correctness, which is why PPO on it raises accuracy; a completion that shows wrong work would fool it, the
 classic reward-model failure that eval/accuracy (the exact-answer check) exposes.
 
+Under `accelerate launch --num_processes N`, each step's batch is the one a single process would take, in the same
+order, split into N equal shares of pairs, one per process: the mean over a share, averaged over the processes by DDP,
+is the mean over the whole batch. The logged loss, accuracy and margin are over the whole batch, and evaluation scores
+every held-out pair once, each process an equal share.
+
     python reward_model.py                                  # the embedded tiny model, offline, ~30 s on an idle 2-core CPU
 """
 
@@ -56,7 +61,7 @@ class Args:
     warmup_ratio: float = arg(0.05, "fraction of steps spent warming the learning rate up")
     weight_decay: float = arg(0.0, "AdamW weight decay")
     max_grad_norm: float = arg(1.0, "gradient clipping norm")
-    per_device_train_batch_size: int = arg(32, "preference pairs per optimizer step")
+    train_batch_size: int = arg(32, "preference pairs per optimizer step over all processes, each taking an equal share (TRL: per_device × processes)")
     max_steps: int = arg(100, "optimizer steps")
     max_length: int = arg(128, "pairs with a text longer than this many tokens are dropped (as TRL does)")
     seed: int = arg(0, "random seed")
@@ -151,12 +156,15 @@ def main(args: Args):
     require(args.learning_rate > 0, f"--learning_rate: must be positive, got {args.learning_rate}")
     require(args.lr_scheduler_type in {s.value for s in SchedulerType}, f"--lr_scheduler_type: unknown scheduler {args.lr_scheduler_type!r}")
     require(args.max_steps > 0, f"--max_steps: must be positive, got {args.max_steps}")
-    require(args.per_device_train_batch_size > 0, "--per_device_train_batch_size: must be positive")
+    require(args.train_batch_size > 0, "--train_batch_size: must be positive")
     require(args.per_device_eval_batch_size > 0, "--per_device_eval_batch_size: must be positive")
     require(args.pairs_per_problem > 0, f"--pairs_per_problem: must be positive, got {args.pairs_per_problem}")
     require(args.max_length > 0, f"--max_length: must be positive, got {args.max_length}")
-    common.seed_everything(args.seed)
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    accelerator = common.make_accelerator(args)  # one process, or N under `accelerate launch`
+    common.seed_everything(args.seed)  # the same on every process: training samples nothing, and the new head starts alike
+    device = accelerator.device
+    my_pairs = common.shard(accelerator, args.train_batch_size, "--train_batch_size")  # this process's share of a batch
+    common.check_backend(accelerator, one_backward_per_update=True)
 
     # ---- data ----
     builtin = {"arithmetic": lambda split: arithmetic_preference_dataset(split, args.pairs_per_problem, args.seed)}
@@ -172,52 +180,58 @@ def main(args: Args):
 
     checkpoint = common.resolve_checkpoint(args.resume_from_checkpoint, args.output_dir)
     tokenizer = common.load_tokenizer(args.model_name_or_path)
-    path = str(checkpoint) if checkpoint and not args.use_peft else args.model_name_or_path
+    path = args.model_name_or_path  # a resumed run gets its weights from the checkpoint below
     try:
         model = AutoModelForSequenceClassification.from_pretrained(path, num_labels=1)
     except (OSError, ValueError) as error:
         raise ConfigError(f"--model_name_or_path: cannot load a model from {path!r}: {str(error).splitlines()[0]}") from None
     model.config.pad_token_id = tokenizer.pad_token_id  # the head reads the last token that is not padding
     if args.use_peft:
-        from peft import PeftModel, get_peft_model
+        from peft import get_peft_model
 
-        model = PeftModel.from_pretrained(model, checkpoint, is_trainable=True) if checkpoint else get_peft_model(model, common.lora_config(args, task_type="SEQ_CLS"))
+        model = get_peft_model(model, common.lora_config(args, task_type="SEQ_CLS"))
     if args.gradient_checkpointing:
         model.gradient_checkpointing_enable()
         if args.use_peft:
             model.enable_input_require_grads()
-    model.to(device).train()
+    model.train()
 
     rows = tokenize_pairs(tokenizer, train_dataset, args.max_length)
     eval_rows = tokenize_pairs(tokenizer, eval_dataset, args.max_length) if eval_dataset is not None else []
-    batches_per_epoch = len(rows) // args.per_device_train_batch_size
-    require(batches_per_epoch > 0, f"--per_device_train_batch_size: {args.per_device_train_batch_size} exceeds the {len(rows)} training pairs")
+    batches_per_epoch = len(rows) // args.train_batch_size
+    require(batches_per_epoch > 0, f"--train_batch_size: {args.train_batch_size} exceeds the {len(rows)} training pairs")
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=args.learning_rate, weight_decay=args.weight_decay)
     scheduler = get_scheduler(args.lr_scheduler_type, optimizer, num_warmup_steps=int(args.warmup_ratio * args.max_steps), num_training_steps=args.max_steps)
+    model, optimizer = accelerator.prepare(model, optimizer)  # DDP / DeepSpeed / FSDP wrapping, device placement
+    accelerator.register_for_checkpointing(scheduler)  # saved and restored, but stepped once per update by us
     start_step = 0
     if checkpoint is not None:
-        start_step = common.load_training_state(checkpoint, optimizer, scheduler)["step"]
-    logger = common.MetricsLogger(args.output_dir, args.report_to, asdict(args), resume_step=start_step)
-    autocast = lambda: torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.bf16)  # noqa: E731
+        start_step = common.load_training_state(accelerator, checkpoint)["step"]
+    logger = common.MetricsLogger(args.output_dir, args.report_to, asdict(args), resume_step=start_step, enabled=accelerator.is_main_process)
 
     @torch.no_grad()
     def run_eval(step: int) -> dict:
+        """Every held-out pair, each process scoring an equal share (the last pair repeated to pad, then dropped)."""
         if not eval_rows:
             return {}
         model.eval()
-        chosen, rejected, margins = [], [], []
-        for start in range(0, len(eval_rows), args.per_device_eval_batch_size):
-            batch = eval_rows[start:start + args.per_device_eval_batch_size]
-            with autocast():
-                r_c, r_r = pair_rewards(model, batch, tokenizer.pad_token_id, device)
-            chosen.append(r_c)
-            rejected.append(r_r)
-            margins += [r["margin"] for r in batch]
+        chosen, rejected, scored = [], [], []
+        with accelerator.split_between_processes(list(range(len(eval_rows))), apply_padding=True) as indices:
+            for start in range(0, len(indices), args.per_device_eval_batch_size):
+                batch_indices = indices[start:start + args.per_device_eval_batch_size]
+                with accelerator.autocast():
+                    r_c, r_r = pair_rewards(model, [eval_rows[i] for i in batch_indices], tokenizer.pad_token_id, device)
+                chosen.append(r_c)
+                rejected.append(r_r)
+                scored += batch_indices
         model.train()
-        chosen, rejected = torch.cat(chosen), torch.cat(rejected)
+        index = accelerator.gather(torch.tensor(scored, device=device))  # a padded duplicate lands where its original does
+        chosen = torch.zeros(len(eval_rows), device=device).index_put_((index,), accelerator.gather(torch.cat(chosen)))
+        rejected = torch.zeros(len(eval_rows), device=device).index_put_((index,), accelerator.gather(torch.cat(rejected)))
+        margins = torch.tensor([r["margin"] for r in eval_rows], device=device)
         metrics = {
             "eval/accuracy": pair_accuracy(chosen, rejected),
-            "eval/loss": bradley_terry_loss(chosen, rejected, torch.tensor(margins, device=device), args.center_rewards_coefficient).item(),
+            "eval/loss": bradley_terry_loss(chosen, rejected, margins, args.center_rewards_coefficient).item(),
             "eval/margin": (chosen - rejected).mean().item(),
         }
         logger.log(step, metrics)
@@ -227,30 +241,34 @@ def main(args: Args):
 
     # ---- training loop ----
     step = start_step
-    progress = tqdm(total=args.max_steps, initial=start_step, desc="reward model")
+    progress = tqdm(total=args.max_steps, initial=start_step, desc="reward model", disable=not accelerator.is_main_process)
     with common.graceful_interrupt() as interrupted:
-        while step < args.max_steps and not interrupted.is_set():
+        while step < args.max_steps and not common.any_process(accelerator, interrupted.is_set()):
             start = time.perf_counter()
             epoch, position = divmod(step, batches_per_epoch)  # the data position is a function of the step
             order = torch.randperm(len(rows), generator=torch.Generator().manual_seed(args.seed + epoch))
-            batch = [rows[i] for i in order[position * args.per_device_train_batch_size:(position + 1) * args.per_device_train_batch_size].tolist()]
-            with autocast():
+            index = order[position * args.train_batch_size:(position + 1) * args.train_batch_size][my_pairs]
+            batch = [rows[i] for i in index.tolist()]
+            with accelerator.autocast():
                 chosen_rewards, rejected_rewards = pair_rewards(model, batch, tokenizer.pad_token_id, device)
             margins = torch.tensor([r["margin"] for r in batch], device=device)
+            # A mean over this process's pairs; DDP averages the gradients over the processes, which is the mean over the
+            # whole batch because every process holds the same number of pairs.
             loss = bradley_terry_loss(chosen_rewards, rejected_rewards, margins, args.center_rewards_coefficient)
-            loss.backward()
-            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.max_grad_norm)
+            accelerator.backward(loss)
+            grad_norm = float(accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm))
             optimizer.step()
             scheduler.step()
             optimizer.zero_grad(set_to_none=True)
             step += 1
             progress.update()
             if step % args.logging_steps == 0 or step == args.max_steps:
+                all_chosen, all_rejected = accelerator.gather(chosen_rewards.detach()), accelerator.gather(rejected_rewards.detach())
                 metrics = {
-                    "loss": loss.item(),
-                    "accuracy": pair_accuracy(chosen_rewards, rejected_rewards),
-                    "margin": (chosen_rewards - rejected_rewards).mean().item(),
-                    "grad_norm": grad_norm.item(),
+                    "loss": accelerator.reduce(loss.detach(), "mean").item(),
+                    "accuracy": pair_accuracy(all_chosen, all_rejected),
+                    "margin": (all_chosen - all_rejected).mean().item(),
+                    "grad_norm": grad_norm,
                     "learning_rate": scheduler.get_last_lr()[0],
                     "step_time": time.perf_counter() - start,
                 }
@@ -259,20 +277,21 @@ def main(args: Args):
             if args.eval_steps and step % args.eval_steps == 0 and step != args.max_steps:
                 run_eval(step)
             if args.save_steps and step % args.save_steps == 0:
-                common.save_checkpoint(args.output_dir, step, model, tokenizer, optimizer, scheduler)
+                common.save_checkpoint(accelerator, args.output_dir, step, model, tokenizer)
     progress.close()
-    if interrupted.is_set():
-        path = common.save_checkpoint(args.output_dir, step, model, tokenizer, optimizer, scheduler)
-        print(f"interrupted at step {step}: saved {path}; continue with --resume_from_checkpoint latest")
+    if step < args.max_steps:  # interrupted (Ctrl-C on any process)
+        path = common.save_checkpoint(accelerator, args.output_dir, step, model, tokenizer)
+        accelerator.print(f"interrupted at step {step}: saved {path}; continue with --resume_from_checkpoint latest")
         logger.close()
         raise SystemExit(130)
 
     last_eval = run_eval(step)
-    common.save_final_model(args.output_dir, model, tokenizer, args.save_merged_model)
+    common.save_final_model(accelerator, args.output_dir, model, tokenizer, args.save_merged_model)
     logger.close()
+    accelerator.end_training()
     if first_eval and last_eval:
-        print(f"held-out pair accuracy {first_eval['eval/accuracy']:.3f} → {last_eval['eval/accuracy']:.3f}")
-    print(f"saved the reward model to {args.output_dir}")
+        accelerator.print(f"held-out pair accuracy {first_eval['eval/accuracy']:.3f} → {last_eval['eval/accuracy']:.3f}")
+    accelerator.print(f"saved the reward model to {args.output_dir}")
 
 
 if __name__ == "__main__":

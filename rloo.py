@@ -24,7 +24,14 @@ One forward pass per completion and iteration: the policy log-probs of the first
 π_θ_old and the sampling log-probs in the KL, so no separate "old log-prob" pass is spent. This needs every prompt's
 G completions in the same micro-batch, so --micro_batch_size is a multiple of num_generations.
 
+Several processes (`accelerate launch`, DDP / DeepSpeed / FSDP): each process takes an equal share of the step's
+prompts and samples, scores and baselines their groups itself, so a leave-one-out baseline never needs another
+process. Each process's loss is the mean over its own completions and DDP averages the gradients, which is the mean
+over the whole batch; the batch-wide statistics (the advantage std for normalize_advantages, every logged metric)
+are gathered from all processes. The update equals the one-process update for the same global batch (tested).
+
     python rloo.py --num_generations 4                      # the embedded tiny model, offline, ~2 minutes on a CPU
+    accelerate launch --config_file configs/multi_gpu.yaml rloo.py --model_name_or_path Qwen/Qwen2.5-0.5B-Instruct ...
 """
 
 import time
@@ -65,6 +72,9 @@ class Args:
     top_p: float = arg(1.0, "nucleus sampling (1.0 = off)")
     top_k: int = arg(0, "top-k sampling (0 = off)")
     max_completion_length: int = arg(24, "max generated tokens per completion")
+    use_vllm: bool = arg(False, "sample with a colocated vLLM engine (needs vllm and a GPU); weights synced after each update")
+    vllm_gpu_memory_utilization: float = arg(0.3, "fraction of each GPU's memory the vLLM engine may take")
+    vllm_max_model_length: int | None = arg(None, "vLLM's context length (default: the model's); lower it to save memory")
     # optimization
     prompts_per_step: int = arg(16, "distinct prompts per step; the step's batch is prompts_per_step × num_generations completions")
     micro_batch_size: int = arg(0, "completions per forward/backward, gradients accumulated (0 = the whole batch)")
@@ -141,11 +151,16 @@ def rloo_loss(logprobs, old_logprobs, completion_mask, advantages, loss_mask, ep
 
 def main(args: Args):
     check_args(args)
-    common.seed_everything(args.seed)
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    accelerator = common.make_accelerator(args)  # one process, or N under `accelerate launch`
+    common.seed_everything(args.seed + accelerator.process_index)  # each process samples its own completions
+    device = accelerator.device
     G = args.num_generations
-    batch_size = args.prompts_per_step * G
-    micro_batch_size = args.micro_batch_size or batch_size
+    batch_size = args.prompts_per_step * G  # completions per step, over all processes
+    my_prompts = common.shard(accelerator, args.prompts_per_step, "--prompts_per_step")  # this process's prompts
+    local_batch_size = batch_size // accelerator.num_processes  # whole groups: baselines never need another process
+    micro_batch_size = args.micro_batch_size or local_batch_size
+    require(local_batch_size % micro_batch_size == 0, f"--micro_batch_size: {micro_batch_size} does not divide the {local_batch_size} completions of each of the {accelerator.num_processes} processes")
+    common.check_backend(accelerator, micro_batch_size == local_batch_size, args.normalize_advantages)
     epsilon_high = args.epsilon if args.epsilon_high is None else args.epsilon_high
 
     # ---- data: prompts, and every other column for the reward functions ----
@@ -162,43 +177,48 @@ def main(args: Args):
     # ---- models: policy, reference (only when β > 0), reward functions ----
     checkpoint = common.resolve_checkpoint(args.resume_from_checkpoint, args.output_dir)
     tokenizer = common.load_tokenizer(args.model_name_or_path)
-    model = common.load_causal_lm(str(checkpoint) if checkpoint and not args.use_peft else args.model_name_or_path)
+    model = common.load_causal_lm(args.model_name_or_path)  # a resumed run gets its weights from the checkpoint below
     if args.use_peft:
-        from peft import PeftModel, get_peft_model
+        from peft import get_peft_model
 
-        model = PeftModel.from_pretrained(model, checkpoint, is_trainable=True) if checkpoint else get_peft_model(model, common.lora_config(args))
+        model = get_peft_model(model, common.lora_config(args))
     if args.gradient_checkpointing:
         model.gradient_checkpointing_enable()
         if args.use_peft:
             model.enable_input_require_grads()
-    model.to(device).train()
+    model.train()
     ref_model = None
     if args.beta > 0 and not args.use_peft:
         ref_model = common.load_causal_lm(args.model_name_or_path).to(device).eval().requires_grad_(False)
     reward_funcs = load_reward_funcs(args.reward_funcs, args.reward_model_path, device)
     weights = reward_weights(args.reward_weights, reward_funcs)
     generation_config = common.sampling_config(tokenizer, args)
-    autocast = lambda: torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.bf16)  # noqa: E731
-
-    def reference_logprobs(input_ids, attention_mask, T):
-        with torch.no_grad(), autocast(), (model.disable_adapter() if args.use_peft else nullcontext()):
-            return common.completion_logprobs(ref_model or model, input_ids, attention_mask, T, args.temperature)
 
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=args.learning_rate, weight_decay=args.weight_decay)
     total_updates = args.max_steps * args.num_iterations
     scheduler = get_scheduler(args.lr_scheduler_type, optimizer, num_warmup_steps=int(args.warmup_ratio * total_updates), num_training_steps=total_updates)
+    model, optimizer = accelerator.prepare(model, optimizer)  # DDP / DeepSpeed / FSDP wrapping, device placement
+    params = [p for p in model.parameters() if p.requires_grad]  # the prepared model's (FSDP replaces them)
+    accelerator.register_for_checkpointing(scheduler)  # saved and restored, but stepped once per update by us
     start_step, num_tokens = 0, 0
     if checkpoint is not None:
-        state = common.load_training_state(checkpoint, optimizer, scheduler)
+        state = common.load_training_state(accelerator, checkpoint)
         start_step, num_tokens = state["step"], state["num_tokens"]
-    logger = common.MetricsLogger(args.output_dir, args.report_to, asdict(args), resume_step=start_step)
+    vllm = common.VLLMGenerator(accelerator, args, tokenizer, model) if args.use_vllm else None  # after resuming: synced
+    logger = common.MetricsLogger(args.output_dir, args.report_to, asdict(args), resume_step=start_step, enabled=accelerator.is_main_process)
     eval_rewards = {"accuracy": accuracy_reward, "format": format_reward}
+
+    def reference_logprobs(input_ids, attention_mask, T):
+        policy = accelerator.unwrap_model(model)
+        with torch.no_grad(), accelerator.autocast(), (policy.disable_adapter() if args.use_peft else nullcontext()):
+            return common.completion_logprobs(ref_model or policy, input_ids, attention_mask, T, args.temperature)
 
     def run_eval(step: int) -> dict:
         if eval_dataset is None:
             return {}
-        metrics = common.evaluate(model, tokenizer, eval_dataset, args, eval_rewards, seed=args.seed + step)
+        with common.generation_model(accelerator, model) as policy:
+            metrics = common.evaluate(policy, tokenizer, eval_dataset, args, eval_rewards, seed=args.seed + step)
         logger.log(step, metrics)
         return metrics
 
@@ -208,22 +228,27 @@ def main(args: Args):
 
     # ---- training loop ----
     step = start_step
-    progress = tqdm(total=args.max_steps, initial=start_step, desc="rloo")
+    progress = tqdm(total=args.max_steps, initial=start_step, desc="rloo", disable=not accelerator.is_main_process)
     with common.graceful_interrupt() as interrupted:
-        while step < args.max_steps and not interrupted.is_set():
+        while step < args.max_steps and not common.any_process(accelerator, interrupted.is_set()):
             step_start = time.perf_counter()
 
             # 1. sample prompts; the data position is a function of the step, so a resumed run sees the same prompts
             epoch, position = divmod(step, steps_per_epoch)
             order = torch.randperm(len(train_dataset), generator=torch.Generator().manual_seed(args.seed + epoch))
-            rows = train_dataset.select(order[position * args.prompts_per_step:(position + 1) * args.prompts_per_step].tolist())
+            rows = train_dataset.select(order[position * args.prompts_per_step:(position + 1) * args.prompts_per_step][my_prompts].tolist())
             prompts = [p for p in rows["prompt"] for _ in range(G)]  # each prompt's G completions are contiguous
             row_columns = {c: [v for v in rows[c] for _ in range(G)] for c in columns}
 
             # 2. generate G completions per prompt
-            model.eval()  # no dropout while sampling
-            rollout = common.generate(model, tokenizer, [common.prompt_text(tokenizer, p) for p in prompts], generation_config)
-            model.train()
+            texts = [common.prompt_text(tokenizer, p) for p in prompts]
+            if vllm is not None:
+                rollout = vllm.generate(texts, device)
+            else:
+                model.eval()  # no dropout while sampling
+                with common.generation_model(accelerator, model) as policy:
+                    rollout = common.generate(policy, tokenizer, texts, generation_config)
+                model.train()
             completion_ids, completion_mask = rollout["completion_ids"], rollout["completion_mask"]  # (B, T)
             input_ids = torch.cat([rollout["prompt_ids"], completion_ids], 1)
             attention_mask = torch.cat([rollout["prompt_mask"], completion_mask], 1)
@@ -236,107 +261,120 @@ def main(args: Args):
             if args.reward_clip_range is not None:
                 rewards = rewards.clamp(*args.reward_clip_range)
             rewards = rewards.to(device)
-            loss_mask = (~rollout["is_truncated"]).float() if args.mask_truncated_completions else torch.ones(batch_size, device=device)
+            loss_mask = (~rollout["is_truncated"]).float() if args.mask_truncated_completions else torch.ones(local_batch_size, device=device)
 
-            # 4-6. per micro-batch (whole groups): log-probs → KL-shaped reward → leave-one-out advantage → loss
-            old_logprobs = torch.zeros(batch_size, T, device=device)
-            kl = torch.zeros(batch_size, T, device=device)
-            advantages = torch.zeros(batch_size, device=device)
-            entropy = torch.zeros(batch_size, T, device=device)
+            # 4-6. per micro-batch (whole groups): log-probs → KL-shaped reward → leave-one-out advantage → loss.
+            # Each process takes the mean over its own completions; DDP averages the gradients over the processes,
+            # which is the mean over the whole batch because every process holds the same number of completions.
+            old_logprobs = torch.zeros(local_batch_size, T, device=device)
+            kl = torch.zeros(local_batch_size, T, device=device)
+            advantages = torch.zeros(local_batch_size, device=device)
+            entropy = torch.zeros(local_batch_size, T, device=device)
             clip_low, clip_high, losses, grad_norms = [], [], [], []
+            micro_batches = torch.arange(local_batch_size, device=device).split(micro_batch_size)
             for iteration in range(args.num_iterations):
                 loss_sum = 0.0
-                for mb in torch.arange(batch_size, device=device).split(micro_batch_size):
-                    with autocast():
-                        logprobs, token_entropy = common.completion_logprobs(model, input_ids[mb], attention_mask[mb], T, args.temperature, entropy=True)
-                    mask = completion_mask[mb]
-                    if iteration == 0:
-                        old_logprobs[mb] = logprobs.detach()  # π_θ_old = the sampling policy = π_θ before this batch's first update
-                        entropy[mb] = token_entropy
-                        if args.beta > 0:
-                            ref_logprobs = reference_logprobs(input_ids[mb], attention_mask[mb], T)
-                            kl[mb] = per_token_kl(old_logprobs[mb], ref_logprobs, args.kl_estimator) * mask
-                        shaped_rewards = rewards[mb] - args.beta * kl[mb].sum(1)  # R_i = r_i − β Σ_t kl_t
-                        advantages[mb] = leave_one_out_advantages(shaped_rewards, G)
-                    A = advantages[mb]
-                    loss, ratio = rloo_loss(logprobs, old_logprobs[mb], mask, A, loss_mask[mb], args.epsilon, epsilon_high, batch_size)
-                    loss.backward()
+                for k, mb in enumerate(micro_batches):
+                    # one all-reduce per update: all but the last micro-batch run forward and backward under no_sync
+                    with nullcontext() if k == len(micro_batches) - 1 else accelerator.no_sync(model):
+                        with accelerator.autocast():
+                            logprobs, token_entropy = common.completion_logprobs(model, input_ids[mb], attention_mask[mb], T, args.temperature, entropy=True)
+                        mask = completion_mask[mb]
+                        if iteration == 0:
+                            old_logprobs[mb] = logprobs.detach()  # π_θ_old = the sampling policy = π_θ before this batch's first update
+                            entropy[mb] = token_entropy
+                            if args.beta > 0:
+                                ref_logprobs = reference_logprobs(input_ids[mb], attention_mask[mb], T)
+                                kl[mb] = per_token_kl(old_logprobs[mb], ref_logprobs, args.kl_estimator) * mask
+                            shaped_rewards = rewards[mb] - args.beta * kl[mb].sum(1)  # R_i = r_i − β Σ_t kl_t
+                            advantages[mb] = leave_one_out_advantages(shaped_rewards, G)
+                        A = advantages[mb]
+                        loss, ratio = rloo_loss(logprobs, old_logprobs[mb], mask, A, loss_mask[mb], args.epsilon, epsilon_high, local_batch_size)
+                        accelerator.backward(loss)
                     loss_sum += loss.item()
                     clip_low.append(((ratio < 1 - args.epsilon) & (A < 0)).float().mean().item())
                     clip_high.append(((ratio > 1 + epsilon_high) & (A > 0)).float().mean().item())
                 if iteration == 0 and args.normalize_advantages:
                     # Leave-one-out advantages sum to zero in every group, so their batch mean is already 0 and
                     # normalizing is a single scale; the loss is linear in A, so scaling the gradient is exact.
-                    scale = 1 / (advantages.std() + 1e-4)
+                    scale = 1 / (accelerator.gather(advantages).std() + 1e-4)
                     advantages *= scale
                     loss_sum *= scale.item()
                     for p in params:
                         p.grad.mul_(scale)
-                grad_norms.append(torch.nn.utils.clip_grad_norm_(params, args.max_grad_norm).item())
+                grad_norms.append(float(accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)))
                 optimizer.step()
                 scheduler.step()
                 optimizer.zero_grad(set_to_none=True)
                 losses.append(loss_sum)
+            if vllm is not None:
+                vllm.sync_weights(accelerator, model)  # the next step samples from the updated policy
             step += 1
             progress.update()
-            num_tokens += attention_mask.sum().item()
+            num_tokens += accelerator.reduce(attention_mask.sum(), "sum").item()
 
-            # 7. log
+            # 7. log: statistics over the whole batch, gathered from every process
             if step % args.logging_steps == 0 or step == args.max_steps:
-                lengths = completion_mask.sum(1).float()
-                terminated = lengths[~rollout["is_truncated"]]
-                group_std = rewards.view(-1, G).std(1)
+                everywhere = lambda x: accelerator.gather(x.to(device))  # noqa: E731  (B_local, ...) -> (B, ...)
+                all_rewards, all_rewards_per_func = everywhere(rewards), everywhere(rewards_per_func)
+                lengths = everywhere(completion_mask.sum(1).float())
+                truncated = everywhere(rollout["is_truncated"])
+                terminated = lengths[~truncated]
+                group_std = all_rewards.view(-1, G).std(1)
+                token_count = lengths.sum().clamp(min=1)
+                clip_low_all, clip_high_all = everywhere(torch.tensor(clip_low)), everywhere(torch.tensor(clip_high))
                 metrics = {
-                    "reward": rewards.mean().item(),
+                    "reward": all_rewards.mean().item(),
                     "reward_std": group_std.mean().item(),
                     "frac_reward_zero_std": (group_std < 1e-6).float().mean().item(),
-                    **{f"rewards/{name}/mean": rewards_per_func[:, j].nanmean().item() for j, name in enumerate(reward_funcs)},
-                    **{f"rewards/{name}/std": common.nanstd(rewards_per_func[:, j]) for j, name in enumerate(reward_funcs)},
-                    "kl": common.masked_mean(kl, completion_mask).item() if args.beta > 0 else 0.0,
-                    "entropy": common.masked_mean(entropy, completion_mask).item(),
-                    "clip_ratio/low_mean": sum(clip_low) / len(clip_low),
-                    "clip_ratio/low_min": min(clip_low),
-                    "clip_ratio/high_mean": sum(clip_high) / len(clip_high),
-                    "clip_ratio/high_max": max(clip_high),
-                    "clip_ratio/region_mean": (sum(clip_low) + sum(clip_high)) / len(clip_low),
+                    **{f"rewards/{name}/mean": all_rewards_per_func[:, j].nanmean().item() for j, name in enumerate(reward_funcs)},
+                    **{f"rewards/{name}/std": common.nanstd(all_rewards_per_func[:, j]) for j, name in enumerate(reward_funcs)},
+                    **({"kl": (everywhere(kl.sum(1)).sum() / token_count).item()} if args.beta > 0 else {}),  # no reference: no KL
+                    "entropy": (everywhere((entropy * completion_mask).sum(1)).sum() / token_count).item(),
+                    "clip_ratio/low_mean": clip_low_all.mean().item(),
+                    "clip_ratio/low_min": clip_low_all.min().item(),
+                    "clip_ratio/high_mean": clip_high_all.mean().item(),
+                    "clip_ratio/high_max": clip_high_all.max().item(),
+                    "clip_ratio/region_mean": (clip_low_all + clip_high_all).mean().item(),
                     "completions/mean_length": lengths.mean().item(),
                     "completions/min_length": lengths.min().item(),
                     "completions/max_length": lengths.max().item(),
-                    "completions/clipped_ratio": rollout["is_truncated"].float().mean().item(),
+                    "completions/clipped_ratio": truncated.float().mean().item(),
                     "completions/mean_terminated_length": terminated.mean().item() if len(terminated) else 0.0,
                     "completions/min_terminated_length": terminated.min().item() if len(terminated) else 0.0,
                     "completions/max_terminated_length": terminated.max().item() if len(terminated) else 0.0,
-                    "loss": sum(losses) / len(losses),
+                    "loss": accelerator.reduce(torch.tensor(sum(losses) / len(losses), device=device), "mean").item(),
                     "grad_norm": sum(grad_norms) / len(grad_norms),
                     "learning_rate": scheduler.get_last_lr()[0],
                     "num_tokens": num_tokens,
                     "step_time": time.perf_counter() - step_start,
                 }
                 logger.log(step, metrics)
-                progress.set_postfix(reward=f"{metrics['reward']:.3f}", kl=f"{metrics['kl']:.4f}")
-                if args.log_completions:
-                    for i in range(min(args.num_completions_to_print, batch_size)):
+                progress.set_postfix(reward=f"{metrics['reward']:.3f}", kl=f"{metrics.get('kl', 0.0):.4f}")
+                if args.log_completions and accelerator.is_main_process:
+                    for i in range(min(args.num_completions_to_print, local_batch_size)):
                         tqdm.write(f"[step {step}] {prompts[i]!r} → {completion_texts[i]!r}  reward {rewards[i].item():.3f}")
 
             # 8. evaluate and save
             if args.eval_steps and step % args.eval_steps == 0 and step != args.max_steps:
                 run_eval(step)
             if args.save_steps and step % args.save_steps == 0:
-                common.save_checkpoint(args.output_dir, step, model, tokenizer, optimizer, scheduler, {"num_tokens": num_tokens})
+                common.save_checkpoint(accelerator, args.output_dir, step, model, tokenizer, {"num_tokens": num_tokens})
     progress.close()
-    if interrupted.is_set():
-        path = common.save_checkpoint(args.output_dir, step, model, tokenizer, optimizer, scheduler, {"num_tokens": num_tokens})
-        print(f"interrupted at step {step}: saved {path}; continue with --resume_from_checkpoint latest")
+    if step < args.max_steps:  # interrupted (Ctrl-C on any process)
+        path = common.save_checkpoint(accelerator, args.output_dir, step, model, tokenizer, {"num_tokens": num_tokens})
+        accelerator.print(f"interrupted at step {step}: saved {path}; continue with --resume_from_checkpoint latest")
         logger.close()
         raise SystemExit(130)
 
     last_eval = run_eval(step)
-    common.save_final_model(args.output_dir, model, tokenizer, args.save_merged_model)
+    common.save_final_model(accelerator, args.output_dir, model, tokenizer, args.save_merged_model)
     logger.close()
+    accelerator.end_training()
     if first_eval and last_eval:
-        print(f"held-out accuracy (sampled, T={args.temperature}): {first_eval['eval/accuracy']:.3f} → {last_eval['eval/accuracy']:.3f}; "
+        accelerator.print(f"held-out accuracy (sampled, T={args.temperature}): {first_eval['eval/accuracy']:.3f} → {last_eval['eval/accuracy']:.3f}; "
               f"greedy: {first_eval['eval/accuracy_greedy']:.3f} → {last_eval['eval/accuracy_greedy']:.3f}")
-    print(f"saved the model to {args.output_dir}")
+    accelerator.print(f"saved the model to {args.output_dir}")
 
 
 if __name__ == "__main__":

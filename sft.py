@@ -17,6 +17,11 @@ own text (a Qwen2Tokenizer, so AutoTokenizer reloads it unchanged) and a small Q
 `models/tiny-arith` was made:
 
     python sft.py --from_scratch --output_dir models/tiny-arith
+
+Under `accelerate launch --num_processes N`, each step's batch is the one a single process would take, in the same
+order, split into N equal shares, one per process; the loss is the mean over the whole batch's completion tokens (its
+token count summed over the processes), and the logged loss is reduced over the processes. Evaluation splits the
+held-out prompts between the processes and reports the mean over all of them.
 """
 
 import time
@@ -48,7 +53,7 @@ class Args:
     warmup_ratio: float = arg(0.05, "fraction of steps spent warming the learning rate up")
     weight_decay: float = arg(0.0, "AdamW weight decay")
     max_grad_norm: float = arg(1.0, "gradient clipping norm")
-    per_device_train_batch_size: int = arg(64, "sequences per optimizer step")
+    train_batch_size: int = arg(64, "sequences per optimizer step over all processes, each taking an equal share (TRL: per_device × processes)")
     max_steps: int = arg(1500, "optimizer steps")
     max_length: int = arg(128, "sequences are truncated to this many tokens")
     seed: int = arg(0, "random seed")
@@ -157,10 +162,13 @@ def main(args: Args):
     require(args.learning_rate > 0, f"--learning_rate: must be positive, got {args.learning_rate}")
     require(args.lr_scheduler_type in {s.value for s in SchedulerType}, f"--lr_scheduler_type: unknown scheduler {args.lr_scheduler_type!r}")
     require(args.max_steps > 0, f"--max_steps: must be positive, got {args.max_steps}")
-    require(args.per_device_train_batch_size > 0, "--per_device_train_batch_size: must be positive")
+    require(args.train_batch_size > 0, "--train_batch_size: must be positive")
     require(0.0 <= args.label_noise <= 1.0, f"--label_noise: must be in [0, 1], got {args.label_noise}")
-    common.seed_everything(args.seed)
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    accelerator = common.make_accelerator(args)  # one process, or N under `accelerate launch`
+    common.seed_everything(args.seed)  # the same on every process: training samples nothing, and a new model starts alike
+    device = accelerator.device
+    my_rows = common.shard(accelerator, args.train_batch_size, "--train_batch_size")  # this process's share of a batch
+    common.check_backend(accelerator, one_backward_per_update=True)
 
     # ---- data ----
     builtin = {"arithmetic": lambda split: arithmetic_sft_dataset(split, args.label_noise, args.samples_per_problem, args.seed)}
@@ -183,86 +191,96 @@ def main(args: Args):
             model = common.load_causal_lm(str(checkpoint), "--resume_from_checkpoint")
     else:
         tokenizer = common.load_tokenizer(args.model_name_or_path)
-        model = common.load_causal_lm(str(checkpoint) if checkpoint and not args.use_peft else args.model_name_or_path)
+        model = common.load_causal_lm(args.model_name_or_path)  # a resumed run gets its weights from the checkpoint below
     if args.use_peft:
-        from peft import PeftModel, get_peft_model
+        from peft import get_peft_model
 
-        model = PeftModel.from_pretrained(model, checkpoint, is_trainable=True) if checkpoint else get_peft_model(model, common.lora_config(args))
+        model = get_peft_model(model, common.lora_config(args))
     if args.gradient_checkpointing:
         model.gradient_checkpointing_enable()
         model.config.use_cache = False
-    model.to(device).train()
+    model.train()
     n_params = sum(p.numel() for p in model.parameters())
-    print(f"model: {n_params / 1e6:.2f}M parameters, vocabulary {len(tokenizer)}")
+    accelerator.print(f"model: {n_params / 1e6:.2f}M parameters, vocabulary {len(tokenizer)}")
 
     rows = tokenize(tokenizer, train_dataset, args.max_length)
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=args.learning_rate, weight_decay=args.weight_decay)
     scheduler = get_scheduler(args.lr_scheduler_type, optimizer, num_warmup_steps=int(args.warmup_ratio * args.max_steps), num_training_steps=args.max_steps)
+    model, optimizer = accelerator.prepare(model, optimizer)  # DDP / DeepSpeed / FSDP wrapping, device placement
+    accelerator.register_for_checkpointing(scheduler)  # saved and restored, but stepped once per update by us
     start_step = 0
     if checkpoint is not None:
-        start_step = common.load_training_state(checkpoint, optimizer, scheduler)["step"]
-    logger = common.MetricsLogger(args.output_dir, args.report_to, asdict(args), resume_step=start_step)
+        start_step = common.load_training_state(accelerator, checkpoint)["step"]
+    logger = common.MetricsLogger(args.output_dir, args.report_to, asdict(args), resume_step=start_step, enabled=accelerator.is_main_process)
     eval_rewards = {"accuracy": accuracy_reward, "format": format_reward}
 
     def run_eval(step):
         if eval_dataset is None:
             return {}
-        metrics = common.evaluate(model, tokenizer, eval_dataset, args, eval_rewards, seed=args.seed + step)
+        with common.generation_model(accelerator, model) as policy:
+            metrics = common.evaluate(policy, tokenizer, eval_dataset, args, eval_rewards, seed=args.seed + step)
         logger.log(step, metrics)
         return metrics
 
     first_eval = run_eval(start_step) if start_step == 0 else {}
-    batches_per_epoch = len(rows) // args.per_device_train_batch_size
-    require(batches_per_epoch > 0, f"--per_device_train_batch_size: {args.per_device_train_batch_size} exceeds the {len(rows)} training rows")
+    batches_per_epoch = len(rows) // args.train_batch_size
+    require(batches_per_epoch > 0, f"--train_batch_size: {args.train_batch_size} exceeds the {len(rows)} training rows")
 
     # ---- training loop ----
     step = start_step
-    interrupted = False
-    progress = tqdm(total=args.max_steps, initial=start_step, desc="sft")
-    try:
-        while step < args.max_steps:
+    progress = tqdm(total=args.max_steps, initial=start_step, desc="sft", disable=not accelerator.is_main_process)
+    with common.graceful_interrupt() as interrupted:
+        while step < args.max_steps and not common.any_process(accelerator, interrupted.is_set()):
             start = time.perf_counter()
             epoch, position = divmod(step, batches_per_epoch)  # the data position is a function of the step
             order = torch.randperm(len(rows), generator=torch.Generator().manual_seed(args.seed + epoch))
-            index = order[position * args.per_device_train_batch_size:(position + 1) * args.per_device_train_batch_size]
+            index = order[position * args.train_batch_size:(position + 1) * args.train_batch_size][my_rows]
             batch = collate([rows[i] for i in index.tolist()], tokenizer.pad_token_id, device)
-            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.bf16):
+            with accelerator.autocast():
                 logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits[:, :-1].float()
             labels = batch["labels"][:, 1:]
-            loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=-100)
-            loss.backward()
-            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.max_grad_norm)
+            # The mean over the completion tokens of the whole batch. DDP averages the gradients over the P processes, so
+            # each process divides its token sum by N / P, N the batch's completion tokens summed over the processes.
+            num_label_tokens = accelerator.reduce((labels != -100).sum(), "sum").clamp(min=1)  # N
+            token_loss_sum = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=-100, reduction="sum")
+            loss = token_loss_sum / num_label_tokens * accelerator.num_processes
+            accelerator.backward(loss)
+            grad_norm = float(accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm))
             optimizer.step()
             scheduler.step()
             optimizer.zero_grad(set_to_none=True)
             step += 1
             progress.update()
             if step % args.logging_steps == 0 or step == args.max_steps:
-                metrics = {"loss": loss.item(), "grad_norm": grad_norm.item(), "learning_rate": scheduler.get_last_lr()[0], "step_time": time.perf_counter() - start}
+                metrics = {
+                    "loss": accelerator.reduce(loss.detach(), "mean").item(),  # the mean over the whole batch's tokens
+                    "grad_norm": grad_norm,
+                    "learning_rate": scheduler.get_last_lr()[0],
+                    "step_time": time.perf_counter() - start,
+                }
                 logger.log(step, metrics)
                 progress.set_postfix(loss=f"{metrics['loss']:.3f}")
             if args.eval_steps and step % args.eval_steps == 0 and step != args.max_steps:
                 run_eval(step)
             if args.save_steps and step % args.save_steps == 0:
-                common.save_checkpoint(args.output_dir, step, model, tokenizer, optimizer, scheduler)
-    except KeyboardInterrupt:
-        interrupted = True
+                common.save_checkpoint(accelerator, args.output_dir, step, model, tokenizer)
     progress.close()
-    if interrupted:
-        path = common.save_checkpoint(args.output_dir, step, model, tokenizer, optimizer, scheduler)
-        print(f"interrupted at step {step}: saved {path}; continue with --resume_from_checkpoint latest")
+    if step < args.max_steps:  # interrupted (Ctrl-C on any process)
+        path = common.save_checkpoint(accelerator, args.output_dir, step, model, tokenizer)
+        accelerator.print(f"interrupted at step {step}: saved {path}; continue with --resume_from_checkpoint latest")
         logger.close()
         raise SystemExit(130)
 
     last_eval = run_eval(step)
-    common.save_final_model(args.output_dir, model, tokenizer, args.save_merged_model)
+    common.save_final_model(accelerator, args.output_dir, model, tokenizer, args.save_merged_model)
     logger.close()
+    accelerator.end_training()
     if first_eval and last_eval:
-        print(f"held-out accuracy (sampled, T={args.temperature}) {first_eval['eval/accuracy']:.3f} → {last_eval['eval/accuracy']:.3f}; "
-              f"greedy {first_eval['eval/accuracy_greedy']:.3f} → {last_eval['eval/accuracy_greedy']:.3f}; format {last_eval['eval/format']:.3f}")
+        accelerator.print(f"held-out accuracy (sampled, T={args.temperature}) {first_eval['eval/accuracy']:.3f} → {last_eval['eval/accuracy']:.3f}; "
+                          f"greedy {first_eval['eval/accuracy_greedy']:.3f} → {last_eval['eval/accuracy_greedy']:.3f}; format {last_eval['eval/format']:.3f}")
     elif last_eval:
-        print(f"held-out accuracy (sampled) {last_eval['eval/accuracy']:.3f}, greedy {last_eval['eval/accuracy_greedy']:.3f}, format {last_eval['eval/format']:.3f}")
-    print(f"saved the model to {args.output_dir}")
+        accelerator.print(f"held-out accuracy (sampled) {last_eval['eval/accuracy']:.3f}, greedy {last_eval['eval/accuracy_greedy']:.3f}, format {last_eval['eval/format']:.3f}")
+    accelerator.print(f"saved the model to {args.output_dir}")
 
 
 if __name__ == "__main__":

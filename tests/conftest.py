@@ -18,6 +18,17 @@ def _seed():
     torch.manual_seed(0)
 
 
+@pytest.fixture(autouse=True)
+def _fresh_accelerate_state():
+    """Each script's main() makes an Accelerator, and accelerate keeps its state per process (a run is a process);
+    the tests run many mains in one process, some with --bf16, so the state is reset after each test."""
+    yield
+    from accelerate.state import AcceleratorState, GradientState
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
+
+
 @pytest.fixture(scope="session")
 def tiny_model():
     return common.load_causal_lm(common.EMBEDDED_MODEL)

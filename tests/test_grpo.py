@@ -1,5 +1,5 @@
-"""grpo.py: the group-relative advantage, the loss_type normalizers, k3, clip-higher and dynamic sampling against hand
-computations; then end to end: bad inputs, micro-batch invariance, resume equality, and a run that learns."""
+"""grpo.py: the group-relative advantage, the loss_type normalizers (also split over processes), k3, clip-higher and
+dynamic sampling against hand computations; then end to end: bad inputs, micro-batch invariance, resume equality, and a run that learns."""
 
 import dataclasses
 import math
@@ -89,6 +89,27 @@ def test_grpo_normalizer_skips_sequences_without_loss():
     assert loss_token_weights(mask, "dapo", 4)[0, 0].item() == pytest.approx(1 / 5)
     assert loss_token_weights(mask, "dr_grpo", 4)[0, 0].item() == pytest.approx(1 / 12)  # a constant, masked rows included
     assert loss_token_weights(torch.zeros(2, 3), "dapo", 3).sum().item() == 0.0  # nothing to learn from: no NaN
+
+
+@pytest.mark.parametrize("loss_type", grpo.LOSS_TYPES)
+def test_each_process_gets_its_rows_of_the_whole_batch_weights(loss_type):
+    """Under accelerate each process holds some rows and the normalizer adds every process's count to its own: the
+    shards' weights are the one-process weights of their rows, also when the processes hold different numbers of tokens
+    (6 and 7 here; the script then multiplies each process's loss by N, as DDP averages the N gradients). Each process
+    normalizing by its own count, then averaged by DDP, would not be the one-process loss (but for dr_grpo's constant)."""
+    mask = torch.tensor([[1, 1, 1, 0], [0, 0, 0, 0], [1, 1, 0, 0], [1, 1, 1, 1], [1, 0, 0, 0], [1, 1, 0, 0]])
+    shards = (mask[:3], mask[3:])
+
+    def count(shard):  # what one process contributes to the normalizer
+        counts = []
+        loss_token_weights(shard, loss_type, 4, lambda c: counts.append(c) or c)
+        return counts[0]
+
+    whole = loss_token_weights(mask, loss_type, 4)
+    sharded = [loss_token_weights(shard, loss_type, 4, lambda c, other=other: c + count(other)) for shard, other in zip(shards, shards[::-1])]
+    assert torch.allclose(torch.cat(sharded), whole)
+    own_counts = torch.cat([loss_token_weights(shard, loss_type, 4) for shard in shards]) / len(shards)
+    assert torch.allclose(own_counts, whole) == (loss_type == "dr_grpo")
 
 
 @pytest.mark.parametrize("loss_type", grpo.LOSS_TYPES)
@@ -247,10 +268,10 @@ def record_gradients(monkeypatch) -> list:
     gradients = []
     clip = torch.nn.utils.clip_grad_norm_
 
-    def record_then_clip(params, max_norm):
-        params = list(params)
+    def record_then_clip(params, max_norm, **kwargs):
+        params = [p for p in params if p.grad is not None]
         gradients.append(torch.cat([p.grad.flatten() for p in params]))
-        return clip(params, max_norm)
+        return clip(params, max_norm, **kwargs)
 
     monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", record_then_clip)
     return gradients

@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+import types
 from pathlib import Path
 
 import pytest
@@ -17,7 +18,7 @@ from safetensors.torch import load_file
 import common
 import ppo
 from common import ConfigError
-from ppo import (adaptive_kl_coef, cut_at_stop_token, gae_advantages, masked_whiten, per_token_kl, per_token_rewards, policy_loss,
+from ppo import (adaptive_kl_coef, ends_with, gae_advantages, masked_whiten, per_token_kl, per_token_rewards, policy_loss,
                  value_loss)
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -82,27 +83,34 @@ def test_score_lands_on_the_last_real_token():
     torch.testing.assert_close(rewards, torch.tensor([[-0.1, -0.1, 0.9, 0.0], [1.9, 0.0, 0.0, 0.0], [-0.1, -0.1, -0.1, 2.9]]))
 
 
+def cut(ids: torch.Tensor, end_ids: list[int], pad: int):
+    """What common.generate does with the sampled ids: end each completion at its first end token."""
+    tokenizer = types.SimpleNamespace(pad_token_id=pad)
+    out = common.rollout(tokenizer, types.SimpleNamespace(input_ids=None, attention_mask=None), ids, end_ids)
+    return out["completion_ids"], out["completion_mask"]
+
+
 def test_score_lands_on_the_stop_token_of_a_generated_completion():
     """The EOS itself gets the score (TRL put it on the first padding token after EOS)."""
     eos, pad = 2, 0
-    ids = torch.tensor([[7, 8, eos, pad, pad]])
-    completion_ids, mask, stopped = cut_at_stop_token(ids, torch.tensor([[1, 1, 1, 0, 0]]), eos, pad)
+    completion_ids, mask = cut(torch.tensor([[7, 8, eos, 9, 9]]), [eos], pad)
     rewards = per_token_rewards(torch.tensor([1.0]), torch.zeros(1, 5), mask, kl_coef=0.05)
-    assert rewards.tolist() == [[0.0, 0.0, 1.0, 0.0, 0.0]] and completion_ids[0, 2] == eos and stopped.tolist() == [True]
+    assert rewards.tolist() == [[0.0, 0.0, 1.0, 0.0, 0.0]] and completion_ids[0].tolist() == [7, 8, eos, pad, pad]
+    assert ends_with(completion_ids, mask, eos).tolist() == [True]
 
 
 def test_stop_token_other_than_eos():
-    """With --stop_token X, a completion ends at its first X; one that ended at EOS (or was truncated) did not stop."""
+    """With --stop_token X a completion ends at its first X or EOS; only one that ends with X has stopped."""
     eos, pad, stop = 2, 0, 32
-    ids = torch.tensor([[5, stop, 6, eos, pad], [5, 6, eos, pad, pad], [5, 6, 7, 8, 9]])
-    mask = torch.tensor([[1, 1, 1, 1, 0], [1, 1, 1, 0, 0], [1, 1, 1, 1, 1]])  # as common.generate masks at EOS
-    completion_ids, mask, stopped = cut_at_stop_token(ids, mask, stop, pad)
-    assert stopped.tolist() == [True, False, False]
+    ids = torch.tensor([[5, stop, 6, eos, 9], [5, 6, eos, stop, 9], [5, 6, 7, 8, 9]])
+    completion_ids, mask = cut(ids, [eos, stop], pad)
+    assert ends_with(completion_ids, mask, stop).tolist() == [True, False, False]
     assert mask.tolist() == [[1, 1, 0, 0, 0], [1, 1, 1, 0, 0], [1, 1, 1, 1, 1]]
     assert completion_ids[0].tolist() == [5, stop, pad, pad, pad]
-    # the default stop token changes nothing that common.generate did
-    _, same_mask, stopped = cut_at_stop_token(ids, torch.tensor([[1, 1, 1, 1, 0], [1, 1, 1, 0, 0], [1] * 5]), eos, pad)
-    assert stopped.tolist() == [True, True, False] and same_mask.tolist() == [[1, 1, 1, 1, 0], [1, 1, 1, 0, 0], [1] * 5]
+    # the default stop token is EOS: a completion has stopped exactly when it was not truncated
+    completion_ids, mask = cut(ids, [eos], pad)
+    assert ends_with(completion_ids, mask, eos).tolist() == [True, True, False]
+    assert mask.tolist() == [[1, 1, 1, 1, 0], [1, 1, 1, 0, 0], [1] * 5]
 
 
 def test_stop_token_must_be_one_token(tiny_tokenizer):
@@ -373,7 +381,8 @@ def test_ctrl_c_saves_a_checkpoint_and_exits_cleanly(tmp_path):
     step = int(checkpoint.name.split("-")[1])
     assert step == max(r["step"] for r in common.read_metrics(out))
     state = torch.load(checkpoint / "training_state.pt", weights_only=False)
-    assert state["step"] == step and "value_model" in state and "kl_coef" in state
+    assert state["step"] == step and "kl_coef" in state
+    assert (checkpoint / "accelerator_state" / "model_1.safetensors").is_file()  # the value model, saved with the policy
 
 
 def test_reward_model_as_the_reward_and_the_value_model_start(tmp_path):

@@ -50,6 +50,15 @@ def test_reinforce_pp_whitens_over_the_batch():
     assert reinforce_advantages(torch.ones(4), "reinforce_pp", 0.0, 0).tolist() == [0.0] * 4
 
 
+def test_reinforce_pp_on_one_process_of_several_whitens_with_the_whole_batch():
+    """Under accelerate a process holds some of the batch's R; whitened with every process's R (gathered), its
+    advantages are its rows of the one-process advantages."""
+    rewards = torch.tensor([1.0, 0.0, 1.0, 1.0, 0.0, 0.5])
+    whole = reinforce_advantages(rewards, "reinforce_pp", 0.0, 0)
+    assert reinforce_advantages(rewards[:2], "reinforce_pp", 0.0, 0, batch_rewards=rewards).tolist() == pytest.approx(whole[:2].tolist())
+    assert reinforce_advantages(rewards[:2], "reinforce_pp", 0.0, 0).tolist() == pytest.approx([0.5 / (0.5 ** 0.5 + 1e-4), -0.5 / (0.5 ** 0.5 + 1e-4)])  # its own R only: std 1/√2
+
+
 def test_no_baseline_is_the_reward_and_its_gradient_is_reinforce():
     """∇L = −1/B Σ_i R_i ∇ Σ_t log π(y_i,t) (Eq. 6), padding excluded."""
     rewards = torch.tensor([1.0, 0.0, 0.5])
@@ -150,10 +159,10 @@ def record_gradients(monkeypatch) -> list:
     gradients = []
     clip = torch.nn.utils.clip_grad_norm_
 
-    def record_then_clip(params, max_norm):
-        params = list(params)
+    def record_then_clip(params, max_norm, **kwargs):
+        params = [p for p in params if p.grad is not None]
         gradients.append(torch.cat([p.grad.flatten() for p in params]))
-        return clip(params, max_norm)
+        return clip(params, max_norm, **kwargs)
 
     monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", record_then_clip)
     return gradients

@@ -15,7 +15,7 @@ from common import ConfigError
 from reward_model import bradley_terry_loss, pair_accuracy
 from rewards import accuracy_reward, format_reward, reward_model_function
 
-FAST = dict(max_steps=3, per_device_train_batch_size=8, pairs_per_problem=1, logging_steps=1, eval_steps=0)
+FAST = dict(max_steps=3, train_batch_size=8, pairs_per_problem=1, logging_steps=1, eval_steps=0)
 
 
 def args(tmp_path, **overrides) -> reward_model.Args:
@@ -110,7 +110,7 @@ def test_over_long_pairs_are_dropped(tmp_path, capsys):
         (dict(lr_scheduler_type="bogus"), "--lr_scheduler_type: unknown scheduler 'bogus'"),
         (dict(max_steps=0), "--max_steps: must be positive"),
         (dict(pairs_per_problem=0), "--pairs_per_problem: must be positive"),
-        (dict(per_device_train_batch_size=10_000), "--per_device_train_batch_size: 10000 exceeds the 312 training pairs"),
+        (dict(train_batch_size=10_000), "--train_batch_size: 10000 exceeds the 312 training pairs"),
         (dict(model_name_or_path="/no/such/model"), "--model_name_or_path: cannot load a tokenizer"),
         (dict(dataset_name="/no/such/pairs.jsonl"), "--dataset_name: no such file"),
         (dict(report_to="mlflow"), "--report_to: expected none, tensorboard or wandb"),

@@ -1,0 +1,56 @@
+"""Run a training script with deterministic "sampling", so that a run on N processes can be compared with a run on one.
+
+    python tests/fixed_rollouts.py rloo --max_steps 1 ...                                      # one process
+    ACCELERATE_USE_CPU=1 accelerate launch --multi_gpu --num_processes 2 tests/fixed_rollouts.py rloo ...  # two
+
+`common.generate` is replaced by a function of the prompt text and of how many times that text has been seen in the
+call (the k-th completion of a prompt's group is always the same text; odd k answer in the format, even k do not),
+so both runs train on the same global batch.
+The gradient of the first update, after the all-reduce, is saved by the main process to {output_dir}/gradient.pt.
+"""
+
+import importlib
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import common  # noqa: E402
+
+
+def fixed_generate(model, tokenizer, texts, generation_config):
+    seen = {}
+    completion_lists = []
+    for text in texts:
+        k = seen[text] = seen.get(text, -1) + 1
+        padding = " so" * (len(text) % 3)  # lengths differ between prompts, so processes hold different token counts
+        words = f"{k}{padding} = <answer>{k + len(text) % 5}</answer>" if k % 2 else f"{k} {len(text) % 5}{padding}"
+        completion_lists.append(tokenizer(words, add_special_tokens=False).input_ids[: generation_config.max_new_tokens - 1] + [tokenizer.eos_token_id])
+    device = next(model.parameters()).device
+    enc = tokenizer(texts, return_tensors="pt", padding=True, padding_side="left", add_special_tokens=False).to(device)
+    T = max(map(len, completion_lists))
+    completion_ids = torch.tensor([ids + [tokenizer.pad_token_id] * (T - len(ids)) for ids in completion_lists], device=device)
+    return common.rollout(tokenizer, enc, completion_ids, generation_config.eos_token_id)
+
+
+def main():
+    script = importlib.import_module(sys.argv[1])
+    argv = sys.argv[2:]
+    output_dir = Path(argv[argv.index("--output_dir") + 1])
+    common.generate = fixed_generate
+    clip = torch.nn.utils.clip_grad_norm_
+
+    def save_first_gradient(params, max_norm, **kwargs):
+        params = list(params)
+        path = output_dir / "gradient.pt"
+        if common.PartialState().is_main_process and not path.exists():
+            torch.save(torch.cat([p.grad.flatten() for p in params if p.grad is not None]), path)
+        return clip(params, max_norm, **kwargs)
+
+    torch.nn.utils.clip_grad_norm_ = save_first_gradient
+    common.cli(script.main, script.Args, argv)
+
+
+if __name__ == "__main__":
+    main()
