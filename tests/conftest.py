@@ -37,3 +37,19 @@ def tiny_model():
 @pytest.fixture(scope="session")
 def tiny_tokenizer():
     return common.load_tokenizer(common.EMBEDDED_MODEL)
+
+
+@pytest.fixture
+def recorded_gradients(monkeypatch) -> list:
+    """The accumulated gradient of every optimizer step, recorded just before clipping (Adam-updated weights would blur
+    comparisons: its first step is nearly a sign step). accelerate's clip_grad_norm_ calls torch's."""
+    gradients = []
+    clip = torch.nn.utils.clip_grad_norm_
+
+    def record_then_clip(params, max_norm, **kwargs):
+        params = [p for p in params if p.grad is not None]
+        gradients.append(torch.cat([p.grad.flatten() for p in params]))
+        return clip(params, max_norm, **kwargs)
+
+    monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", record_then_clip)
+    return gradients

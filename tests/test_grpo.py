@@ -262,28 +262,13 @@ def test_bad_input_is_a_config_error_naming_the_flag(tmp_path, overrides, messag
     assert not (tmp_path / "out").exists()  # nothing written
 
 
-def record_gradients(monkeypatch) -> list:
-    """The accumulated gradient of every optimizer step, recorded just before clipping (Adam-updated weights would
-    blur the comparison: its first step is nearly a sign step)."""
-    gradients = []
-    clip = torch.nn.utils.clip_grad_norm_
-
-    def record_then_clip(params, max_norm, **kwargs):
-        params = [p for p in params if p.grad is not None]
-        gradients.append(torch.cat([p.grad.flatten() for p in params]))
-        return clip(params, max_norm, **kwargs)
-
-    monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", record_then_clip)
-    return gradients
-
-
-def test_micro_batching_does_not_change_the_update(tmp_path, monkeypatch):
+def test_micro_batching_does_not_change_the_update(tmp_path, recorded_gradients):
     """For every loss_type, with truncation masking (max_completion_length 7 truncates some completions) and the k3
     term: the same gradient and loss whether the batch is one piece or micro-batches that split groups (6 = 1.5
     groups). The runs start one step in, so that the policy differs from the reference and the KL has a gradient."""
     setup = dict(prompts_per_step=3, max_completion_length=7, mask_truncated_completions=True)
     grpo.main(args(tmp_path, max_steps=1, save_steps=1, output_dir=str(tmp_path / "start"), **setup))
-    gradients = record_gradients(monkeypatch)
+    gradients = recorded_gradients
     for loss_type in grpo.LOSS_TYPES:
         whole = args(tmp_path, max_steps=2, loss_type=loss_type, beta=0.1, resume_from_checkpoint=str(tmp_path / "start" / "checkpoint-1"),
                      output_dir=str(tmp_path / f"whole-{loss_type}"), **setup)

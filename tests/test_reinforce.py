@@ -153,27 +153,13 @@ def test_resume_reproduces_the_uninterrupted_run_and_its_running_mean(tmp_path):
     assert all(torch.equal(final[k], again[k]) for k in final)
 
 
-def record_gradients(monkeypatch) -> list:
-    """The accumulated gradient of every optimizer step, recorded just before clipping (Adam-updated weights would
-    blur the comparison: its first step is nearly a sign step)."""
-    gradients = []
-    clip = torch.nn.utils.clip_grad_norm_
-
-    def record_then_clip(params, max_norm, **kwargs):
-        params = [p for p in params if p.grad is not None]
-        gradients.append(torch.cat([p.grad.flatten() for p in params]))
-        return clip(params, max_norm, **kwargs)
-
-    monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", record_then_clip)
-    return gradients
-
-
 @pytest.mark.parametrize("baseline", ["moving_average", "reinforce_pp"])
-def test_micro_batching_does_not_change_the_update(tmp_path, monkeypatch, baseline):
+def test_micro_batching_does_not_change_the_update(tmp_path, recorded_gradients, baseline):
     """Including REINFORCE++'s whitening over the whole batch, whose KL-shaped rewards need every micro-batch first.
     The runs start one step in, so that the policy differs from the reference and the KL shapes the rewards."""
     reinforce.main(args(tmp_path, max_steps=1, save_steps=1, output_dir=str(tmp_path / "start")))
-    gradients = record_gradients(monkeypatch)
+    gradients = recorded_gradients
+    gradients.clear()  # from here on: the two runs compared
     whole = args(tmp_path, max_steps=2, baseline=baseline, beta=0.5, resume_from_checkpoint=str(tmp_path / "start" / "checkpoint-1"),
                  output_dir=str(tmp_path / "whole"))
     reinforce.main(whole)

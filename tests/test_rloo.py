@@ -93,18 +93,10 @@ def test_resume_reproduces_the_uninterrupted_run(tmp_path):
     assert all(torch.equal(final[k], again[k]) for k in final)
 
 
-def test_micro_batching_does_not_change_the_update(tmp_path, monkeypatch):
+def test_micro_batching_does_not_change_the_update(tmp_path, recorded_gradients):
     """Groups stay whole inside a micro-batch, so accumulating over micro-batches gives the one-batch gradient,
     including the batch-wide normalization of the advantages."""
-    gradients = []
-    clip = torch.nn.utils.clip_grad_norm_
-
-    def record_then_clip(params, max_norm, **kwargs):
-        params = [p for p in params if p.grad is not None]
-        gradients.append(torch.cat([p.grad.flatten() for p in params]))
-        return clip(params, max_norm, **kwargs)
-
-    monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", record_then_clip)
+    gradients = recorded_gradients
     whole = args(tmp_path, max_steps=1, num_generations=4, normalize_advantages=True, output_dir=str(tmp_path / "whole"))
     rloo.main(whole)
     rloo.main(dataclasses.replace(whole, micro_batch_size=4, output_dir=str(tmp_path / "micro")))
