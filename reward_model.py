@@ -46,6 +46,7 @@ from transformers import SchedulerType, get_scheduler
 
 import common
 from common import ConfigError, arg, require
+from rewards import reward_model_text
 
 
 @dataclass
@@ -109,11 +110,9 @@ def arithmetic_preference_dataset(split: str, pairs_per_problem: int, seed: int)
 
 
 def scored_text(tokenizer, prompt, completion) -> str:
-    """The text the reward model reads, rendered as rewards.reward_model_function renders it; prompt may be None."""
-    if common.is_conversational(completion):
-        return tokenizer.apply_chat_template((prompt or []) + completion, tokenize=False)
-    require(isinstance(completion, str), f"--dataset_name: expected a string or a list of messages, got {type(completion).__name__}")
-    return (prompt or "") + completion
+    """The text the reward model reads: exactly what rewards.reward_model_function will score."""
+    require(isinstance(completion, str) or common.is_conversational(completion), f"--dataset_name: expected a string or a list of messages, got {type(completion).__name__}")
+    return reward_model_text(tokenizer, prompt, completion)
 
 
 def tokenize_pairs(tokenizer, dataset, max_length: int) -> list[dict]:

@@ -69,6 +69,15 @@ def import_function(spec: str):
     return function
 
 
+def reward_model_text(tokenizer, prompt, completion) -> str:
+    """What a reward model reads (when scoring, and when reward_model.py trains it): a conversation through the reward
+    model's own chat template, prompt and answer together, or the prompt and completion strings joined. `prompt` may
+    be None (preference pairs without a prompt column)."""
+    if is_conversational(completion):
+        return tokenizer.apply_chat_template((prompt or []) + completion, tokenize=False)
+    return (prompt or "") + completion
+
+
 def reward_model_function(path: str, device, batch_size: int = 32):
     """Score (prompt, completion) pairs with a sequence-classification reward model (num_labels=1).
 
@@ -88,10 +97,7 @@ def reward_model_function(path: str, device, batch_size: int = 32):
 
     @torch.no_grad()
     def score(prompts, completions, **kwargs) -> list[float]:
-        texts = [
-            tokenizer.apply_chat_template(p + c, tokenize=False) if is_conversational(p) else p + c
-            for p, c in zip(prompts, completions)
-        ]
+        texts = [reward_model_text(tokenizer, p, c) for p, c in zip(prompts, completions)]
         scores = []
         for start in range(0, len(texts), batch_size):
             enc = tokenizer(texts[start:start + batch_size], return_tensors="pt", padding=True, padding_side="right").to(device)
