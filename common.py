@@ -299,6 +299,18 @@ def generate(model, tokenizer, texts: list[str], generation_config: GenerationCo
     return rollout(tokenizer, enc, sequences[:, enc.input_ids.shape[1]:], generation_config.eos_token_id)
 
 
+def sample_completions(accelerator: Accelerator, model, tokenizer, texts: list[str], generation_config: GenerationConfig, vllm=None) -> dict:
+    """One completion per text (the tensors of `generate`): from the colocated vLLM engine when there is one (--use_vllm),
+    else from the policy itself, in eval mode (no dropout while sampling)."""
+    if vllm is not None:
+        return vllm.generate(texts, accelerator.device)
+    model.eval()
+    with generation_model(accelerator, model) as policy:
+        out = generate(policy, tokenizer, texts, generation_config)
+    model.train()
+    return out
+
+
 def rollout(tokenizer, prompt_encoding, completion_ids: torch.Tensor, end_ids: int | list[int]) -> dict:
     """The tensors every script trains on, from the tokenized prompts and the sampled ids (B, T): each completion
     ends at its first token in `end_ids` (kept), padding after it."""

@@ -326,13 +326,7 @@ def main(args: Args):
         # 2. generate G completions per prompt
         prompts = [p for p in rows["prompt"] for _ in range(G)]  # each prompt's G completions are contiguous
         texts = [common.prompt_text(tokenizer, p) for p in prompts]
-        if vllm is not None:
-            rollout = vllm.generate(texts, device)
-        else:
-            model.eval()  # no dropout while sampling
-            with common.generation_model(accelerator, model) as policy:
-                rollout = common.generate(policy, tokenizer, texts, generation_config)
-            model.train()
+        rollout = common.sample_completions(accelerator, model, tokenizer, texts, generation_config, vllm)
 
         # 3. score: r(x, y_i), the weighted sum of the reward functions
         completion_texts = common.decode_completions(tokenizer, rollout["completion_ids"])

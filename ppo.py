@@ -387,13 +387,7 @@ def main(args: Args):
 
             # 2. generate one completion per prompt, ended at the stop token
             texts = [common.prompt_text(tokenizer, p) for p in prompts]
-            if vllm is not None:
-                rollout = vllm.generate(texts, device)
-            else:
-                model.eval()  # no dropout while sampling
-                with common.generation_model(accelerator, model) as policy:
-                    rollout = common.generate(policy, tokenizer, texts, generation_config)
-                model.train()
+            rollout = common.sample_completions(accelerator, model, tokenizer, texts, generation_config, vllm)
             completion_ids, completion_mask = rollout["completion_ids"], rollout["completion_mask"]
             stopped = ends_with(completion_ids, completion_mask, stop_id)  # the others get --missing_eos_penalty
             input_ids = torch.cat([rollout["prompt_ids"], completion_ids], 1)

@@ -242,13 +242,7 @@ def main(args: Args):
 
             # 2. generate G completions per prompt
             texts = [common.prompt_text(tokenizer, p) for p in prompts]
-            if vllm is not None:
-                rollout = vllm.generate(texts, device)
-            else:
-                model.eval()  # no dropout while sampling
-                with common.generation_model(accelerator, model) as policy:
-                    rollout = common.generate(policy, tokenizer, texts, generation_config)
-                model.train()
+            rollout = common.sample_completions(accelerator, model, tokenizer, texts, generation_config, vllm)
             completion_ids, completion_mask = rollout["completion_ids"], rollout["completion_mask"]  # (B, T)
             input_ids = torch.cat([rollout["prompt_ids"], completion_ids], 1)
             attention_mask = torch.cat([rollout["prompt_mask"], completion_mask], 1)
