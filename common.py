@@ -278,7 +278,7 @@ def sampling_config(tokenizer, args, greedy: bool = False) -> GenerationConfig:
         do_sample=not greedy,
         temperature=1.0 if greedy else args.temperature,
         top_p=1.0 if greedy else args.top_p,
-        top_k=None if greedy else (args.top_k or None),
+        top_k=0 if greedy else args.top_k,  # 0 = off; None would let transformers fill in its default of 50
         max_new_tokens=args.max_completion_length,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,

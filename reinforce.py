@@ -299,6 +299,8 @@ def main(args: Args):
                 for k, mb in enumerate(micro_batches):
                     # one all-reduce per update: all but the last micro-batch run forward and backward under no_sync
                     with nullcontext() if k == len(micro_batches) - 1 else accelerator.no_sync(model):
+                        if iteration == 0 and args.beta > 0 and not whole_batch_first:  # first: its activations never meet the policy's
+                            ref_logprobs = reference_logprobs(input_ids[mb], attention_mask[mb], T)
                         with accelerator.autocast():
                             logprobs, token_entropy = common.completion_logprobs(model, input_ids[mb], attention_mask[mb], T, args.temperature, entropy=True)
                         mask = completion_mask[mb]
@@ -307,7 +309,6 @@ def main(args: Args):
                             entropy[mb] = token_entropy
                             if not whole_batch_first:
                                 if args.beta > 0:
-                                    ref_logprobs = reference_logprobs(input_ids[mb], attention_mask[mb], T)
                                     kl[mb] = per_token_kl(old_logprobs[mb], ref_logprobs, args.kl_estimator) * mask
                                 shaped_rewards = rewards[mb] - args.beta * kl[mb].sum(1)  # R_i = r_i − β Σ_t kl_t
                                 batch_rewards = accelerator.gather(shaped_rewards) if args.baseline == "reinforce_pp" else None  # mb: all of this process's

@@ -271,6 +271,8 @@ def main(args: Args):
                 for k, mb in enumerate(micro_batches):
                     # one all-reduce per update: all but the last micro-batch run forward and backward under no_sync
                     with nullcontext() if k == len(micro_batches) - 1 else accelerator.no_sync(model):
+                        if iteration == 0 and args.beta > 0:  # first, so that its activations never coexist with the policy's
+                            ref_logprobs = reference_logprobs(input_ids[mb], attention_mask[mb], T)
                         with accelerator.autocast():
                             logprobs, token_entropy = common.completion_logprobs(model, input_ids[mb], attention_mask[mb], T, args.temperature, entropy=True)
                         mask = completion_mask[mb]
@@ -278,7 +280,6 @@ def main(args: Args):
                             old_logprobs[mb] = logprobs.detach()  # π_θ_old = the sampling policy = π_θ before this batch's first update
                             entropy[mb] = token_entropy
                             if args.beta > 0:
-                                ref_logprobs = reference_logprobs(input_ids[mb], attention_mask[mb], T)
                                 kl[mb] = per_token_kl(old_logprobs[mb], ref_logprobs, args.kl_estimator) * mask
                             shaped_rewards = rewards[mb] - args.beta * kl[mb].sum(1)  # R_i = r_i − β Σ_t kl_t
                             advantages[mb] = leave_one_out_advantages(shaped_rewards, G)

@@ -157,3 +157,21 @@ def test_resolve_checkpoint(tmp_path):
         (tmp_path / f"checkpoint-{step}").mkdir()
         (tmp_path / f"checkpoint-{step}" / "training_state.pt").write_bytes(b"")
     assert common.resolve_checkpoint("latest", str(tmp_path)).name == "checkpoint-10"
+
+
+def test_sampling_config_samples_from_the_distribution_the_logprobs_assume(tiny_model, tiny_tokenizer):
+    """No top-k, top-p or other warper unless asked: transformers 5 turns top_k=None into its default of 50, which would
+    sample from a truncated distribution while the log-probs assume the full softmax."""
+
+    class Args:
+        temperature, top_p, top_k, max_completion_length = 0.7, 1.0, 0, 8
+
+    def processors(config):
+        config, _ = tiny_model._prepare_generation_config(config)
+        return [type(p).__name__ for p in tiny_model._get_logits_processor(
+            generation_config=config, input_ids_seq_length=4, encoder_input_ids=torch.zeros(1, 4, dtype=torch.long),
+            prefix_allowed_tokens_fn=None, logits_processor=None, device="cpu")]
+
+    assert processors(common.sampling_config(tiny_tokenizer, Args)) == ["TemperatureLogitsWarper"]
+    Args.top_k = 5
+    assert "TopKLogitsWarper" in processors(common.sampling_config(tiny_tokenizer, Args))
