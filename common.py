@@ -274,14 +274,14 @@ def sampling_config(tokenizer, args, greedy: bool = False) -> GenerationConfig:
     A fresh GenerationConfig, so a hub model's generation_config.json (repetition penalty, its own top_k, ...) cannot
     silently change what is sampled.
     """
+    # top_k 0 = off (None would let transformers fill in its default of 50); greedy decoding takes no sampling flags
+    sampling = {} if greedy else {"temperature": args.temperature, "top_p": args.top_p, "top_k": args.top_k}
     return GenerationConfig(
         do_sample=not greedy,
-        temperature=1.0 if greedy else args.temperature,
-        top_p=1.0 if greedy else args.top_p,
-        top_k=0 if greedy else args.top_k,  # 0 = off; None would let transformers fill in its default of 50
         max_new_tokens=args.max_completion_length,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
+        **sampling,
     )
 
 
