@@ -1,5 +1,8 @@
 import os
+import signal
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -53,3 +56,26 @@ def recorded_gradients(monkeypatch) -> list:
 
     monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", record_then_clip)
     return gradients
+
+
+@pytest.fixture
+def interrupt_run():
+    """Start `script` for 1000 steps, press Ctrl-C once `logged_key` is in its metrics, and check the clean exit: status
+    130, no traceback, one checkpoint at the last logged step. Returns the checkpoint folder."""
+
+    def run(script: str, out: Path, logged_key: str) -> Path:
+        command = [sys.executable, str(ROOT / script), "--output_dir", str(out), "--max_steps", "1000", "--eval_steps", "0",
+                   "--logging_steps", "1", "--prompts_per_step", "4", "--save_steps", "0"]
+        process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+        deadline = time.time() + 120
+        while time.time() < deadline and not ((out / "metrics.jsonl").exists() and f'"{logged_key}"' in (out / "metrics.jsonl").read_text()):
+            time.sleep(0.2)
+        process.send_signal(signal.SIGINT)
+        stdout, stderr = process.communicate(timeout=120)
+        assert process.returncode == 130, stderr
+        assert "Traceback" not in stderr and "interrupted at step" in stdout
+        (checkpoint,) = out.glob("checkpoint-*")
+        assert int(checkpoint.name.split("-")[1]) == max(r["step"] for r in common.read_metrics(out))
+        return checkpoint
+
+    return run
