@@ -349,7 +349,7 @@ def main(args: Args):
                     **({"frac_reward_zero_std": (all_rewards.view(-1, G).std(1) < 1e-6).float().mean().item()} if G > 1 else {}),
                     **{f"rewards/{name}/mean": all_rewards_per_func[:, j].nanmean().item() for j, name in enumerate(reward_funcs)},
                     **{f"rewards/{name}/std": common.nanstd(all_rewards_per_func[:, j]) for j, name in enumerate(reward_funcs)},
-                    "kl": (everywhere(kl.sum(1)).sum() / token_count).item() if args.beta > 0 else 0.0,
+                    **({"kl": (everywhere(kl.sum(1)).sum() / token_count).item()} if args.beta > 0 else {}),  # no reference: no KL
                     "baseline": baseline,
                     "entropy": (everywhere((entropy * completion_mask).sum(1)).sum() / token_count).item(),
                     "clip_ratio/low_mean": clip_low_all.mean().item(),
@@ -371,7 +371,7 @@ def main(args: Args):
                     "step_time": time.perf_counter() - step_start,
                 }
                 logger.log(step, metrics)
-                progress.set_postfix(reward=f"{metrics['reward']:.3f}", kl=f"{metrics['kl']:.4f}")
+                progress.set_postfix(reward=f"{metrics['reward']:.3f}", kl=f"{metrics.get('kl', 0.0):.4f}")
                 if args.log_completions and accelerator.is_main_process:
                     for i in range(min(args.num_completions_to_print, local_batch_size)):
                         tqdm.write(f"[step {step}] {prompts[i]!r} → {completion_texts[i]!r}  reward {rewards[i].item():.3f}")
