@@ -45,7 +45,7 @@ leave-one-out advantages scale by G/(G−1) = 4/3.
 One forward pass per completion and iteration: the policy log-probs of the first iteration, detached, are π_θ_old,
 so no separate "old log-prob" pass is spent; β = 0 (the default) loads no reference model.
 
-    python grpo.py                                          # the embedded tiny model, offline, ~2 minutes on a CPU
+    python grpo.py                                          # the embedded tiny model, offline, ~70 s on a 2-core CPU
 """
 
 import time

@@ -47,7 +47,7 @@ that normalizes both losses, the KL of the adaptive controller and the logged me
 processes, so with one mini-batch an update is the one-process update of the same batch (with more, a mini-batch is N
 random shares, one per process, rather than a random subset of the whole batch).
 
-    python ppo.py                                                  # the embedded tiny model, offline, ~20 s on an idle 2-core CPU
+    python ppo.py                                                  # the embedded tiny model, offline, ~30 s on a 2-core CPU
     python ppo.py --reward_model_path outputs/reward_model --reward_funcs none   # the reward model of reward_model.py alone
 """
 

@@ -39,7 +39,7 @@ processes, which is the mean over the whole batch. The whole batch's R are gathe
 whitens with their mean and std. Logged statistics are gathered over the whole batch; only the main process writes
 logs, checkpoints and the model.
 
-    python reinforce.py                                     # the embedded tiny model, offline, ~2 minutes on a CPU
+    python reinforce.py                                     # the embedded tiny model, offline, ~45 s on a 2-core CPU
 """
 
 import time
