@@ -269,10 +269,11 @@ def lora_config(args, task_type: str = "CAUSAL_LM"):
 
 
 def sampling_config(tokenizer, args, greedy: bool = False) -> GenerationConfig:
-    """Exactly the distribution the log-probs assume: softmax(logits / temperature), optionally top-k / top-p.
+    """softmax(logits / temperature), or greedy decoding, and nothing else; `generate` keeps a checkpoint's own
+    generation_config.json (repetition penalty, min_new_tokens, its top_k, ...) out of it.
 
-    A fresh GenerationConfig, so a hub model's generation_config.json (repetition penalty, its own top_k, ...) cannot
-    silently change what is sampled.
+    The log-probs are those of the full softmax(logits / temperature), as in TRL: with --top_k > 0 or --top_p < 1 the
+    sampler draws from a truncated distribution that the log-probs do not describe, so training is off-policy.
     """
     # top_k 0 = off (None would let transformers fill in its default of 50); greedy decoding takes no sampling flags
     sampling = {} if greedy else {"temperature": args.temperature, "top_p": args.top_p, "top_k": args.top_k}
@@ -285,6 +286,18 @@ def sampling_config(tokenizer, args, greedy: bool = False) -> GenerationConfig:
     )
 
 
+def disable_dropout(model):
+    """Dropout off everywhere (TRL's `disable_dropout`): dropout modules, LoRA's included, and the attention dropout
+    that transformers' attention layers apply as a float attribute. Then a train-mode forward equals the eval-mode
+    sampler's, and π_old, the KL and the ratio of one batch are computed on the same function."""
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+        if isinstance(getattr(module, "attention_dropout", None), float):
+            module.attention_dropout = 0.0
+    return model
+
+
 @torch.no_grad()
 def generate(model, tokenizer, texts: list[str], generation_config: GenerationConfig) -> dict:
     """Sample one completion per text with `model.generate`. A completion ends at its first end token (the config's
@@ -295,7 +308,14 @@ def generate(model, tokenizer, texts: list[str], generation_config: GenerationCo
     """
     device = next(model.parameters()).device
     enc = tokenizer(texts, return_tensors="pt", padding=True, padding_side="left", add_special_tokens=False).to(device)
-    sequences = model.generate(**enc, generation_config=generation_config)
+    # transformers fills every field `generation_config` leaves unset from the model's own generation_config (a hub
+    # checkpoint's repetition penalty, min_new_tokens, suppressed tokens, ...): swap it out while sampling
+    transformers_model = model.get_base_model() if hasattr(model, "get_base_model") else model  # under peft
+    shipped, transformers_model.generation_config = transformers_model.generation_config, generation_config
+    try:
+        sequences = model.generate(**enc, generation_config=generation_config)
+    finally:
+        transformers_model.generation_config = shipped
     return rollout(tokenizer, enc, sequences[:, enc.input_ids.shape[1]:], generation_config.eos_token_id)
 
 
@@ -350,11 +370,13 @@ class VLLMGenerator:
             seed=args.seed + accelerator.process_index,
             dtype="bfloat16" if args.bf16 else "auto",
             max_model_len=args.vllm_max_model_length,
+            generation_config="vllm",  # the checkpoint's generation_config.json sets no sampling defaults
         )
         self.end_ids = end_ids or [tokenizer.eos_token_id]  # a completion ends at any of these (EOS, or PPO's --stop_token)
-        self.sampling_params = vllm.SamplingParams(  # the distribution the log-probs assume, as sampling_config
-            n=1, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k or -1, max_tokens=args.max_completion_length,
-            stop_token_ids=self.end_ids,
+        self.sampling_params = vllm.SamplingParams(  # softmax(logits / temperature), as sampling_config: no penalties
+            n=1, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k or -1, min_p=0.0,
+            repetition_penalty=1.0, presence_penalty=0.0, frequency_penalty=0.0, min_tokens=0,
+            max_tokens=args.max_completion_length, stop_token_ids=self.end_ids,
         )
         self.tokenizer = tokenizer
         self.sync_weights(accelerator, model)
@@ -415,10 +437,24 @@ def completion_logprobs(model, input_ids, attention_mask, num_completion_tokens:
     return logprobs, token_entropy
 
 
-def nanstd(values: torch.Tensor) -> float:
-    """Standard deviation ignoring NaN (a reward function's "not applicable")."""
-    values = values[~values.isnan()]
-    return values.std().item() if len(values) > 1 else 0.0
+NO_SIGNAL_STEPS = 10  # steps in a row without any reward signal before the warning
+
+
+def warn_no_reward_signal(accelerator: Accelerator, reward_funcs: dict, args):
+    """Said once when, for NO_SIGNAL_STEPS steps in a row, every group's completions scored the same: the advantages are
+    then zero (up to the KL term) and the run cannot learn from the reward."""
+    if accelerator.is_main_process:
+        print(f"\nwarning: no reward signal for {NO_SIGNAL_STEPS} steps in a row: the completions of every group got "
+              f"equal rewards from {', '.join(reward_funcs)}, so the policy gradient of the reward is zero. Usual causes: "
+              f"a reward too strict for this model (e.g. an answer format it never produces), or --max_completion_length "
+              f"{args.max_completion_length} too short to reach the answer.", file=sys.stderr, flush=True)
+
+
+def nanstd(values: torch.Tensor, dim: int | None = None) -> torch.Tensor:
+    """Sample standard deviation ignoring NaN (unscorable rewards); NaN where fewer than two values count."""
+    count = (~values.isnan()).sum(dim)
+    centered = values - (values.nanmean() if dim is None else values.nanmean(dim, keepdim=True))
+    return (centered.pow(2).nansum(dim) / (count - 1)).sqrt()
 
 
 def masked_mean(values: torch.Tensor, mask: torch.Tensor, dim=None) -> torch.Tensor:
@@ -430,11 +466,12 @@ def masked_mean(values: torch.Tensor, mask: torch.Tensor, dim=None) -> torch.Ten
 # Evaluation: held-out accuracy, sampled at the training temperature and greedy
 # ----------------------------------------------------------------------------------------------------------------------
 @torch.no_grad()
-def evaluate(model, tokenizer, eval_dataset: Dataset, args, reward_fns: dict, seed: int) -> dict:
+def evaluate(model, tokenizer, eval_dataset: Dataset, args, reward_fns: dict, seed: int, end_ids=None) -> dict:
     """Mean of each reward function on held-out prompts: `eval/<name>` sampled (`num_generations_eval` samples per
-    prompt at the training temperature) and `eval/<name>_greedy`. Runs under its own RNG, so evaluating never changes
-    what training samples. With several processes, each scores an equal share of the prompts (padded by repeating the
-    last one, which is dropped again) and every process returns the same means."""
+    prompt at the training temperature) and `eval/<name>_greedy`; a completion ends at the training's end tokens
+    (`end_ids`, default the tokenizer's EOS). Runs under its own RNG, so evaluating never changes what training samples.
+    With several processes, each scores an equal share of the prompts (padded by repeating the last one, which is
+    dropped again) and every process returns the same means."""
     processes = PartialState()  # the process layout `accelerate launch` set up (one process without it)
     was_training = model.training
     model.eval()
@@ -446,6 +483,7 @@ def evaluate(model, tokenizer, eval_dataset: Dataset, args, reward_fns: dict, se
             ("", args.num_generations_eval, sampling_config(tokenizer, args)),
             ("_greedy", 1, sampling_config(tokenizer, args, greedy=True)),
         ):
+            config.eos_token_id = end_ids or config.eos_token_id
             rows = [row for row in eval_dataset for _ in range(repeats)]
             scores = {name: {} for name in reward_fns}  # row index -> score; a padded duplicate overwrites its original
             everyone = list(range(len(rows)))

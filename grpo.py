@@ -18,7 +18,7 @@ them with the reward r (a weighted sum of reward functions, or a reward model). 
             --loss_type dapo      w_{i,t} = m_{i,t} / Σ_{j,s} m_{j,s}   every token of the batch weighs the same (the default)
             --loss_type bnpo      the same as dapo here (TRL divides by the tokens of each micro-batch instead)
 
-What the follow-ups changed. Dr. GRPO (Liu et al. 2025, §3.1): dividing by the std favours easy and hard prompts and
+What the follow-ups changed. Dr. GRPO (Liu et al. 2025, §3.1–3.2): dividing by the std favours easy and hard prompts and
 dividing by |y_i| favours long wrong answers, so no std (--scale_rewards none) and a constant normalizer
 (--loss_type dr_grpo). DAPO (Yu et al. 2025): clip-higher (§3.1, --epsilon_high 0.28, room for unlikely tokens to
 grow), dynamic sampling (§3.2, --dynamic_sampling: a group whose rewards are all equal has A = 0 and teaches nothing,
@@ -83,6 +83,7 @@ class Args:
     epsilon: float = arg(0.2, "lower clipping bound ε of the per-token ratio")
     epsilon_high: float | None = arg(None, "upper clipping bound (default: epsilon; DAPO's clip-higher uses 0.28)")
     mask_truncated_completions: bool = arg(False, "completions without EOS get no loss and leave the normalizer (they still count in the advantages)")
+    disable_dropout: bool = arg(True, "turn dropout off (LoRA's too), so sampling, π_old, the KL and the loss see one policy")
     dynamic_sampling: bool = arg(False, "DAPO: drop groups whose rewards are all equal and refill the batch with more prompts")
     max_resample_rounds: int = arg(3, "--dynamic_sampling: extra generation rounds per step at most; then dropped groups fill the rest")
     # generation
@@ -107,6 +108,7 @@ class Args:
     logging_steps: int = arg(5, "write metrics every this many steps")
     log_completions: bool = arg(False, "print a few sampled completions with their rewards at each logging step")
     num_completions_to_print: int = arg(2, "how many completions --log_completions prints")
+    eval_strategy: str = arg("steps", "'steps': evaluate every eval_steps and at the start and the end; 'no': never")
     eval_steps: int = arg(50, "evaluate on the held-out split every this many steps (also at the start and the end)")
     num_generations_eval: int = arg(4, "completions sampled per held-out prompt for eval/accuracy")
     per_device_eval_batch_size: int = arg(512, "completions per generate call during evaluation")
@@ -144,6 +146,7 @@ def check_args(args: Args):
     require(args.epsilon_high is None or args.epsilon_high > 0, f"--epsilon_high: must be positive, got {args.epsilon_high}")
     require(args.max_resample_rounds >= 0, f"--max_resample_rounds: must be ≥ 0, got {args.max_resample_rounds}")
     require(args.temperature > 0, f"--temperature: must be positive, got {args.temperature}")
+    require(args.eval_strategy in ("steps", "no"), f"--eval_strategy: expected steps or no, got {args.eval_strategy!r}")
 
 
 def per_token_kl(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
@@ -153,14 +156,17 @@ def per_token_kl(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Te
 
 
 def group_relative_advantages(rewards: torch.Tensor, num_generations: int, scale_rewards: str) -> torch.Tensor:
-    """A_i = (r_i − mean of its group) / (std + 1e-4), std of the group, of the batch, or none. (B,) -> (B,)"""
+    """A_i = (r_i − mean of its group) / (std + 1e-4), std of the group, of the batch, or none. (B,) -> (B,)
+
+    An unscorable completion (r_i = NaN: no reward function applies) is left out of the means and stds and gets
+    A_i = 0, as in TRL."""
     grouped = rewards.view(-1, num_generations)
-    centered = grouped - grouped.mean(1, keepdim=True)
+    centered = grouped - grouped.nanmean(1, keepdim=True)
     if scale_rewards == "group":
-        centered = centered / (grouped.std(1, keepdim=True) + 1e-4)
+        centered = centered / (common.nanstd(grouped, 1)[:, None] + 1e-4)
     elif scale_rewards == "batch":
-        centered = centered / (rewards.std() + 1e-4)
-    return centered.flatten()
+        centered = centered / (common.nanstd(rewards) + 1e-4)
+    return centered.flatten().nan_to_num(0.0)
 
 
 def loss_token_weights(loss_mask: torch.Tensor, loss_type: str, max_completion_length: int, sum_over_processes=lambda count: count) -> torch.Tensor:
@@ -190,8 +196,9 @@ def grpo_loss(logprobs, old_logprobs, ref_logprobs, advantages, token_weights, b
 
 
 def zero_std_groups(rewards: torch.Tensor, num_generations: int) -> torch.Tensor:
-    """(P,) True for the groups whose rewards are all equal: their advantages are 0, they carry no policy gradient."""
-    return rewards.view(-1, num_generations).std(1) < 1e-6
+    """(P,) True for the groups whose rewards are all equal (or with fewer than two scorable): their advantages are 0,
+    they carry no policy gradient."""
+    return ~(common.nanstd(rewards.view(-1, num_generations), 1) > 1e-6)
 
 
 def concat_samples(samples: list[dict], pad_token_id: int) -> dict:
@@ -279,6 +286,8 @@ def main(args: Args):
         from peft import get_peft_model
 
         model = get_peft_model(model, common.lora_config(args))
+    if args.disable_dropout:
+        common.disable_dropout(model)
     if args.gradient_checkpointing:
         model.gradient_checkpointing_enable()
         if args.use_peft:
@@ -311,7 +320,7 @@ def main(args: Args):
             return common.completion_logprobs(ref_model or policy, input_ids, attention_mask, T, args.temperature)
 
     def run_eval(step: int) -> dict:
-        if eval_dataset is None:
+        if eval_dataset is None or args.eval_strategy == "no":
             return {}
         with common.generation_model(accelerator, model) as policy:
             metrics = common.evaluate(policy, tokenizer, eval_dataset, args, eval_rewards, seed=args.seed + step)
@@ -336,7 +345,7 @@ def main(args: Args):
         return {"prompts": prompts, "columns": row_columns, **rollout, "completion_texts": completion_texts, "rewards": rewards, "rewards_per_func": rewards_per_func}
 
     # ---- training loop ----
-    step = start_step
+    step, steps_without_signal = start_step, 0
     progress = tqdm(total=args.max_steps, initial=start_step, desc="grpo", disable=not accelerator.is_main_process)
     with common.graceful_interrupt() as interrupted:
         while step < args.max_steps and not common.any_process(accelerator, interrupted.is_set()):
@@ -417,6 +426,10 @@ def main(args: Args):
                 policy_losses.append(policy_loss_sum)
             if vllm is not None:
                 vllm.sync_weights(accelerator, model)  # the next step samples from the updated policy
+            no_signal = bool(zero_std_groups(all_rewards, G).all())
+            steps_without_signal = steps_without_signal + 1 if no_signal else 0
+            if steps_without_signal == common.NO_SIGNAL_STEPS:
+                common.warn_no_reward_signal(accelerator, reward_funcs, args)
             step += 1
             progress.update()
             num_tokens += accelerator.reduce(attention_mask.sum(), "sum").item()
@@ -428,15 +441,15 @@ def main(args: Args):
                 lengths = everywhere(completion_mask.sum(1).float())
                 truncated = everywhere(rollout["is_truncated"])
                 terminated = lengths[~truncated]
-                group_std = all_rewards.view(-1, G).std(1)
+                group_std = common.nanstd(all_rewards.view(-1, G), 1)
                 token_count = lengths.sum().clamp(min=1)
                 clip_low_all, clip_high_all = everywhere(torch.tensor(clip_low)), everywhere(torch.tensor(clip_high))
                 metrics = {
-                    "reward": all_rewards.mean().item(),
-                    "reward_std": group_std.mean().item(),
-                    "frac_reward_zero_std": (group_std < 1e-6).float().mean().item(),
+                    "reward": all_rewards.nanmean().item(),
+                    "reward_std": common.nanstd(all_rewards).item(),
+                    "frac_reward_zero_std": (~(group_std > 1e-6)).float().mean().item(),  # < 2 scorable: no signal
                     **{f"rewards/{name}/mean": all_rewards_per_func[:, j].nanmean().item() for j, name in enumerate(reward_funcs)},
-                    **{f"rewards/{name}/std": common.nanstd(all_rewards_per_func[:, j]) for j, name in enumerate(reward_funcs)},
+                    **{f"rewards/{name}/std": common.nanstd(all_rewards_per_func[:, j]).item() for j, name in enumerate(reward_funcs)},
                     **({"kl": (everywhere(kl.sum(1)).sum() / token_count).item()} if args.beta > 0 else {}),
                     **({"dynamic_sampling/dropped_frac": dropped_frac} if args.dynamic_sampling else {}),
                     "entropy": (everywhere((entropy * completion_mask).sum(1)).sum() / token_count).item(),

@@ -9,6 +9,8 @@ score it. Each token y_t is an action taken in the state s_t = (x, y_<t). Then:
     KL-shaped per-token reward (Back to Basics Eq. 3, spread over the tokens; Ziegler et al. Eq. 2)
         kl_t = log π_θ(y_t | s_t) − log π_ref(y_t | s_t)                                  (k1, the default)
         kl_t = exp(log π_ref − log π_θ) − (log π_ref − log π_θ) − 1                          (k3, --kl_estimator k3)
+        (as a reward, k3 estimates the KL's value without bias but its policy gradient E[k3 · ∇log π] is not ∇KL;
+         k1's is: ∇KL = E[k1 · ∇log π], since E[∇log π] = 0)
         r_t = −kl_coef · kl_t,   plus the score r(x, y) on the last real token (the stop token; TRL put it one past)
         r(x, y) −= missing_eos_penalty when y has no --stop_token (a truncated completion)
 
@@ -23,7 +25,7 @@ score it. Each token y_t is an action taken in the state s_t = (x, y_<t). Then:
         L_vf = 0.5 · max((V − R)², (clip(V, V_old − cliprange_value, V_old + cliprange_value) − R)²)
         L = L_pg + vf_coef · L_vf                                                           (PPO Eq. 9, no entropy bonus)
 
-Vanilla PG (Back to Basics Eq. 9) is `--lam 1.0 --num_ppo_epochs 1 --num_mini_batches 1 --whiten_advantages False`
+Back to Basics' Vanilla PG is `--lam 1.0 --num_ppo_epochs 1 --num_mini_batches 1 --whiten_advantages False`
 (γ = 1, the default): the δ_t telescope to A_t = Σ_{l≥0} r_{t+l} − V(s_t) = G_t − V(s_t), one update per batch makes
 ρ ≡ 1 so no clip binds, and ∇L_pg = −1/N Σ_t (G_t − V(s_t)) ∇ log π_θ(y_t | s_t) over the batch's N real tokens.
 
@@ -88,12 +90,13 @@ class Args:
     whiten_advantages: bool = arg(True, "whiten the advantages over the batch's real tokens (off for Vanilla PG)")
     whiten_rewards: bool = arg(False, "scale the per-token rewards to unit variance over the batch before GAE (mean kept)")
     kl_coef: float = arg(0.05, "KL coefficient in the per-token reward; 0 skips the reference model entirely")
-    kl_estimator: str = arg("k1", "per-token KL estimator in the reward: k1 (log-ratio) or k3")
+    kl_estimator: str = arg("k1", "KL estimator in the reward: k1 or k3 (k3's value is unbiased, its gradient is not the KL's)")
     adaptive_kl: bool = arg(False, "adapt kl_coef towards --kl_target (Ziegler et al. 2019); --kl_coef is its start")
     kl_target: float = arg(6.0, "--adaptive_kl: target sequence KL in nats")
     kl_horizon: int = arg(10000, "--adaptive_kl: horizon in completions")
     stop_token: str = arg("eos", "the token that ends a completion: 'eos' (the tokenizer's) or any text that is one token")
     missing_eos_penalty: float | None = arg(None, "subtracted from the score of a completion without the stop token")
+    disable_dropout: bool = arg(True, "turn dropout off in the policy and value model (LoRA's too), so the rollout and update passes agree")
     # generation
     temperature: float = arg(1.0, "sampling temperature; log-probs use the same logits / temperature")
     top_p: float = arg(1.0, "nucleus sampling (1.0 = off)")
@@ -116,6 +119,7 @@ class Args:
     logging_steps: int = arg(5, "write metrics every this many steps")
     log_completions: bool = arg(False, "print a few sampled completions with their rewards at each logging step")
     num_completions_to_print: int = arg(2, "how many completions --log_completions prints")
+    eval_strategy: str = arg("steps", "'steps': evaluate every eval_steps and at the start and the end; 'no': never")
     eval_steps: int = arg(50, "evaluate on the held-out split every this many steps (also at the start and the end)")
     num_generations_eval: int = arg(4, "completions sampled per held-out prompt for eval/accuracy")
     per_device_eval_batch_size: int = arg(512, "completions per generate call during evaluation")
@@ -158,6 +162,7 @@ def check_args(args: Args):
     require(args.kl_target > 0, f"--kl_target: must be positive, got {args.kl_target}")
     require(args.kl_horizon > 0, f"--kl_horizon: must be positive, got {args.kl_horizon}")
     require(args.temperature > 0, f"--temperature: must be positive, got {args.temperature}")
+    require(args.eval_strategy in ("steps", "no"), f"--eval_strategy: expected steps or no, got {args.eval_strategy!r}")
 
 
 def per_token_kl(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: str) -> torch.Tensor:
@@ -312,6 +317,8 @@ def main(args: Args):
         from peft import get_peft_model
 
         model = get_peft_model(model, common.lora_config(args))
+    if args.disable_dropout:
+        common.disable_dropout(model)
     if args.gradient_checkpointing:
         model.gradient_checkpointing_enable()
         if args.use_peft:
@@ -327,6 +334,8 @@ def main(args: Args):
     value_model.config.pad_token_id = tokenizer.pad_token_id  # its forward also reads the head at the last non-pad token
     if args.use_peft:
         value_model = get_peft_model(value_model, common.lora_config(args, task_type="SEQ_CLS"))
+    if args.disable_dropout:
+        common.disable_dropout(value_model)
     if args.gradient_checkpointing:
         value_model.gradient_checkpointing_enable()
         if args.use_peft:
@@ -357,10 +366,11 @@ def main(args: Args):
             return common.completion_logprobs(ref_model or policy, input_ids, attention_mask, T, args.temperature)
 
     def run_eval(step: int) -> dict:
-        if eval_dataset is None:
+        if eval_dataset is None or args.eval_strategy == "no":
             return {}
         with common.generation_model(accelerator, model) as policy:
-            metrics = common.evaluate(policy, tokenizer, eval_dataset, args, eval_rewards, seed=args.seed + step)
+            metrics = common.evaluate(policy, tokenizer, eval_dataset, args, eval_rewards, seed=args.seed + step,
+                                      end_ids=generation_config.eos_token_id)
         logger.log(step, metrics)
         return metrics
 
@@ -372,7 +382,7 @@ def main(args: Args):
     columns = [c for c in train_dataset.column_names if c != "prompt"]
 
     # ---- training loop ----
-    step = start_step
+    step, steps_without_signal = start_step, 0
     progress = tqdm(total=args.max_steps, initial=start_step, desc="ppo", disable=not accelerator.is_main_process)
     with common.graceful_interrupt() as interrupted:
         while step < args.max_steps and not common.any_process(accelerator, interrupted.is_set()):
@@ -415,13 +425,15 @@ def main(args: Args):
                         ref_logprobs = reference_logprobs(input_ids[mb], attention_mask[mb], T)
                         kl[mb] = per_token_kl(old_logprobs[mb], ref_logprobs, args.kl_estimator) * completion_mask[mb]
 
-            # 5. per-token KL-shaped rewards → GAE advantages and returns → whitened advantages (over the whole batch)
-            rewards = per_token_rewards(scores, kl, completion_mask, kl_coef)
+            # 5. per-token KL-shaped rewards → GAE advantages and returns → whitened advantages (over the whole batch).
+            # An unscorable completion (no reward function applies: NaN score) gets no loss and stays out of whitening.
+            loss_mask = completion_mask * ~scores.isnan()[:, None]
+            rewards = per_token_rewards(scores.nan_to_num(0.0), kl, completion_mask, kl_coef)
             if args.whiten_rewards:
-                rewards = masked_whiten(rewards, completion_mask, shift_mean=False, all_sum=all_sum)
+                rewards = masked_whiten(rewards, loss_mask, shift_mean=False, all_sum=all_sum)
             advantages, returns = gae_advantages(rewards, old_values, completion_mask, args.gamma, args.lam)
             if args.whiten_advantages:
-                advantages = masked_whiten(advantages, completion_mask, all_sum=all_sum)
+                advantages = masked_whiten(advantages, loss_mask, all_sum=all_sum)
 
             # 6. num_ppo_epochs passes over fresh mini-batches: clipped policy and value losses, micro-batches accumulated.
             # The losses are token means over the mini-batch of every process together. DDP averages the gradients over
@@ -431,7 +443,7 @@ def main(args: Args):
             policy_losses, value_losses, grad_norms, value_grad_norms = [], [], [], []
             for ppo_epoch in range(args.num_ppo_epochs):
                 for mini in torch.randperm(local_batch_size, device=device).split(mini_batch_size):
-                    loss_tokens = all_sum(completion_mask[mini].sum()).item() / P
+                    loss_tokens = max(all_sum(loss_mask[mini].sum()).item(), 1) / P
                     policy_loss_sum = value_loss_sum = 0.0
                     micro_batches = mini.split(micro_batch_size)
                     for k, mb in enumerate(micro_batches):
@@ -441,7 +453,7 @@ def main(args: Args):
                             with accelerator.autocast():
                                 logprobs, token_entropy = common.completion_logprobs(model, input_ids[mb], attention_mask[mb], T, args.temperature, entropy=True)
                                 values = completion_values(value_model, input_ids[mb], attention_mask[mb], T)
-                            mask = completion_mask[mb]
+                            mask = loss_mask[mb]
                             pg_loss, ratio, pg_clipped = policy_loss(logprobs, old_logprobs[mb], advantages[mb], mask, args.cliprange, loss_tokens)
                             vf_loss, vf_clipped = value_loss(values, old_values[mb], returns[mb], mask, args.cliprange_value, loss_tokens)
                             accelerator.backward(pg_loss + args.vf_coef * vf_loss)
@@ -460,6 +472,10 @@ def main(args: Args):
                     optimizer.zero_grad(set_to_none=True)
             if vllm is not None:
                 vllm.sync_weights(accelerator, model)  # the next step samples from the updated policy
+            no_signal = not (common.nanstd(everywhere(scores)) > 1e-6)  # every completion of the batch scored the same
+            steps_without_signal = steps_without_signal + 1 if no_signal else 0
+            if steps_without_signal == common.NO_SIGNAL_STEPS:
+                common.warn_no_reward_signal(accelerator, reward_funcs, args)
             step += 1
             progress.update()
             num_tokens += all_sum(attention_mask.sum()).item()
@@ -479,14 +495,14 @@ def main(args: Args):
                 token_means = {key: total / (args.num_ppo_epochs * lengths.sum().item()) for key, total in zip(token_sums, token_totals)}
                 token_means["val/ratio_var"] -= token_means["val/ratio"] ** 2  # E[ρ²] − E[ρ]² over every token of every update
                 metrics = {
-                    "objective/scores": all_scores.mean().item(),
-                    "objective/rlhf_reward": (all_scores + non_score_reward).mean().item(),
+                    "objective/scores": all_scores.nanmean().item(),
+                    "objective/rlhf_reward": (all_scores + non_score_reward).nanmean().item(),
                     "objective/kl": sequence_kl,
                     "objective/non_score_reward": non_score_reward.mean().item(),
                     "objective/entropy": everywhere((-old_logprobs * completion_mask).sum(1)).mean().item(),
                     "objective/kl_coef": step_kl_coef,
                     **{f"rewards/{name}/mean": all_rewards_per_func[:, j].nanmean().item() for j, name in enumerate(reward_funcs)},
-                    **{f"rewards/{name}/std": common.nanstd(all_rewards_per_func[:, j]) for j, name in enumerate(reward_funcs)},
+                    **{f"rewards/{name}/std": common.nanstd(all_rewards_per_func[:, j]).item() for j, name in enumerate(reward_funcs)},
                     **token_means,  # policy/approxkl_avg, policy/clipfrac_avg, policy/entropy_avg, val/clipfrac_avg, val/ratio, val/ratio_var
                     "loss/policy_avg": mean(policy_losses),
                     "loss/value_avg": mean(value_losses),

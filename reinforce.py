@@ -8,6 +8,8 @@ The whole completion is one action. Then:
         R_i = r(x, y_i) − β · Σ_t kl_{i,t}
         kl_{i,t} = log π_θ(y_t | x, y_<t) − log π_ref(y_t | x, y_<t)                     (k1, the default)
         kl_{i,t} = exp(log π_ref − log π_θ) − (log π_ref − log π_θ) − 1                    (k3, --kl_estimator k3)
+        (as a reward, k3 estimates the KL's value without bias but its policy gradient E[k3 · ∇log π] is not ∇KL;
+         k1's is: ∇KL = E[k1 · ∇log π], since E[∇log π] = 0)
 
     Baseline and advantage (Eq. 6–8)
         --baseline none              A_i = R_i                                     plain REINFORCE (Eq. 6)
@@ -71,12 +73,13 @@ class Args:
     num_generations: int = arg(1, "completions sampled per prompt (1: the paper's REINFORCE; more are just more samples)")
     baseline: str = arg("moving_average", "b in R − b: none, moving_average (the running mean of all past rewards) or reinforce_pp")
     beta: float = arg(0.05, "KL coefficient β in the shaped reward; 0 skips the reference model entirely")
-    kl_estimator: str = arg("k1", "per-token KL estimator in the reward: k1 (log-ratio) or k3")
+    kl_estimator: str = arg("k1", "KL estimator in the reward: k1 or k3 (k3's value is unbiased, its gradient is not the KL's)")
     num_iterations: int = arg(1, "optimizer steps on each batch of completions (>1 makes the ratio and clipping matter)")
     epsilon: float = arg(0.2, "lower clipping bound ε of the sequence ratio")
     epsilon_high: float | None = arg(None, "upper clipping bound (default: epsilon)")
     reward_clip_range: list[float] | None = arg(None, "clip the reward to [low, high] before KL shaping, e.g. -5 5")
     mask_truncated_completions: bool = arg(False, "completions without EOS get no loss (they still count in the baseline)")
+    disable_dropout: bool = arg(True, "turn dropout off (LoRA's too), so sampling, π_old, the KL and the loss see one policy")
     # generation
     temperature: float = arg(1.0, "sampling temperature; log-probs use the same logits / temperature")
     top_p: float = arg(1.0, "nucleus sampling (1.0 = off)")
@@ -99,6 +102,7 @@ class Args:
     logging_steps: int = arg(5, "write metrics every this many steps")
     log_completions: bool = arg(False, "print a few sampled completions with their rewards at each logging step")
     num_completions_to_print: int = arg(2, "how many completions --log_completions prints")
+    eval_strategy: str = arg("steps", "'steps': evaluate every eval_steps and at the start and the end; 'no': never")
     eval_steps: int = arg(50, "evaluate on the held-out split every this many steps (also at the start and the end)")
     num_generations_eval: int = arg(4, "completions sampled per held-out prompt for eval/accuracy")
     per_device_eval_batch_size: int = arg(512, "completions per generate call during evaluation")
@@ -134,6 +138,7 @@ def check_args(args: Args):
     require(args.beta >= 0, f"--beta: must be ≥ 0, got {args.beta}")
     require(args.kl_estimator in ("k1", "k3"), f"--kl_estimator: expected k1 or k3, got {args.kl_estimator!r}")
     require(args.temperature > 0, f"--temperature: must be positive, got {args.temperature}")
+    require(args.eval_strategy in ("steps", "no"), f"--eval_strategy: expected steps or no, got {args.eval_strategy!r}")
     require(args.reward_clip_range is None or len(args.reward_clip_range) == 2, "--reward_clip_range: expected two numbers, low and high")
 
 
@@ -146,13 +151,16 @@ def per_token_kl(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: 
 def reinforce_advantages(shaped_rewards: torch.Tensor, baseline: str, reward_sum: float, reward_count: int, batch_rewards: torch.Tensor | None = None) -> torch.Tensor:
     """A_i = R_i − b. none: b = 0; moving_average: b = reward_sum / reward_count, the mean of every R of the previous
     steps (0 before the first); reinforce_pp: (R_i − mean R) / (std R + 1e-4) over batch_rewards, the R of the whole
-    batch (default: these R; with several processes, every process's). (B,) -> (B,)"""
+    batch (default: these R; with several processes, every process's). (B,) -> (B,)
+    An unscorable completion (R_i = NaN: no reward function applies) stays out of the statistics and gets A_i = 0."""
     if baseline == "reinforce_pp":
         batch_rewards = shaped_rewards if batch_rewards is None else batch_rewards
-        return (shaped_rewards - batch_rewards.mean()) / (batch_rewards.std() + 1e-4)
-    if baseline == "moving_average":
-        return shaped_rewards - (reward_sum / reward_count if reward_count else 0.0)
-    return shaped_rewards
+        advantages = (shaped_rewards - batch_rewards.nanmean()) / (common.nanstd(batch_rewards) + 1e-4)
+    elif baseline == "moving_average":
+        advantages = shaped_rewards - (reward_sum / reward_count if reward_count else 0.0)
+    else:
+        advantages = shaped_rewards
+    return advantages.nan_to_num(0.0)
 
 
 def reinforce_loss(logprobs, old_logprobs, completion_mask, advantages, loss_mask, epsilon: float, epsilon_high: float, batch_size: int):
@@ -198,6 +206,8 @@ def main(args: Args):
         from peft import get_peft_model
 
         model = get_peft_model(model, common.lora_config(args))
+    if args.disable_dropout:
+        common.disable_dropout(model)
     if args.gradient_checkpointing:
         model.gradient_checkpointing_enable()
         if args.use_peft:
@@ -232,7 +242,7 @@ def main(args: Args):
             return common.completion_logprobs(ref_model or policy, input_ids, attention_mask, T, args.temperature)
 
     def run_eval(step: int) -> dict:
-        if eval_dataset is None:
+        if eval_dataset is None or args.eval_strategy == "no":
             return {}
         with common.generation_model(accelerator, model) as policy:
             metrics = common.evaluate(policy, tokenizer, eval_dataset, args, eval_rewards, seed=args.seed + step)
@@ -244,7 +254,7 @@ def main(args: Args):
     columns = [c for c in train_dataset.column_names if c != "prompt"]
 
     # ---- training loop ----
-    step = start_step
+    step, steps_without_signal = start_step, 0
     progress = tqdm(total=args.max_steps, initial=start_step, desc="reinforce", disable=not accelerator.is_main_process)
     with common.graceful_interrupt() as interrupted:
         while step < args.max_steps and not common.any_process(accelerator, interrupted.is_set()):
@@ -327,9 +337,13 @@ def main(args: Args):
             if vllm is not None:
                 vllm.sync_weights(accelerator, model)  # the next step samples from the updated policy
             all_shaped_rewards = accelerator.gather(rewards - args.beta * kl.sum(1))  # the whole batch's R_i, (B,)
-            baseline = {"none": 0.0, "moving_average": reward_sum / max(reward_count, 1), "reinforce_pp": all_shaped_rewards.mean().item()}[args.baseline]
-            reward_sum += all_shaped_rewards.sum().item()  # this batch joins the moving average only after its own update
-            reward_count += batch_size  # the same sum and count on every process: the same baseline
+            baseline = {"none": 0.0, "moving_average": reward_sum / max(reward_count, 1), "reinforce_pp": all_shaped_rewards.nanmean().item()}[args.baseline]
+            reward_sum += all_shaped_rewards.nansum().item()  # this batch joins the moving average only after its own update
+            reward_count += (~all_shaped_rewards.isnan()).sum().item()  # the same sum and count on every process
+            no_signal = not (common.nanstd(accelerator.gather(rewards)) > 1e-6)  # every completion of the batch scored the same
+            steps_without_signal = steps_without_signal + 1 if no_signal else 0
+            if steps_without_signal == common.NO_SIGNAL_STEPS:
+                common.warn_no_reward_signal(accelerator, reward_funcs, args)
             step += 1
             progress.update()
             num_tokens += accelerator.reduce(attention_mask.sum(), "sum").item()
@@ -344,11 +358,11 @@ def main(args: Args):
                 token_count = lengths.sum().clamp(min=1)
                 clip_low_all, clip_high_all = everywhere(torch.tensor(clip_low)), everywhere(torch.tensor(clip_high))
                 metrics = {
-                    "reward": all_rewards.mean().item(),
-                    "reward_std": all_rewards.std().item(),
-                    **({"frac_reward_zero_std": (all_rewards.view(-1, G).std(1) < 1e-6).float().mean().item()} if G > 1 else {}),
+                    "reward": all_rewards.nanmean().item(),
+                    "reward_std": common.nanstd(all_rewards).item(),
+                    **({"frac_reward_zero_std": (~(common.nanstd(all_rewards.view(-1, G), 1) > 1e-6)).float().mean().item()} if G > 1 else {}),
                     **{f"rewards/{name}/mean": all_rewards_per_func[:, j].nanmean().item() for j, name in enumerate(reward_funcs)},
-                    **{f"rewards/{name}/std": common.nanstd(all_rewards_per_func[:, j]) for j, name in enumerate(reward_funcs)},
+                    **{f"rewards/{name}/std": common.nanstd(all_rewards_per_func[:, j]).item() for j, name in enumerate(reward_funcs)},
                     **({"kl": (everywhere(kl.sum(1)).sum() / token_count).item()} if args.beta > 0 else {}),  # no reference: no KL
                     "baseline": baseline,
                     "entropy": (everywhere((entropy * completion_mask).sum(1)).sum() / token_count).item(),

@@ -67,6 +67,7 @@ class Args:
     max_length: int = arg(128, "pairs with a text longer than this many tokens are dropped (as TRL does)")
     seed: int = arg(0, "random seed")
     logging_steps: int = arg(25, "log every this many steps")
+    eval_strategy: str = arg("steps", "'steps': evaluate every eval_steps and at the start and the end; 'no': never")
     eval_steps: int = arg(50, "evaluate every this many steps (and at the start and end)")
     per_device_eval_batch_size: int = arg(256, "pairs per forward pass during evaluation")
     output_dir: str = arg("outputs/reward_model", "where metrics, checkpoints and the final model go")
@@ -75,6 +76,7 @@ class Args:
     use_peft: bool = arg(False, "train a LoRA adapter (task type SEQ_CLS; the score head is trained fully) instead of all weights")
     lora_r: int = arg(16, "LoRA rank")
     lora_alpha: int = arg(32, "LoRA alpha")
+    disable_dropout: bool = arg(True, "turn dropout off (LoRA's too), as TRL's RewardTrainer does by default")
     lora_dropout: float = arg(0.05, "LoRA dropout")
     lora_target_modules: str = arg("all-linear", "comma-separated module names, or all-linear")
     save_merged_model: bool = arg(False, "with --use_peft, also save the merged model in output_dir/merged")
@@ -155,6 +157,7 @@ def main(args: Args):
     require(args.learning_rate > 0, f"--learning_rate: must be positive, got {args.learning_rate}")
     require(args.lr_scheduler_type in {s.value for s in SchedulerType}, f"--lr_scheduler_type: unknown scheduler {args.lr_scheduler_type!r}")
     require(args.max_steps > 0, f"--max_steps: must be positive, got {args.max_steps}")
+    require(args.eval_strategy in ("steps", "no"), f"--eval_strategy: expected steps or no, got {args.eval_strategy!r}")
     require(args.train_batch_size > 0, "--train_batch_size: must be positive")
     require(args.per_device_eval_batch_size > 0, "--per_device_eval_batch_size: must be positive")
     require(args.pairs_per_problem > 0, f"--pairs_per_problem: must be positive, got {args.pairs_per_problem}")
@@ -189,6 +192,8 @@ def main(args: Args):
         from peft import get_peft_model
 
         model = get_peft_model(model, common.lora_config(args, task_type="SEQ_CLS"))
+    if args.disable_dropout:
+        common.disable_dropout(model)
     if args.gradient_checkpointing:
         model.gradient_checkpointing_enable()
         if args.use_peft:
@@ -211,7 +216,7 @@ def main(args: Args):
     @torch.no_grad()
     def run_eval(step: int) -> dict:
         """Every held-out pair, each process scoring an equal share (the last pair repeated to pad, then dropped)."""
-        if not eval_rows:
+        if not eval_rows or args.eval_strategy == "no":
             return {}
         model.eval()
         chosen, rejected, scored = [], [], []

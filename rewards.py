@@ -139,7 +139,9 @@ def reward_weights(weights: str, reward_funcs: dict) -> torch.Tensor:
 
 
 def compute_rewards(reward_funcs: dict, weights: torch.Tensor, prompts: list, completion_texts: list[str], completion_ids: list[list[int]], columns: dict):
-    """Each function's rewards (B, F), with NaN where a function returned None, and their weighted sum (B,).
+    """Each function's rewards (B, F), with NaN where a function returned None, and their weighted sum (B,) over the
+    functions that apply. A completion no function applies to is unscorable: its reward is NaN (not 0), which the
+    scripts leave out of baselines and statistics and give advantage 0, as TRL does.
 
     Sync functions run in order; `async` ones are awaited concurrently.
     """
@@ -169,4 +171,5 @@ def compute_rewards(reward_funcs: dict, weights: torch.Tensor, prompts: list, co
                 raise ConfigError(f"reward function {name}: returned {value!r} for completion {i} (expected a finite number or None)")
             per_func[i, j] = float(value)
     rewards = (per_func * weights).nansum(1)
+    rewards[per_func.isnan().all(1)] = math.nan  # unscorable
     return rewards, per_func

@@ -7,8 +7,10 @@ them with the reward r (a weighted sum of reward functions, or a reward model). 
         R_i = r(x, y_i) − β · Σ_t kl_{i,t}
         kl_{i,t} = log π_θ(y_t | x, y_<t) − log π_ref(y_t | x, y_<t)                     (k1, the default)
         kl_{i,t} = exp(log π_ref − log π_θ) − (log π_ref − log π_θ) − 1                    (k3, --kl_estimator k3)
+        (as a reward, k3 estimates the KL's value without bias but its policy gradient E[k3 · ∇log π] is not ∇KL;
+         k1's is: ∇KL = E[k1 · ∇log π], since E[∇log π] = 0)
 
-    Leave-one-out baseline and advantage (the RLOO estimator; Eq. 7 with b = the mean of the other samples)
+    Leave-one-out baseline and advantage (the RLOO estimator of §2.3: Eq. 7 with b = the mean of the other samples)
         b_i = 1/(G−1) · Σ_{j≠i} R_j,        A_i = R_i − b_i  = G/(G−1) · (R_i − mean_j R_j)
 
     Sequence-level clipped surrogate, averaged over the B = prompts_per_step · G completions
@@ -60,13 +62,14 @@ class Args:
     # RLOO
     num_generations: int = arg(2, "completions sampled per prompt (G ≥ 2), the group of the leave-one-out baseline")
     beta: float = arg(0.05, "KL coefficient β in the shaped reward; 0 skips the reference model entirely")
-    kl_estimator: str = arg("k1", "per-token KL estimator in the reward: k1 (log-ratio) or k3")
+    kl_estimator: str = arg("k1", "KL estimator in the reward: k1 or k3 (k3's value is unbiased, its gradient is not the KL's)")
     num_iterations: int = arg(1, "optimizer steps on each batch of completions (>1 makes the ratio and clipping matter)")
     epsilon: float = arg(0.2, "lower clipping bound ε of the sequence ratio")
     epsilon_high: float | None = arg(None, "upper clipping bound (default: epsilon)")
     normalize_advantages: bool = arg(False, "divide advantages by their standard deviation over the batch")
     reward_clip_range: list[float] | None = arg(None, "clip the reward to [low, high] before KL shaping, e.g. -5 5")
     mask_truncated_completions: bool = arg(False, "completions without EOS get no loss (they still count in the baseline)")
+    disable_dropout: bool = arg(True, "turn dropout off (LoRA's too), so sampling, π_old, the KL and the loss see one policy")
     # generation
     temperature: float = arg(1.0, "sampling temperature; log-probs use the same logits / temperature")
     top_p: float = arg(1.0, "nucleus sampling (1.0 = off)")
@@ -89,6 +92,7 @@ class Args:
     logging_steps: int = arg(5, "write metrics every this many steps")
     log_completions: bool = arg(False, "print a few sampled completions with their rewards at each logging step")
     num_completions_to_print: int = arg(2, "how many completions --log_completions prints")
+    eval_strategy: str = arg("steps", "'steps': evaluate every eval_steps and at the start and the end; 'no': never")
     eval_steps: int = arg(50, "evaluate on the held-out split every this many steps (also at the start and the end)")
     num_generations_eval: int = arg(4, "completions sampled per held-out prompt for eval/accuracy")
     per_device_eval_batch_size: int = arg(512, "completions per generate call during evaluation")
@@ -122,6 +126,7 @@ def check_args(args: Args):
     require(args.num_iterations >= 1, f"--num_iterations: must be ≥ 1, got {args.num_iterations}")
     require(args.beta >= 0, f"--beta: must be ≥ 0, got {args.beta}")
     require(args.kl_estimator in ("k1", "k3"), f"--kl_estimator: expected k1 or k3, got {args.kl_estimator!r}")
+    require(args.eval_strategy in ("steps", "no"), f"--eval_strategy: expected steps or no, got {args.eval_strategy!r}")
     require(args.temperature > 0, f"--temperature: must be positive, got {args.temperature}")
     require(args.reward_clip_range is None or len(args.reward_clip_range) == 2, "--reward_clip_range: expected two numbers, low and high")
 
@@ -133,9 +138,14 @@ def per_token_kl(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: 
 
 
 def leave_one_out_advantages(rewards: torch.Tensor, num_generations: int) -> torch.Tensor:
-    """A_i = R_i − 1/(G−1) Σ_{j≠i} R_j within each group of G consecutive completions. (B,) -> (B,)"""
+    """A_i = R_i − 1/(G−1) Σ_{j≠i} R_j within each group of G consecutive completions. (B,) -> (B,)
+
+    An unscorable completion (R_i = NaN: no reward function applies) is left out of its siblings' baselines, which
+    average the other scorable ones, and gets A_i = NaN, as does the only scorable one of a group (TRL's rule); the
+    loss reads NaN as 0."""
     grouped = rewards.view(-1, num_generations)
-    baseline = (grouped.sum(1, keepdim=True) - grouped) / (num_generations - 1)  # b_i: mean of the other G−1
+    scorable = (~grouped.isnan()).sum(1, keepdim=True)  # G when every completion is scorable
+    baseline = (grouped.nansum(1, keepdim=True) - grouped) / (scorable - 1)  # b_i: mean of the other G−1
     return (grouped - baseline).flatten()
 
 
@@ -182,6 +192,8 @@ def main(args: Args):
         from peft import get_peft_model
 
         model = get_peft_model(model, common.lora_config(args))
+    if args.disable_dropout:
+        common.disable_dropout(model)
     if args.gradient_checkpointing:
         model.gradient_checkpointing_enable()
         if args.use_peft:
@@ -215,7 +227,7 @@ def main(args: Args):
             return common.completion_logprobs(ref_model or policy, input_ids, attention_mask, T, args.temperature)
 
     def run_eval(step: int) -> dict:
-        if eval_dataset is None:
+        if eval_dataset is None or args.eval_strategy == "no":
             return {}
         with common.generation_model(accelerator, model) as policy:
             metrics = common.evaluate(policy, tokenizer, eval_dataset, args, eval_rewards, seed=args.seed + step)
@@ -227,7 +239,7 @@ def main(args: Args):
     columns = [c for c in train_dataset.column_names if c != "prompt"]
 
     # ---- training loop ----
-    step = start_step
+    step, steps_without_signal = start_step, 0
     progress = tqdm(total=args.max_steps, initial=start_step, desc="rloo", disable=not accelerator.is_main_process)
     with common.graceful_interrupt() as interrupted:
         while step < args.max_steps and not common.any_process(accelerator, interrupted.is_set()):
@@ -283,7 +295,7 @@ def main(args: Args):
                                 kl[mb] = per_token_kl(old_logprobs[mb], ref_logprobs, args.kl_estimator) * mask
                             shaped_rewards = rewards[mb] - args.beta * kl[mb].sum(1)  # R_i = r_i − β Σ_t kl_t
                             advantages[mb] = leave_one_out_advantages(shaped_rewards, G)
-                        A = advantages[mb]
+                        A = advantages[mb].nan_to_num(0.0)  # unscorable: no signal
                         loss, ratio = rloo_loss(logprobs, old_logprobs[mb], mask, A, loss_mask[mb], args.epsilon, epsilon_high, local_batch_size)
                         accelerator.backward(loss)
                     loss_sum += loss.item()
@@ -292,7 +304,7 @@ def main(args: Args):
                 if iteration == 0 and args.normalize_advantages:
                     # Leave-one-out advantages sum to zero in every group, so their batch mean is already 0 and
                     # normalizing is a single scale; the loss is linear in A, so scaling the gradient is exact.
-                    scale = 1 / (accelerator.gather(advantages).std() + 1e-4)
+                    scale = 1 / (common.nanstd(accelerator.gather(advantages)) + 1e-4)
                     advantages *= scale
                     loss_sum *= scale.item()
                     for p in params:
@@ -304,6 +316,10 @@ def main(args: Args):
                 losses.append(loss_sum)
             if vllm is not None:
                 vllm.sync_weights(accelerator, model)  # the next step samples from the updated policy
+            no_signal = not common.any_process(accelerator, bool(common.nanstd(rewards.view(-1, G), 1).gt(1e-6).any()))
+            steps_without_signal = steps_without_signal + 1 if no_signal else 0
+            if steps_without_signal == common.NO_SIGNAL_STEPS:
+                common.warn_no_reward_signal(accelerator, reward_funcs, args)
             step += 1
             progress.update()
             num_tokens += accelerator.reduce(attention_mask.sum(), "sum").item()
@@ -315,15 +331,15 @@ def main(args: Args):
                 lengths = everywhere(completion_mask.sum(1).float())
                 truncated = everywhere(rollout["is_truncated"])
                 terminated = lengths[~truncated]
-                group_std = all_rewards.view(-1, G).std(1)
+                group_std = common.nanstd(all_rewards.view(-1, G), 1)
                 token_count = lengths.sum().clamp(min=1)
                 clip_low_all, clip_high_all = everywhere(torch.tensor(clip_low)), everywhere(torch.tensor(clip_high))
                 metrics = {
-                    "reward": all_rewards.mean().item(),
-                    "reward_std": group_std.mean().item(),
-                    "frac_reward_zero_std": (group_std < 1e-6).float().mean().item(),
+                    "reward": all_rewards.nanmean().item(),
+                    "reward_std": common.nanstd(all_rewards).item(),
+                    "frac_reward_zero_std": (~(group_std > 1e-6)).float().mean().item(),  # < 2 scorable: no signal
                     **{f"rewards/{name}/mean": all_rewards_per_func[:, j].nanmean().item() for j, name in enumerate(reward_funcs)},
-                    **{f"rewards/{name}/std": common.nanstd(all_rewards_per_func[:, j]) for j, name in enumerate(reward_funcs)},
+                    **{f"rewards/{name}/std": common.nanstd(all_rewards_per_func[:, j]).item() for j, name in enumerate(reward_funcs)},
                     **({"kl": (everywhere(kl.sum(1)).sum() / token_count).item()} if args.beta > 0 else {}),  # no reference: no KL
                     "entropy": (everywhere((entropy * completion_mask).sum(1)).sum() / token_count).item(),
                     "clip_ratio/low_mean": clip_low_all.mean().item(),

@@ -58,6 +58,7 @@ class Args:
     max_length: int = arg(128, "sequences are truncated to this many tokens")
     seed: int = arg(0, "random seed")
     logging_steps: int = arg(25, "log every this many steps")
+    eval_strategy: str = arg("steps", "'steps': evaluate every eval_steps and at the start and the end; 'no': never")
     eval_steps: int = arg(500, "evaluate every this many steps (and at the start and end)")
     num_generations_eval: int = arg(4, "completions sampled per held-out prompt for eval/accuracy")
     per_device_eval_batch_size: int = arg(512, "completions per generate call during evaluation")
@@ -162,6 +163,7 @@ def main(args: Args):
     require(args.learning_rate > 0, f"--learning_rate: must be positive, got {args.learning_rate}")
     require(args.lr_scheduler_type in {s.value for s in SchedulerType}, f"--lr_scheduler_type: unknown scheduler {args.lr_scheduler_type!r}")
     require(args.max_steps > 0, f"--max_steps: must be positive, got {args.max_steps}")
+    require(args.eval_strategy in ("steps", "no"), f"--eval_strategy: expected steps or no, got {args.eval_strategy!r}")
     require(args.train_batch_size > 0, "--train_batch_size: must be positive")
     require(0.0 <= args.label_noise <= 1.0, f"--label_noise: must be in [0, 1], got {args.label_noise}")
     accelerator = common.make_accelerator(args)  # one process, or N under `accelerate launch`
@@ -215,7 +217,7 @@ def main(args: Args):
     eval_rewards = {"accuracy": accuracy_reward, "format": format_reward}
 
     def run_eval(step):
-        if eval_dataset is None:
+        if eval_dataset is None or args.eval_strategy == "no":
             return {}
         with common.generation_model(accelerator, model) as policy:
             metrics = common.evaluate(policy, tokenizer, eval_dataset, args, eval_rewards, seed=args.seed + step)

@@ -79,3 +79,12 @@ def interrupt_run():
         return checkpoint
 
     return run
+
+
+@pytest.fixture(scope="session")
+def hub_model(tmp_path_factory) -> str:
+    """A hub-like checkpoint folder made here (tests/hub_like.py): Llama, its own tokenizer with no pad token, a chat
+    template with a system turn, attention dropout, and a generation_config.json that sets what chat models ship."""
+    from hub_like import make_hub_like_checkpoint
+
+    return str(make_hub_like_checkpoint(tmp_path_factory.mktemp("hub-like")))

@@ -80,6 +80,16 @@ def test_rollouts_come_from_vllm_and_weights_follow_every_update(tmp_path, fake_
     assert records[0]["completions/max_length"] == 12
 
 
+def test_vllm_samples_softmax_over_temperature_whatever_the_checkpoint_ships(tmp_path, fake_vllm):
+    """The engine reads no generation_config.json defaults, and the sampling parameters switch off every penalty, so
+    vLLM draws from the distribution the log-probs describe, as transformers does (tests/test_on_policy.py)."""
+    vllm = common.VLLMGenerator(common.make_accelerator(args(tmp_path)), args(tmp_path, temperature=0.8), common.load_tokenizer(common.EMBEDDED_MODEL),
+                                common.load_causal_lm(common.EMBEDDED_MODEL))
+    assert vllm.llm.kwargs["generation_config"] == "vllm"
+    neutral = dict(temperature=0.8, top_p=1.0, top_k=-1, min_p=0.0, repetition_penalty=1.0, presence_penalty=0.0, frequency_penalty=0.0, min_tokens=0)
+    assert {key: getattr(vllm.sampling_params, key) for key in neutral} == neutral
+
+
 def test_lora_weights_reach_vllm_merged_under_base_names(tmp_path, fake_vllm):
     rloo.main(args(tmp_path, use_peft=True, max_steps=1))
     (llm,) = FakeLLM.instances
