@@ -300,12 +300,9 @@ def disable_dropout(model):
 
 @torch.no_grad()
 def generate(model, tokenizer, texts: list[str], generation_config: GenerationConfig) -> dict:
-    """Sample one completion per text with `model.generate`. A completion ends at its first end token (the config's
-    `eos_token_id`: one id or several); the tokens after it are masked out.
-
-    Returns prompt_ids / prompt_mask (B, P) left-padded, completion_ids / completion_mask (B, T) right-padded, and
-    is_truncated (B,): no end token within max_completion_length.
-    """
+    """Sample one completion per text with `model.generate`, which stops a completion at any of the config's
+    `eos_token_id`s and pads it after. Returns prompt_ids / prompt_mask (B, P), left-padded, and the sampled
+    completion_ids (B, T); where each completion ends (its mask) is the training script's to say."""
     device = next(model.parameters()).device
     enc = tokenizer(texts, return_tensors="pt", padding=True, padding_side="left", add_special_tokens=False).to(device)
     # transformers fills every field `generation_config` leaves unset from the model's own generation_config (a hub
@@ -316,12 +313,12 @@ def generate(model, tokenizer, texts: list[str], generation_config: GenerationCo
         sequences = model.generate(**enc, generation_config=generation_config)
     finally:
         transformers_model.generation_config = shipped
-    return rollout(tokenizer, enc, sequences[:, enc.input_ids.shape[1]:], generation_config.eos_token_id)
+    return {"prompt_ids": enc.input_ids, "prompt_mask": enc.attention_mask, "completion_ids": sequences[:, enc.input_ids.shape[1]:]}
 
 
 def sample_completions(accelerator: Accelerator, model, tokenizer, texts: list[str], generation_config: GenerationConfig, vllm=None) -> dict:
-    """One completion per text (the tensors of `generate`): from the colocated vLLM engine when there is one (--use_vllm),
-    else from the policy itself, in eval mode (no dropout while sampling)."""
+    """One completion per text (the tensors of `generate`): from the colocated vLLM engine when there is one (--use_vllm,
+    vllm_colocate.py), else from the policy itself, in eval mode."""
     if vllm is not None:
         return vllm.generate(texts, accelerator.device)
     model.eval()
@@ -331,110 +328,8 @@ def sample_completions(accelerator: Accelerator, model, tokenizer, texts: list[s
     return out
 
 
-def rollout(tokenizer, prompt_encoding, completion_ids: torch.Tensor, end_ids: int | list[int]) -> dict:
-    """The tensors every script trains on, from the tokenized prompts and the sampled ids (B, T): each completion
-    ends at its first token in `end_ids` (kept), padding after it."""
-    is_end = torch.isin(completion_ids, torch.tensor(end_ids, device=completion_ids.device))
-    first_end = torch.where(is_end.any(1), is_end.int().argmax(1), completion_ids.shape[1])
-    completion_mask = (torch.arange(completion_ids.shape[1], device=completion_ids.device)[None] <= first_end[:, None]).long()
-    return {
-        "prompt_ids": prompt_encoding.input_ids,
-        "prompt_mask": prompt_encoding.attention_mask,
-        "completion_ids": completion_ids.masked_fill(completion_mask == 0, tokenizer.pad_token_id),
-        "completion_mask": completion_mask,
-        "is_truncated": ~is_end.any(1),
-    }
-
-
-class VLLMGenerator:
-    """Colocated vLLM sampling (`--use_vllm`, as TRL's vllm_mode="colocate"): each training process runs its own vLLM
-    engine on its own GPU, in the same process, with `--vllm_gpu_memory_utilization` of the memory, and the policy's
-    weights are copied into it at the start (a resumed run's) and after every update (`sync_weights`). vllm is
-    imported only here."""
-
-    def __init__(self, accelerator: Accelerator, args, tokenizer, model, end_ids: list[int] | None = None):
-        try:
-            import vllm
-        except ImportError:
-            raise ConfigError("--use_vllm: the vllm package is not installed (pip install vllm); without the flag, transformers generates") from None
-        require(0 < args.vllm_gpu_memory_utilization <= 1, f"--vllm_gpu_memory_utilization: expected a fraction in (0, 1], got {args.vllm_gpu_memory_utilization}")
-        # vLLM's "external_launcher" joins the process group that `accelerate launch` (or a single process) describes
-        for key, value in {"RANK": accelerator.process_index, "LOCAL_RANK": accelerator.local_process_index,
-                           "WORLD_SIZE": accelerator.num_processes, "MASTER_ADDR": "localhost", "MASTER_PORT": 29511}.items():
-            os.environ.setdefault(key, str(value))
-        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine lives in this process: weights set in place
-        self.llm = vllm.LLM(
-            model=args.model_name_or_path,
-            gpu_memory_utilization=args.vllm_gpu_memory_utilization,
-            distributed_executor_backend="external_launcher",
-            seed=args.seed + accelerator.process_index,
-            dtype="bfloat16" if args.bf16 else "auto",
-            max_model_len=args.vllm_max_model_length,
-            generation_config="vllm",  # the checkpoint's generation_config.json sets no sampling defaults
-        )
-        self.end_ids = end_ids or [tokenizer.eos_token_id]  # a completion ends at any of these (EOS, or PPO's --stop_token)
-        self.sampling_params = vllm.SamplingParams(  # softmax(logits / temperature), as sampling_config: no penalties
-            n=1, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k or -1, min_p=0.0,
-            repetition_penalty=1.0, presence_penalty=0.0, frequency_penalty=0.0, min_tokens=0,
-            max_tokens=args.max_completion_length, stop_token_ids=self.end_ids,
-        )
-        self.tokenizer = tokenizer
-        self.sync_weights(accelerator, model)
-
-    @torch.no_grad()
-    def sync_weights(self, accelerator: Accelerator, model):
-        """Load the policy's current weights into the engine; a LoRA policy is merged for the copy, then unmerged."""
-        with generation_model(accelerator, model) as policy:
-            if hasattr(policy, "merge_adapter"):
-                policy.merge_adapter()
-                weights = {  # peft's names back to the base model's; the adapters themselves are not copied
-                    name.removeprefix("base_model.model.").replace(".base_layer", ""): value
-                    for name, value in policy.state_dict().items() if "lora_" not in name
-                }
-                self._engine_model().load_weights(weights.items())
-                policy.unmerge_adapter()
-            else:
-                self._engine_model().load_weights(policy.state_dict().items())
-        self.llm.reset_prefix_cache()  # cached prompt states were computed with the old weights
-
-    def _engine_model(self):
-        return self.llm.llm_engine.model_executor.driver_worker.worker.model_runner.model
-
-    def generate(self, texts: list[str], device) -> dict:
-        """Sample one completion per text; the same tensors as `generate`."""
-        enc = self.tokenizer(texts, return_tensors="pt", padding=True, padding_side="left", add_special_tokens=False).to(device)
-        prompts = [{"prompt_token_ids": ids[mask.bool()].tolist()} for ids, mask in zip(enc.input_ids, enc.attention_mask)]
-        outputs = [out.outputs[0] for out in self.llm.generate(prompts, self.sampling_params, use_tqdm=False)]
-        T = max(len(out.token_ids) for out in outputs)
-        padded = [list(out.token_ids) + [self.tokenizer.pad_token_id] * (T - len(out.token_ids)) for out in outputs]
-        return rollout(self.tokenizer, enc, torch.tensor(padded, device=device), self.end_ids)
-
-
 def decode_completions(tokenizer, completion_ids: torch.Tensor) -> list[str]:
     return tokenizer.batch_decode(completion_ids, skip_special_tokens=True)
-
-
-def completion_logprobs(model, input_ids, attention_mask, num_completion_tokens: int, temperature: float, entropy: bool = False):
-    """Log-probs (B, T) of the last T tokens of `input_ids` (the completion) under softmax(logits / temperature).
-
-    Only the T completion positions get logits (`logits_to_keep`), and the log-prob of the sampled token is
-    logit - logsumexp: the (B, T, V) log-softmax is never materialized. With `entropy=True`, also returns the detached
-    full-vocabulary entropy (B, T), a diagnostic. Position ids come from the attention mask, as in generation, so a
-    left-padded prompt gets the same positions here as when it was sampled.
-    """
-    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
-    logits = model(
-        input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, logits_to_keep=num_completion_tokens + 1
-    ).logits[:, :-1].float() / temperature  # (B, T, V): position t predicts completion token t
-    targets = input_ids[:, -num_completion_tokens:]
-    logsumexp = logits.logsumexp(-1)
-    logprobs = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - logsumexp
-    if not entropy:
-        return logprobs
-    with torch.no_grad():
-        probs = torch.softmax(logits, -1)
-        token_entropy = logsumexp - (probs * logits).sum(-1)
-    return logprobs, token_entropy
 
 
 NO_SIGNAL_STEPS = 10  # steps in a row without any reward signal before the warning

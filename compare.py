@@ -64,6 +64,7 @@ import torch
 from transformers import HfArgumentParser
 
 import common
+from rloo import completion_logprobs, end_of_completion
 from common import ConfigError, arg, require
 
 ALGORITHMS = {
@@ -221,12 +222,13 @@ def heldout_kl(run_dir: str, config) -> float | None:
         torch.manual_seed(config.seed)
         for start in range(0, len(texts), config.per_device_eval_batch_size):
             out = common.generate(policy, tokenizer, texts[start:start + config.per_device_eval_batch_size], generation_config)
+            completion_mask, _ = end_of_completion(out["completion_ids"], generation_config.eos_token_id)
             input_ids = torch.cat([out["prompt_ids"], out["completion_ids"]], 1)
-            attention_mask = torch.cat([out["prompt_mask"], out["completion_mask"]], 1)
+            attention_mask = torch.cat([out["prompt_mask"], completion_mask], 1)
             T = out["completion_ids"].shape[1]
-            logprobs = common.completion_logprobs(policy, input_ids, attention_mask, T, config.temperature)
-            ref_logprobs = common.completion_logprobs(reference, input_ids, attention_mask, T, config.temperature)
-            sums += ((logprobs - ref_logprobs) * out["completion_mask"]).sum(1).tolist()
+            logprobs = completion_logprobs(policy, input_ids, attention_mask, T, config.temperature)
+            ref_logprobs = completion_logprobs(reference, input_ids, attention_mask, T, config.temperature)
+            sums += ((logprobs - ref_logprobs) * completion_mask).sum(1).tolist()
     return sum(sums) / len(sums)
 
 

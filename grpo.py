@@ -149,6 +149,43 @@ def check_args(args: Args):
     require(args.eval_strategy in ("steps", "no"), f"--eval_strategy: expected steps or no, got {args.eval_strategy!r}")
 
 
+# ----------------------------------------------------------------------------------------------------------------------
+# The two quantities every equation above reads: the log-probs at the temperature, and where each completion ends.
+# The same text in rloo.py, grpo.py, reinforce.py and ppo.py.
+# ----------------------------------------------------------------------------------------------------------------------
+def completion_logprobs(model, input_ids, attention_mask, num_completion_tokens: int, temperature: float, entropy: bool = False):
+    """log π(y_t | x, y_<t) (B, T) of the last T tokens of `input_ids` (the completion) under softmax(logits / temperature).
+
+    Only the T completion positions get logits (`logits_to_keep`), and the log-prob of the sampled token is
+    logit - logsumexp: the (B, T, V) log-softmax is never materialized. With `entropy=True`, also returns the detached
+    full-vocabulary entropy (B, T), a diagnostic. Position ids come from the attention mask, as in generation, so a
+    left-padded prompt gets the same positions here as when it was sampled.
+    """
+    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+    logits = model(
+        input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, logits_to_keep=num_completion_tokens + 1
+    ).logits[:, :-1].float() / temperature  # (B, T, V): position t predicts completion token t
+    targets = input_ids[:, -num_completion_tokens:]
+    logsumexp = logits.logsumexp(-1)
+    logprobs = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - logsumexp
+    if not entropy:
+        return logprobs
+    with torch.no_grad():
+        probs = torch.softmax(logits, -1)
+        token_entropy = logsumexp - (probs * logits).sum(-1)
+    return logprobs, token_entropy
+
+
+
+def end_of_completion(completion_ids: torch.Tensor, end_ids: int | list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """A completion ends at its first end token (kept). Returns its mask (B, T), 1 up to and including that token, and
+    is_truncated (B,): True where no end token came within max_completion_length."""
+    is_end = torch.isin(completion_ids, torch.tensor(end_ids, device=completion_ids.device))
+    first_end = torch.where(is_end.any(1), is_end.int().argmax(1), completion_ids.shape[1])
+    completion_mask = (torch.arange(completion_ids.shape[1], device=completion_ids.device)[None] <= first_end[:, None]).long()
+    return completion_mask, ~is_end.any(1)
+
+
 def per_token_kl(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
     """k3 = exp(ref − logp) − (ref − logp) − 1 for each sampled token: unbiased, ≥ 0, gradient 1 − exp(ref − logp)."""
     log_ratio = ref_logprobs - logprobs
@@ -310,14 +347,18 @@ def main(args: Args):
     if checkpoint is not None:
         state = common.load_training_state(accelerator, checkpoint)
         start_step, num_tokens = state["step"], state["num_tokens"]
-    vllm = common.VLLMGenerator(accelerator, args, tokenizer, model) if args.use_vllm else None  # after resuming: synced
+    vllm = None
+    if args.use_vllm:  # after resuming, so the engine starts from the resumed weights
+        from vllm_colocate import VLLMGenerator
+
+        vllm = VLLMGenerator(accelerator, args, tokenizer, model)
     logger = common.MetricsLogger(args.output_dir, args.report_to, asdict(args), resume_step=start_step, enabled=accelerator.is_main_process)
     eval_rewards = {"accuracy": accuracy_reward, "format": format_reward}
 
     def reference_logprobs(input_ids, attention_mask, T):
         policy = accelerator.unwrap_model(model)
         with torch.no_grad(), accelerator.autocast(), (policy.disable_adapter() if args.use_peft else nullcontext()):
-            return common.completion_logprobs(ref_model or policy, input_ids, attention_mask, T, args.temperature)
+            return completion_logprobs(ref_model or policy, input_ids, attention_mask, T, args.temperature)
 
     def run_eval(step: int) -> dict:
         if eval_dataset is None or args.eval_strategy == "no":
@@ -336,13 +377,16 @@ def main(args: Args):
         prompts = [p for p in rows["prompt"] for _ in range(G)]  # each prompt's G completions are contiguous
         texts = [common.prompt_text(tokenizer, p) for p in prompts]
         rollout = common.sample_completions(accelerator, model, tokenizer, texts, generation_config, vllm)
+        completion_mask, is_truncated = end_of_completion(rollout["completion_ids"], generation_config.eos_token_id)
+        completion_ids = rollout["completion_ids"].masked_fill(completion_mask == 0, tokenizer.pad_token_id)  # (B, T)
 
         # 3. score: r(x, y_i), the weighted sum of the reward functions
-        completion_texts = common.decode_completions(tokenizer, rollout["completion_ids"])
-        completion_id_lists = [ids[mask.bool()].tolist() for ids, mask in zip(rollout["completion_ids"], rollout["completion_mask"])]
+        completion_texts = common.decode_completions(tokenizer, completion_ids)
+        completion_id_lists = [ids[mask.bool()].tolist() for ids, mask in zip(completion_ids, completion_mask)]
         row_columns = {c: [v for v in rows[c] for _ in range(G)] for c in columns}
         rewards, rewards_per_func = compute_rewards(reward_funcs, weights, prompts, completion_texts, completion_id_lists, row_columns)
-        return {"prompts": prompts, "columns": row_columns, **rollout, "completion_texts": completion_texts, "rewards": rewards, "rewards_per_func": rewards_per_func}
+        return {"prompts": prompts, "columns": row_columns, **rollout, "completion_ids": completion_ids, "completion_mask": completion_mask,
+                "is_truncated": is_truncated, "completion_texts": completion_texts, "rewards": rewards, "rewards_per_func": rewards_per_func}
 
     # ---- training loop ----
     step, steps_without_signal = start_step, 0
@@ -402,7 +446,7 @@ def main(args: Args):
                         if iteration == 0 and args.beta > 0:  # first, so that its activations never coexist with the policy's
                             ref_logprobs[mb] = reference_logprobs(input_ids[mb], attention_mask[mb], T)
                         with accelerator.autocast():
-                            logprobs, token_entropy = common.completion_logprobs(model, input_ids[mb], attention_mask[mb], T, args.temperature, entropy=True)
+                            logprobs, token_entropy = completion_logprobs(model, input_ids[mb], attention_mask[mb], T, args.temperature, entropy=True)
                         mask = completion_mask[mb]
                         if iteration == 0:
                             old_logprobs[mb] = logprobs.detach()  # π_θ_old = the sampling policy = π_θ before this batch's first update

@@ -131,6 +131,43 @@ def check_args(args: Args):
     require(args.reward_clip_range is None or len(args.reward_clip_range) == 2, "--reward_clip_range: expected two numbers, low and high")
 
 
+# ----------------------------------------------------------------------------------------------------------------------
+# The two quantities every equation above reads: the log-probs at the temperature, and where each completion ends.
+# The same text in rloo.py, grpo.py, reinforce.py and ppo.py.
+# ----------------------------------------------------------------------------------------------------------------------
+def completion_logprobs(model, input_ids, attention_mask, num_completion_tokens: int, temperature: float, entropy: bool = False):
+    """log π(y_t | x, y_<t) (B, T) of the last T tokens of `input_ids` (the completion) under softmax(logits / temperature).
+
+    Only the T completion positions get logits (`logits_to_keep`), and the log-prob of the sampled token is
+    logit - logsumexp: the (B, T, V) log-softmax is never materialized. With `entropy=True`, also returns the detached
+    full-vocabulary entropy (B, T), a diagnostic. Position ids come from the attention mask, as in generation, so a
+    left-padded prompt gets the same positions here as when it was sampled.
+    """
+    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+    logits = model(
+        input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, logits_to_keep=num_completion_tokens + 1
+    ).logits[:, :-1].float() / temperature  # (B, T, V): position t predicts completion token t
+    targets = input_ids[:, -num_completion_tokens:]
+    logsumexp = logits.logsumexp(-1)
+    logprobs = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - logsumexp
+    if not entropy:
+        return logprobs
+    with torch.no_grad():
+        probs = torch.softmax(logits, -1)
+        token_entropy = logsumexp - (probs * logits).sum(-1)
+    return logprobs, token_entropy
+
+
+
+def end_of_completion(completion_ids: torch.Tensor, end_ids: int | list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """A completion ends at its first end token (kept). Returns its mask (B, T), 1 up to and including that token, and
+    is_truncated (B,): True where no end token came within max_completion_length."""
+    is_end = torch.isin(completion_ids, torch.tensor(end_ids, device=completion_ids.device))
+    first_end = torch.where(is_end.any(1), is_end.int().argmax(1), completion_ids.shape[1])
+    completion_mask = (torch.arange(completion_ids.shape[1], device=completion_ids.device)[None] <= first_end[:, None]).long()
+    return completion_mask, ~is_end.any(1)
+
+
 def per_token_kl(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: str) -> torch.Tensor:
     """kl_t for each sampled token: k1 = log π − log π_ref (unbiased), k3 = exp(−k1) + k1 − 1 (unbiased, ≥ 0)."""
     log_ratio = logprobs - ref_logprobs
@@ -217,14 +254,18 @@ def main(args: Args):
     if checkpoint is not None:
         state = common.load_training_state(accelerator, checkpoint)
         start_step, num_tokens = state["step"], state["num_tokens"]
-    vllm = common.VLLMGenerator(accelerator, args, tokenizer, model) if args.use_vllm else None  # after resuming: synced
+    vllm = None
+    if args.use_vllm:  # after resuming, so the engine starts from the resumed weights
+        from vllm_colocate import VLLMGenerator
+
+        vllm = VLLMGenerator(accelerator, args, tokenizer, model)
     logger = common.MetricsLogger(args.output_dir, args.report_to, asdict(args), resume_step=start_step, enabled=accelerator.is_main_process)
     eval_rewards = {"accuracy": accuracy_reward, "format": format_reward}
 
     def reference_logprobs(input_ids, attention_mask, T):
         policy = accelerator.unwrap_model(model)
         with torch.no_grad(), accelerator.autocast(), (policy.disable_adapter() if args.use_peft else nullcontext()):
-            return common.completion_logprobs(ref_model or policy, input_ids, attention_mask, T, args.temperature)
+            return completion_logprobs(ref_model or policy, input_ids, attention_mask, T, args.temperature)
 
     def run_eval(step: int) -> dict:
         if eval_dataset is None or args.eval_strategy == "no":
@@ -255,7 +296,8 @@ def main(args: Args):
             # 2. generate G completions per prompt
             texts = [common.prompt_text(tokenizer, p) for p in prompts]
             rollout = common.sample_completions(accelerator, model, tokenizer, texts, generation_config, vllm)
-            completion_ids, completion_mask = rollout["completion_ids"], rollout["completion_mask"]  # (B, T)
+            completion_mask, is_truncated = end_of_completion(rollout["completion_ids"], generation_config.eos_token_id)
+            completion_ids = rollout["completion_ids"].masked_fill(completion_mask == 0, tokenizer.pad_token_id)  # (B, T)
             input_ids = torch.cat([rollout["prompt_ids"], completion_ids], 1)
             attention_mask = torch.cat([rollout["prompt_mask"], completion_mask], 1)
             T = completion_ids.shape[1]
@@ -267,7 +309,7 @@ def main(args: Args):
             if args.reward_clip_range is not None:
                 rewards = rewards.clamp(*args.reward_clip_range)
             rewards = rewards.to(device)
-            loss_mask = (~rollout["is_truncated"]).float() if args.mask_truncated_completions else torch.ones(local_batch_size, device=device)
+            loss_mask = (~is_truncated).float() if args.mask_truncated_completions else torch.ones(local_batch_size, device=device)
 
             # 4-6. per micro-batch (whole groups): log-probs → KL-shaped reward → leave-one-out advantage → loss.
             # Each process takes the mean over its own completions; DDP averages the gradients over the processes,
@@ -286,7 +328,7 @@ def main(args: Args):
                         if iteration == 0 and args.beta > 0:  # first, so that its activations never coexist with the policy's
                             ref_logprobs = reference_logprobs(input_ids[mb], attention_mask[mb], T)
                         with accelerator.autocast():
-                            logprobs, token_entropy = common.completion_logprobs(model, input_ids[mb], attention_mask[mb], T, args.temperature, entropy=True)
+                            logprobs, token_entropy = completion_logprobs(model, input_ids[mb], attention_mask[mb], T, args.temperature, entropy=True)
                         mask = completion_mask[mb]
                         if iteration == 0:
                             old_logprobs[mb] = logprobs.detach()  # π_θ_old = the sampling policy = π_θ before this batch's first update
@@ -329,7 +371,7 @@ def main(args: Args):
                 everywhere = lambda x: accelerator.gather(x.to(device))  # noqa: E731  (B_local, ...) -> (B, ...)
                 all_rewards, all_rewards_per_func = everywhere(rewards), everywhere(rewards_per_func)
                 lengths = everywhere(completion_mask.sum(1).float())
-                truncated = everywhere(rollout["is_truncated"])
+                truncated = everywhere(is_truncated)
                 terminated = lengths[~truncated]
                 group_std = common.nanstd(all_rewards.view(-1, G), 1)
                 token_count = lengths.sum().clamp(min=1)

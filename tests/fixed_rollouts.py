@@ -31,7 +31,7 @@ def fixed_generate(model, tokenizer, texts, generation_config):
     enc = tokenizer(texts, return_tensors="pt", padding=True, padding_side="left", add_special_tokens=False).to(device)
     T = max(map(len, completion_lists))
     completion_ids = torch.tensor([ids + [tokenizer.pad_token_id] * (T - len(ids)) for ids in completion_lists], device=device)
-    return common.rollout(tokenizer, enc, completion_ids, generation_config.eos_token_id)
+    return {"prompt_ids": enc.input_ids, "prompt_mask": enc.attention_mask, "completion_ids": completion_ids}
 
 
 def main():

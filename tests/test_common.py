@@ -1,5 +1,6 @@
 """Shared plumbing: the shipped model and tokenizer, the arithmetic task, data loading, generation, log-probs."""
 
+import inspect
 import json
 from pathlib import Path
 
@@ -8,6 +9,10 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import common
+import grpo
+import ppo
+import reinforce
+import rloo
 from common import ConfigError
 
 
@@ -88,18 +93,27 @@ def test_prompt_text_formats(tiny_tokenizer):
     assert text == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
 
 
-def test_generate_masks_everything_after_the_first_eos(tiny_model, tiny_tokenizer):
+@pytest.mark.parametrize("script", [rloo, grpo, reinforce, ppo], ids=lambda m: m.__name__)
+def test_end_of_completion_masks_everything_after_the_first_end_token(tiny_model, tiny_tokenizer, script):
     class Args:
         temperature, top_p, top_k, max_completion_length = 1.0, 1.0, 0, 12
 
     texts = [common.prompt_text(tiny_tokenizer, [{"role": "user", "content": common.arithmetic_question(a, "+", 1)}]) for a in range(6)]
     out = common.generate(tiny_model, tiny_tokenizer, texts, common.sampling_config(tiny_tokenizer, Args))
     eos = tiny_tokenizer.eos_token_id
-    for ids, mask, truncated in zip(out["completion_ids"], out["completion_mask"], out["is_truncated"]):
+    completion_mask, is_truncated = script.end_of_completion(out["completion_ids"], eos)
+    for ids, mask, truncated in zip(out["completion_ids"], completion_mask, is_truncated):
         n = int(mask.sum())
         assert mask[:n].all() and not mask[n:].any()
         assert (ids[n - 1] == eos) != bool(truncated)
         assert (ids[:n - 1] != eos).all()
+
+
+def test_the_scripts_share_the_log_prob_and_end_of_completion_text():
+    """The blocks the four scripts share are the same text, so `diff rloo.py grpo.py` shows only the algorithm."""
+    for name in ("completion_logprobs", "end_of_completion"):
+        sources = {inspect.getsource(getattr(script, name)) for script in (rloo, grpo, reinforce, ppo)}
+        assert len(sources) == 1, name
 
 
 def test_completion_logprobs_match_a_full_log_softmax_and_ignore_left_padding(tiny_model, tiny_tokenizer):
@@ -109,7 +123,7 @@ def test_completion_logprobs_match_a_full_log_softmax_and_ignore_left_padding(ti
     input_ids = torch.cat([enc.input_ids, completion.repeat(2, 1)], 1)
     attention_mask = torch.cat([enc.attention_mask, torch.ones_like(completion).repeat(2, 1)], 1)
     T = completion.shape[1]
-    batched, entropy = common.completion_logprobs(tiny_model, input_ids, attention_mask, T, 0.7, entropy=True)
+    batched, entropy = rloo.completion_logprobs(tiny_model, input_ids, attention_mask, T, 0.7, entropy=True)
     # reference: the unpadded second sequence alone, full log-softmax
     alone = input_ids[1:, attention_mask[1].bool()]
     logits = tiny_model(alone).logits[:, -T - 1:-1] / 0.7

@@ -82,10 +82,9 @@ def test_score_lands_on_the_last_real_token():
 
 
 def cut(ids: torch.Tensor, end_ids: list[int], pad: int):
-    """What common.generate does with the sampled ids: end each completion at its first end token."""
-    tokenizer = types.SimpleNamespace(pad_token_id=pad)
-    out = common.rollout(tokenizer, types.SimpleNamespace(input_ids=None, attention_mask=None), ids, end_ids)
-    return out["completion_ids"], out["completion_mask"]
+    """What ppo.py does with the sampled ids: end each completion at its first end token, padding after it."""
+    mask, _ = ppo.end_of_completion(ids, end_ids)
+    return ids.masked_fill(mask == 0, pad), mask
 
 
 def test_score_lands_on_the_stop_token_of_a_generated_completion():
@@ -218,12 +217,12 @@ def test_vanilla_pg_gradient_on_the_model_equals_the_hand_computed_one(tiny_mode
     kl = torch.linspace(-0.2, 0.3, 2 * T).view(2, T)
     values = torch.linspace(0.1, 0.6, 2 * T).view(2, T)
 
-    logprobs = common.completion_logprobs(model, enc.input_ids, enc.attention_mask, T, 1.0)
+    logprobs = ppo.completion_logprobs(model, enc.input_ids, enc.attention_mask, T, 1.0)
     advantages, _ = gae_advantages(per_token_rewards(scores, kl, mask, 0.05), values, mask, **{k: VANILLA_PG[k] for k in ("gamma", "lam")})
     loss, _, _ = policy_loss(logprobs, logprobs.detach(), advantages, mask, 0.2, num_tokens=int(mask.sum()))
     ppo_grads = torch.autograd.grad(loss, list(model.parameters()))
 
-    logprobs = common.completion_logprobs(model, enc.input_ids, enc.attention_mask, T, 1.0)
+    logprobs = ppo.completion_logprobs(model, enc.input_ids, enc.attention_mask, T, 1.0)
     by_hand = 0.0
     for i in range(2):
         r = [-0.05 * kl[i, t].item() + (scores[i].item() if t == T - 1 else 0.0) for t in range(T)]

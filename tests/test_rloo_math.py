@@ -95,6 +95,7 @@ def test_loss_gradient_raises_the_probability_of_positive_advantage_completions(
     import copy
 
     import common
+    import rloo
 
     model = copy.deepcopy(tiny_model)
     prompt = common.prompt_text(tiny_tokenizer, [{"role": "user", "content": common.arithmetic_question(3, "+", 4)}])
@@ -104,10 +105,10 @@ def test_loss_gradient_raises_the_probability_of_positive_advantage_completions(
     mask = torch.ones(2, T)
 
     def sequence_logprobs():
-        return (common.completion_logprobs(model, enc.input_ids, enc.attention_mask, T, 1.0) * mask).sum(1)
+        return (rloo.completion_logprobs(model, enc.input_ids, enc.attention_mask, T, 1.0) * mask).sum(1)
 
     before = sequence_logprobs().detach()
-    logprobs = common.completion_logprobs(model, enc.input_ids, enc.attention_mask, T, 1.0)
+    logprobs = rloo.completion_logprobs(model, enc.input_ids, enc.attention_mask, T, 1.0)
     advantages = leave_one_out_advantages(torch.tensor([1.0, 0.0]), 2)  # +1, −1
     loss, _ = rloo_loss(logprobs, logprobs.detach(), mask, advantages, torch.ones(2), 0.2, 0.2, 2)
     loss.backward()

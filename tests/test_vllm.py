@@ -83,7 +83,9 @@ def test_rollouts_come_from_vllm_and_weights_follow_every_update(tmp_path, fake_
 def test_vllm_samples_softmax_over_temperature_whatever_the_checkpoint_ships(tmp_path, fake_vllm):
     """The engine reads no generation_config.json defaults, and the sampling parameters switch off every penalty, so
     vLLM draws from the distribution the log-probs describe, as transformers does (tests/test_on_policy.py)."""
-    vllm = common.VLLMGenerator(common.make_accelerator(args(tmp_path)), args(tmp_path, temperature=0.8), common.load_tokenizer(common.EMBEDDED_MODEL),
+    from vllm_colocate import VLLMGenerator
+
+    vllm = VLLMGenerator(common.make_accelerator(args(tmp_path)), args(tmp_path, temperature=0.8), common.load_tokenizer(common.EMBEDDED_MODEL),
                                 common.load_causal_lm(common.EMBEDDED_MODEL))
     assert vllm.llm.kwargs["generation_config"] == "vllm"
     neutral = dict(temperature=0.8, top_p=1.0, top_k=-1, min_p=0.0, repetition_penalty=1.0, presence_penalty=0.0, frequency_penalty=0.0, min_tokens=0)
