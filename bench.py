@@ -174,7 +174,8 @@ def script_argv(args: Args, algorithm: str, model: str, data_file: Path, length:
     G = args.num_generations if algorithm in GROUPED else 1
     argv = ["--model_name_or_path", model, "--dataset_name", str(data_file), "--max_completion_length", str(length),
             "--max_steps", str(args.steps), "--logging_steps", "1", "--eval_steps", "0", "--save_steps", "0",
-            "--output_dir", str(run_dir), "--prompts_per_step", str(args.completions_per_step // G)]
+            "--output_dir", str(run_dir), "--overwrite_output_dir",
+            "--prompts_per_step", str(args.completions_per_step // G)]
     if algorithm == "ppo":
         return argv + ["--kl_coef", str(args.beta)]
     return argv + ["--num_generations", str(G), "--beta", str(args.beta)]

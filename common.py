@@ -7,21 +7,29 @@ so that `diff rloo.py grpo.py` shows the algorithmic difference.
 
 import contextlib
 import dataclasses
+import difflib
+import importlib.util
 import json
+import logging
 import math
 import os
 import random
+import re
 import shutil
 import signal
+import socket
 import sys
 import threading
 from pathlib import Path
 
 import torch
 from accelerate import Accelerator, DistributedType, PartialState
-from accelerate.utils import gather_object
+from accelerate.utils import broadcast_object_list, gather_object
+from accelerate.utils import reduce as reduce_over_processes
 from datasets import Dataset, get_dataset_split_names, load_dataset
-from transformers import GenerationConfig, HfArgumentParser
+from tqdm.auto import tqdm
+from transformers import GenerationConfig, HfArgumentParser, SchedulerType
+from transformers.utils import logging as transformers_logging
 
 ROOT = Path(__file__).resolve().parent
 EMBEDDED_MODEL = str(ROOT / "models" / "tiny-arith")
@@ -32,6 +40,11 @@ class ConfigError(Exception):
     """Bad user input. Scripts report it as one line that names the flag or field, and exit with status 2."""
 
 
+class TrainingError(ConfigError):
+    """A mistake that shows only during training (a reward function that raises or returns the wrong thing): the
+    training loop ends (`graceful_interrupt` catches it), the script saves a checkpoint, then reports it as one line."""
+
+
 def arg(default, help: str):
     """A dataclass field whose one-line help shows in `--help` (HfArgumentParser reads `metadata["help"]`)."""
     if isinstance(default, (list, dict)):
@@ -39,14 +52,58 @@ def arg(default, help: str):
     return dataclasses.field(default=default, metadata={"help": help})
 
 
+def parse_args(args_class, argv=None):
+    """`args_class` from the command line. Prefixes of flags are not accepted (`--num_generation` is not
+    `--num_generations_eval`); an unknown flag or a value of the wrong type is a ConfigError naming the flag."""
+    parser = HfArgumentParser(args_class, allow_abbrev=False)
+
+    def error(message: str):  # argparse's "argument --flag/--flag-alias: invalid int value: 'x'" -> "--flag: ..."
+        raise ConfigError(re.sub(r"^argument (--[^/:]+)(/[^:]*)?: ", r"\1: ", message))
+
+    parser.error = error
+    args, unknown = parser.parse_args_into_dataclasses(args=argv, return_remaining_strings=True)
+    if unknown:
+        flags = [f"--{field.name}" for field in dataclasses.fields(args_class)]
+        close = difflib.get_close_matches(unknown[0].split("=")[0], flags, n=1)
+        hint = f" (did you mean {close[0]}?)" if close else " (--help lists the flags)"
+        require(not unknown[0].startswith("-"), f"{unknown[0]}: unknown flag{hint}")
+        raise ConfigError(f"{unknown[0]}: unexpected argument")
+    return args
+
+
 def cli(main, args_class, argv=None):
-    """Parse `args_class` from the command line and run `main(args)`; a ConfigError becomes one line and exit 2."""
-    (args,) = HfArgumentParser(args_class).parse_args_into_dataclasses(args=argv)
+    """Parse `args_class` from the command line and run `main(args)`. A ConfigError (bad input, or a TrainingError) is
+    one line `error: ...` on stderr, on a line of its own, and exit status 2; a Ctrl-C outside a training step (or a
+    second one) is one line and exit status 130. The run's lock on --output_dir is released however main ends."""
+    try:
+        args = parse_args(args_class, argv)
+    except ConfigError as error:
+        exit_with_error(error)
+    output_dir = getattr(args, "output_dir", None)
     try:
         main(args)
     except ConfigError as error:
-        print(f"error: {error}", file=sys.stderr)
-        sys.exit(2)
+        exit_with_error(error)
+    except KeyboardInterrupt:
+        close_progress_bars()
+        print(f"stopped at once by Ctrl-C: the checkpoints in {output_dir} are complete (never half-written)",
+              file=sys.stderr)
+        sys.exit(130)
+    finally:
+        if output_dir is not None:
+            release_output_dir(output_dir)
+
+
+def exit_with_error(error: ConfigError):
+    close_progress_bars()  # so that the line starts on a line of its own, not after a progress bar
+    message = " ".join(str(error).split()) or type(error).__name__
+    print(f"error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+def close_progress_bars():
+    for bar in list(getattr(tqdm, "_instances", [])):  # tqdm's own registry of open bars
+        bar.close()
 
 
 def require(condition: bool, message: str):
@@ -54,27 +111,130 @@ def require(condition: bool, message: str):
         raise ConfigError(message)
 
 
+def first_line(error: Exception) -> str:
+    """The first line of an exception's message, or its type when the message is empty."""
+    lines = str(error).strip().splitlines()
+    return lines[0] if lines else type(error).__name__
+
+
 def split_list(text: str | None, cast=str) -> list:
     """'accuracy, format' -> ['accuracy', 'format']; empty or None -> []."""
     return [cast(item.strip()) for item in (text or "").split(",") if item.strip()]
 
 
+def check_shared_args(args):
+    """The flags several scripts share, each checked here once so that the wording is the same everywhere; a script's
+    `check_args` calls this first, then checks its own. Only the fields `args` has are checked."""
+
+    def check(name: str, condition, expected: str):
+        if hasattr(args, name):
+            value = getattr(args, name)
+            require(condition(value), f"--{name}: must be {expected}, got {value}")
+
+    for name in ("learning_rate", "max_steps", "logging_steps", "per_device_eval_batch_size", "num_generations_eval",
+                 "max_completion_length", "temperature", "max_grad_norm", "lora_r", "lora_alpha"):
+        check(name, lambda value: value > 0, "positive")
+    for name in ("eval_steps", "save_steps", "weight_decay", "top_k", "num_completions_to_print"):
+        check(name, lambda value: value >= 0, "≥ 0")
+    check("top_p", lambda value: 0 < value <= 1, "in (0, 1] (1.0 = off)")
+    check("eval_strategy", lambda value: value in ("steps", "no"), "steps or no")
+    check("warmup_ratio", lambda value: 0 <= value <= 1, "in [0, 1]")
+    check("lora_dropout", lambda value: 0 <= value < 1, "in [0, 1)")
+    check("vllm_max_model_length", lambda value: value is None or value > 0, "positive")
+    check("lora_target_modules", lambda value: bool(split_list(value)), "module names or all-linear")
+    schedulers = {s.value for s in SchedulerType}
+    require(args.lr_scheduler_type in schedulers, f"--lr_scheduler_type: unknown scheduler {args.lr_scheduler_type!r}")
+    require(args.report_to in ("none", "tensorboard", "wandb"),
+            f"--report_to: expected none, tensorboard or wandb, got {args.report_to!r}")
+    if args.report_to != "none":
+        package = "tensorboard" if args.report_to == "tensorboard" else "wandb"
+        require(importlib.util.find_spec(package) is not None,
+                f"--report_to {args.report_to}: the {package} package is not installed (pip install {package})")
+    if getattr(args, "reward_clip_range", None) is not None:
+        require(len(args.reward_clip_range) == 2, "--reward_clip_range: expected two numbers, low and high")
+        low, high = args.reward_clip_range
+        require(low <= high, f"--reward_clip_range: expected low ≤ high, got {low} {high}")
+    # held-out figures must come from prompts the run never trains on
+    require(args.dataset_train_split != args.dataset_test_split, f"--dataset_test_split: {args.dataset_test_split!r} "
+            "is also --dataset_train_split: the held-out figures would come from training data")
+    require(args.dataset_name != "arithmetic" or args.dataset_train_split == "train", "--dataset_train_split: the "
+            f"built-in arithmetic task trains on 'train' (the rest is held out), got {args.dataset_train_split!r}")
+    check_output_dir(args)
+
+
+def check_output_dir(args):
+    """--output_dir is, or can become, a writable folder; --overwrite_output_dir and --resume_from_checkpoint exclude
+    each other."""
+    out = Path(args.output_dir)
+    existing = next(path for path in (out, *out.parents) if path.exists())
+    require(existing.is_dir(), f"--output_dir: {existing} is a file, not a folder")
+    require(os.access(existing, os.W_OK | os.X_OK), f"--output_dir: {existing} is not writable")
+    require(not (args.overwrite_output_dir and args.resume_from_checkpoint),
+            "--overwrite_output_dir: starts over, which contradicts --resume_from_checkpoint (pick one)")
+    used = another_runs_files(args)
+    require(not used or args.overwrite_output_dir, used_folder_message(args, used))  # again when claimed, to be sure
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Stopping: a signal ends a run after its current step, with a checkpoint; checkpoints are never half-written
+# ----------------------------------------------------------------------------------------------------------------------
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)  # Ctrl-C, and what Slurm, Kubernetes and most schedulers send first
+
+
 @contextlib.contextmanager
 def graceful_interrupt():
-    """Ctrl-C sets the yielded event instead of raising: the loop finishes its step, saves a checkpoint and exits.
-    A second Ctrl-C interrupts at once."""
+    """Ctrl-C (SIGINT) or SIGTERM sets the yielded event instead of stopping the process: the loop finishes its step,
+    saves a checkpoint and exits with 128 + the signal's number (`stop_early`). A second signal stops at once, except
+    while a checkpoint is being written (`signals_deferred`). A TrainingError raised in the loop ends it too, kept as
+    `event.error`, so that the script saves a checkpoint before reporting it."""
     event = threading.Event()
-    previous = signal.getsignal(signal.SIGINT)
+    event.signum, event.error = None, None
+    previous = {signum: signal.getsignal(signum) for signum in STOP_SIGNALS}
 
     def handler(signum, frame):
+        event.signum = event.signum or signum
         event.set()
-        signal.signal(signal.SIGINT, previous)
+        for restored, action in previous.items():  # a second signal stops at once
+            signal.signal(restored, action)
 
-    signal.signal(signal.SIGINT, handler)
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, handler)
     try:
         yield event
+    except TrainingError as error:
+        event.error = error
     finally:
-        signal.signal(signal.SIGINT, previous)
+        for signum, action in previous.items():
+            signal.signal(signum, action)
+
+
+@contextlib.contextmanager
+def signals_deferred():
+    """Hold SIGINT and SIGTERM until the block ends, then deliver them to whatever handles them after it: a checkpoint
+    or the final model is always written whole, and the previous one is never deleted before it is."""
+    if threading.current_thread() is not threading.main_thread():  # only the main thread can handle signals
+        yield
+        return
+    received = []
+    previous = {signum: signal.signal(signum, lambda signum, frame: received.append(signum)) for signum in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for signum, action in previous.items():
+            signal.signal(signum, action)
+        for signum in received:
+            signal.raise_signal(signum)
+
+
+def stop_early(accelerator: Accelerator, stopped: threading.Event, step: int, checkpoint: Path):
+    """The end of a run whose loop stopped before max_steps, once `checkpoint` is saved: the line that says why and how
+    to continue, then exit status 128 + the signal's number (130 for Ctrl-C, 143 for SIGTERM), or the TrainingError's
+    line and status 2."""
+    if stopped.error is not None:
+        raise TrainingError(f"{stopped.error} (at step {step + 1}); saved {checkpoint}: after fixing it, continue with "
+                            "--resume_from_checkpoint latest")
+    accelerator.print(f"interrupted at step {step}: saved {checkpoint}; continue with --resume_from_checkpoint latest")
+    raise SystemExit(128 + (stopped.signum or signal.SIGINT))
 
 
 def seed_everything(seed: int):
@@ -101,11 +261,12 @@ def shard(accelerator: Accelerator, total: int, flag: str) -> slice:
     return slice(accelerator.process_index * total // n, (accelerator.process_index + 1) * total // n)
 
 
-def any_process(accelerator: Accelerator, flag: bool) -> bool:
-    """True when `flag` is set on any process (a Ctrl-C seen by one rank stops them all at the same step)."""
+def any_process(accelerator: Accelerator | PartialState, flag: bool) -> bool:
+    """True when `flag` is set on any process (a Ctrl-C seen by one rank stops them all at the same step). Every
+    process must call it."""
     if accelerator.num_processes == 1:
         return flag
-    return bool(accelerator.reduce(torch.tensor(float(flag), device=accelerator.device), "sum").item() > 0)
+    return bool(reduce_over_processes(torch.tensor(float(flag), device=accelerator.device), "sum").item() > 0)
 
 
 def check_backend(accelerator: Accelerator, one_backward_per_update: bool, rescales_gradients: bool = False):
@@ -183,33 +344,63 @@ FILE_BUILDERS = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "
 
 
 def load_split(dataset_name: str, split: str, builtin: dict | None = None, flag: str = "--dataset_name") -> Dataset | None:
-    """One split of a dataset: a built-in name, a local data file, a local folder, or a hub dataset name.
-
-    A single local file is its 'train' split. Returns None when the split does not exist.
-    """
+    """One split of a dataset: a built-in name (its splits are 'train' and 'test'), a local data file, a local folder,
+    or a hub dataset name. A single local file is its 'train' split. Returns None when the split does not exist."""
     if builtin and dataset_name in builtin:
-        return builtin[dataset_name](split)
+        return builtin[dataset_name](split) if split in ("train", "test") else None
     path = Path(dataset_name)
     if path.suffix in FILE_BUILDERS:
         require(path.is_file(), f"{flag}: no such file: {dataset_name}")
         if split != "train":
             return None
+        require(path.stat().st_size > 0, f"{flag}: {dataset_name} is empty")
         try:
-            return load_dataset(FILE_BUILDERS[path.suffix], data_files=str(path), split="train")
-        except Exception as error:  # a malformed file: say which flag and file
-            raise ConfigError(f"{flag}: cannot read {dataset_name}: {str(error).splitlines()[0]}") from None
-    if dataset_name.startswith((".", "/", "~")) or path.exists():
-        require(path.is_dir(), f"{flag}: no such file or folder: {dataset_name}")
-    try:  # a hub dataset name or a local folder of data files: the same datasets call serves both
-        if split not in get_dataset_split_names(dataset_name):
-            return None
-        return load_dataset(dataset_name, split=split)
-    except Exception as error:
-        raise ConfigError(f"{flag}: cannot load {dataset_name!r}: {str(error).splitlines()[0]}") from None
+            dataset = load_dataset(FILE_BUILDERS[path.suffix], data_files=str(path), split="train")
+        except Exception as error:  # a malformed or empty file: say which flag and file
+            raise ConfigError(f"{flag}: cannot read {dataset_name}: {first_line(error)}") from None
+    else:
+        if dataset_name.startswith((".", "/", "~")) or path.exists():
+            require(path.is_dir(), f"{flag}: no such file or folder: {dataset_name}")
+        try:  # a hub dataset name or a local folder of data files: the same datasets call serves both
+            if split not in get_dataset_split_names(dataset_name):
+                return None
+            dataset = load_dataset(dataset_name, split=split)
+        except Exception as error:
+            raise ConfigError(f"{flag}: cannot load {dataset_name!r}: {first_line(error)}") from None
+    require(len(dataset) > 0, f"{flag}: the {split!r} split of {dataset_name} has no rows")
+    return dataset
 
 
 def check_prompt_column(dataset: Dataset, flag: str = "--dataset_name"):
     require("prompt" in dataset.column_names, f"{flag}: the dataset has no 'prompt' column (columns: {dataset.column_names})")
+
+
+def check_prompt_lengths(tokenizer, model, max_completion_length: int, datasets: dict):
+    """Stop with one line, before anything runs, when a prompt followed by max_completion_length tokens does not fit the
+    model's context (`config.max_position_embeddings`; a model without one is not checked). `datasets`: split -> Dataset
+    with a 'prompt' column, or None."""
+    context = getattr(model.config, "max_position_embeddings", None)
+    if context is None:
+        return
+    require(max_completion_length < context, f"--max_completion_length: {max_completion_length} tokens do not fit "
+            f"the model's context of {context} (max_position_embeddings)")
+    for split, dataset in datasets.items():
+        if dataset is None:
+            continue
+        texts = [prompt_text(tokenizer, prompt) for prompt in dataset["prompt"]]
+        lengths = [len(ids) for ids in tokenizer(texts, add_special_tokens=False).input_ids]
+        longest = max(range(len(lengths)), key=lengths.__getitem__)
+        where = f"prompt {longest} of the {split!r} split is {lengths[longest]} tokens"
+        require(lengths[longest] < context, f"--dataset_name: {where}, more than the model's context of {context}")
+        require(lengths[longest] + max_completion_length <= context, f"--max_completion_length: {where}; with "
+                f"{max_completion_length} more it exceeds the model's context of {context}")
+
+
+def check_max_length(model, max_length: int):
+    """--max_length (of training sequences) fits the model's context (`config.max_position_embeddings`, if any)."""
+    context = getattr(model.config, "max_position_embeddings", None)
+    require(context is None or max_length <= context,
+            f"--max_length: {max_length} exceeds the model's context of {context} tokens (max_position_embeddings)")
 
 
 def is_conversational(prompt) -> bool:
@@ -239,7 +430,7 @@ def load_tokenizer(path: str, flag: str = "--model_name_or_path"):
     try:
         tokenizer = AutoTokenizer.from_pretrained(path, padding_side="left")
     except (OSError, ValueError) as error:
-        raise ConfigError(f"{flag}: cannot load a tokenizer from {path!r}: {str(error).splitlines()[0]}") from None
+        raise ConfigError(f"{flag}: cannot load a tokenizer from {path!r}: {first_line(error)}") from None
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer
@@ -251,7 +442,28 @@ def load_causal_lm(path: str, flag: str = "--model_name_or_path", **kwargs):
     try:
         return AutoModelForCausalLM.from_pretrained(path, **kwargs)
     except (OSError, ValueError) as error:
-        raise ConfigError(f"{flag}: cannot load a model from {path!r}: {str(error).splitlines()[0]}") from None
+        raise ConfigError(f"{flag}: cannot load a model from {path!r}: {first_line(error)}") from None
+
+
+@contextlib.contextmanager
+def new_head_expected():
+    """Load a causal LM as a sequence classifier without transformers' report that its new `score` head was not in the
+    checkpoint: that is the point (reward_model.py, ppo.py's value model). Other missing weights:
+    `warn_missing_weights`."""
+    verbosity = transformers_logging.get_verbosity()
+    transformers_logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        transformers_logging.set_verbosity(verbosity)
+
+
+def warn_missing_weights(missing_keys: list[str], flag: str):
+    """One line when weights other than the new score head were missing from the checkpoint (they start random)."""
+    missing = [key for key in missing_keys if not key.startswith("score.")]
+    if missing:
+        listed = ", ".join(missing[:3]) + (", ..." if len(missing) > 3 else "")
+        print(f"warning: {flag}: {len(missing)} weights were not in the checkpoint and start random: {listed}")
 
 
 def lora_config(args, task_type: str = "CAUSAL_LM"):
@@ -407,34 +619,88 @@ def evaluate(model, tokenizer, eval_dataset: Dataset, args, reward_fns: dict, se
 def save_checkpoint(accelerator: Accelerator, output_dir: str, step: int, model, tokenizer, extra: dict | None = None) -> Path:
     """Write `checkpoint-{step}`: the model in HF format (or the LoRA adapter) and the tokenizer, for people;
     `accelerator_state/` (accelerate's own: model, optimizer, registered scheduler, every process's RNG; sharded
-    states under DeepSpeed / FSDP), for resuming; `training_state.pt` with the step and the script's extras. Written
-    to a temporary folder and renamed at the end: never half-written. Every process must call it."""
+    states under DeepSpeed / FSDP), for resuming; `training_state.pt` with the step, the script's extras and the size of
+    every other file (what `checkpoint_problem` checks). Written to a temporary folder, with signals held
+    (`signals_deferred`), and renamed at the end: never half-written, and no earlier checkpoint is touched. A write
+    that fails (a full disk) removes the temporary folder and stops every process with one line. Every process must
+    call it."""
     final = Path(output_dir) / f"checkpoint-{step}"
     tmp = Path(output_dir) / f".checkpoint-{step}.tmp"
-    if accelerator.is_main_process:
-        shutil.rmtree(tmp, ignore_errors=True)
-    accelerator.wait_for_everyone()
-    accelerator.save_state(str(tmp / "accelerator_state"))
-    save_model(accelerator, tmp, model, tokenizer)
-    if accelerator.is_main_process:
-        torch.save({"step": step, **(extra or {})}, tmp / "training_state.pt")
-        shutil.rmtree(final, ignore_errors=True)
-        os.replace(tmp, final)
-    accelerator.wait_for_everyone()
+    failure = None
+    with signals_deferred(), quiet_saves():
+        if accelerator.is_main_process:
+            shutil.rmtree(tmp, ignore_errors=True)
+        accelerator.wait_for_everyone()
+        try:
+            accelerator.save_state(str(tmp / "accelerator_state"))
+            save_model(accelerator, tmp, model, tokenizer)
+        except OSError as error:
+            failure = error
+        if not any_process(accelerator, failure is not None) and accelerator.is_main_process:  # every file is written
+            try:
+                files = {str(f.relative_to(tmp)): f.stat().st_size for f in tmp.rglob("*") if f.is_file()}
+                torch.save({"step": step, **(extra or {}), "files": files}, tmp / "training_state.pt")
+                if final.exists():  # the same step saved again: the old copy goes only once the new one is complete
+                    os.replace(final, tmp.with_suffix(".old"))
+                os.replace(tmp, final)
+                shutil.rmtree(tmp.with_suffix(".old"), ignore_errors=True)
+            except OSError as error:
+                failure = error
+        if any_process(accelerator, failure is not None):
+            if accelerator.is_main_process:
+                shutil.rmtree(tmp, ignore_errors=True)
+            reason = failure.strerror or str(failure) if failure is not None else "failed on another process"
+            raise ConfigError(f"--output_dir: cannot write {final} ({reason}); the earlier checkpoints are kept")
     return final
 
 
+CHECKPOINT_NAME = re.compile(r"checkpoint-(\d+)")
+
+
+def checkpoint_problem(path: Path) -> str | None:
+    """Why `path` is not a complete checkpoint (None when it is): no training_state.pt, one that does not load (a
+    truncated copy), or a file that is missing or of another size than when it was saved (a half-copied folder)."""
+    if not (path / "training_state.pt").is_file():
+        return "no training_state.pt"
+    try:
+        state = torch.load(path / "training_state.pt", weights_only=False, map_location="cpu")
+    except Exception as error:
+        return f"training_state.pt does not load ({first_line(error)}): truncated?"
+    if not isinstance(state, dict) or "step" not in state:
+        return "training_state.pt holds no step"
+    if "files" not in state:  # saved before sizes were recorded: at least the resume state must be there
+        return None if list(path.glob("accelerator_state/random_states_*.pkl")) else "no accelerator_state/"
+    for name, size in state["files"].items():
+        if not (path / name).is_file():
+            return f"{name} is missing"
+        if (path / name).stat().st_size != size:
+            return f"{name} has {(path / name).stat().st_size} of its {size} bytes"
+    return None
+
+
 def resolve_checkpoint(resume_from_checkpoint: str | None, output_dir: str) -> Path | None:
-    """None, a checkpoint folder, or 'latest' (the highest-step checkpoint in output_dir)."""
+    """None, a checkpoint folder, or 'latest': the highest-step complete checkpoint-N in output_dir. Folders that are
+    not complete checkpoints (`checkpoint_problem`) are skipped, each said in one line; other names (checkpoint-best)
+    are ignored."""
     if not resume_from_checkpoint:
         return None
-    if resume_from_checkpoint == "latest":
-        found = sorted(Path(output_dir).glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[-1]))
-        require(bool(found), f"--resume_from_checkpoint latest: no checkpoint-* folder in {output_dir}")
-        return found[-1]
-    path = Path(resume_from_checkpoint)
-    require((path / "training_state.pt").is_file(), f"--resume_from_checkpoint: {path} is not a checkpoint (no training_state.pt)")
-    return path
+    if resume_from_checkpoint != "latest":
+        path = Path(resume_from_checkpoint)
+        require(path.is_dir(), f"--resume_from_checkpoint: {path} is not a checkpoint (no such folder)")
+        problem = checkpoint_problem(path)
+        require(problem is None, f"--resume_from_checkpoint: {path} is not a checkpoint ({problem})")
+        return path
+    found = [p for p in Path(output_dir).glob("checkpoint-*") if p.is_dir() and CHECKPOINT_NAME.fullmatch(p.name)]
+    skipped = []
+    for path in sorted(found, key=lambda p: int(p.name.split("-")[1]), reverse=True):
+        problem = checkpoint_problem(path)
+        if problem is None:
+            if skipped and PartialState().is_main_process:
+                print(f"--resume_from_checkpoint latest: {path.name}, skipping {'; '.join(skipped)}")
+            return path
+        skipped.append(f"{path.name} ({problem})")
+    detail = f" is complete (skipped {'; '.join(skipped)})" if skipped else ""
+    raise ConfigError(f"--resume_from_checkpoint latest: no checkpoint-N folder in {output_dir}{detail}")
 
 
 def load_training_state(accelerator: Accelerator, checkpoint: Path) -> dict:
@@ -446,25 +712,149 @@ def load_training_state(accelerator: Accelerator, checkpoint: Path) -> dict:
     return torch.load(checkpoint / "training_state.pt", weights_only=False, map_location="cpu")
 
 
+@contextlib.contextmanager
+def quiet_saves():
+    """Saving without noise a user cannot act on: accelerate's "Removed shared tensor" warning (tied embeddings are
+    saved once, as they should be) and transformers' "Writing model shards" progress bar."""
+    accelerate_logger = logging.getLogger("accelerate.utils.other")
+    tied = lambda record: "Removed shared tensor" not in record.getMessage()  # noqa: E731
+    bars = transformers_logging.is_progress_bar_enabled()
+    accelerate_logger.addFilter(tied)
+    transformers_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        accelerate_logger.removeFilter(tied)
+        if bars:
+            transformers_logging.enable_progress_bar()
+
+
 def save_model(accelerator: Accelerator, output_dir, model, tokenizer):
     """The model in HF format (with LoRA: the adapter) and the tokenizer, written by the main process; the weights
     come from `accelerator.get_state_dict`, which gathers DeepSpeed ZeRO-3 / FSDP shards. Every process must call it."""
     state_dict = accelerator.get_state_dict(model)
     if accelerator.is_main_process:
-        accelerator.unwrap_model(model).save_pretrained(output_dir, state_dict=state_dict)
+        with quiet_saves():
+            accelerator.unwrap_model(model).save_pretrained(output_dir, state_dict=state_dict)
         tokenizer.save_pretrained(output_dir)
 
 
 def save_final_model(accelerator: Accelerator, output_dir: str, model, tokenizer, save_merged: bool = False):
-    """The trained model in HF format at output_dir; with LoRA the adapter, and with `save_merged` also the merged
-    full model in output_dir/merged, loadable with AutoModelForCausalLM.from_pretrained."""
-    save_model(accelerator, output_dir, model, tokenizer)
-    unwrapped = accelerator.unwrap_model(model)
-    if save_merged and hasattr(unwrapped, "merge_and_unload") and accelerator.is_main_process:
-        merged_dir = Path(output_dir) / "merged"
-        unwrapped.merge_and_unload().save_pretrained(merged_dir)
-        tokenizer.save_pretrained(merged_dir)
-    accelerator.wait_for_everyone()
+    """The trained model in HF format at output_dir, with signals held until it is written; with LoRA the adapter, and
+    with `save_merged` also the merged full model in output_dir/merged, loadable with AutoModelForCausalLM."""
+    with signals_deferred():
+        save_model(accelerator, output_dir, model, tokenizer)
+        unwrapped = accelerator.unwrap_model(model)
+        if save_merged and hasattr(unwrapped, "merge_and_unload") and accelerator.is_main_process:
+            merged_dir = Path(output_dir) / "merged"
+            with quiet_saves():
+                unwrapped.merge_and_unload().save_pretrained(merged_dir)
+            tokenizer.save_pretrained(merged_dir)
+        accelerator.wait_for_everyone()
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# The output folder: one run at a time, and a fresh run never mixes with another run's files
+# ----------------------------------------------------------------------------------------------------------------------
+LOCK_FILE = ".run.lock"
+
+
+def claim_output_dir(accelerator: Accelerator, args):
+    """Make --output_dir this run's, just before its first file is written (main process; every process stops alike).
+
+    - A lock file, `.run.lock`, holds this run's pid and host until the run ends (`cli` removes it). Another live
+      run's lock stops this one; a lock whose process is gone (a crash, a kill) is stale and taken over.
+    - A fresh run (no --resume_from_checkpoint) into a folder holding another run's metrics.jsonl or checkpoints
+      stops, unless --overwrite_output_dir, which deletes them first (they would mix with this run's, and `latest`
+      would resume the other run's).
+    """
+    message = None
+    if accelerator.is_main_process:
+        try:
+            message = take_lock(Path(args.output_dir)) or claim_contents(args)
+        except OSError as error:
+            message = f"--output_dir: cannot write to {args.output_dir}: {error.strerror or error}"
+    if accelerator.num_processes > 1:
+        message = broadcast_object_list([message])[0]
+    require(message is None, message)
+
+
+def take_lock(out: Path) -> str | None:
+    """Create out/.run.lock for this process, taking over a stale one; the reason it cannot, or None."""
+    out.mkdir(parents=True, exist_ok=True)
+    lock = out / LOCK_FILE
+    me = {"pid": os.getpid(), "host": socket.gethostname()}
+    while True:
+        try:
+            with open(lock, "x") as f:  # exclusive creation: of two runs starting together, one gets the lock
+                json.dump(me, f)
+            return None
+        except FileExistsError:
+            try:
+                holder = json.loads(lock.read_text())
+            except (OSError, ValueError):
+                holder = {}  # torn by a crash while written
+            if holder == me:  # an earlier run in this same process (main called twice, as the tests do)
+                lock.unlink()
+                continue
+            if holder.get("host") not in (me["host"], None):
+                return (f"--output_dir: {out} is in use by pid {holder.get('pid')} on {holder['host']}; if that run is "
+                        f"gone, delete {lock}")
+            if holder.get("pid") and process_alive(holder["pid"]):
+                return (f"--output_dir: {out} is in use by another run (pid {holder['pid']}); wait for it or choose "
+                        "another folder")
+            print(f"--output_dir: taking over the stale lock of a run that is gone (pid {holder.get('pid')})")
+            lock.unlink(missing_ok=True)
+
+
+def process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, someone else's
+        return True
+    return True
+
+
+def another_runs_files(args) -> list[Path]:
+    """What a fresh run (no --resume_from_checkpoint) would mix with: another run's checkpoints and metrics."""
+    out = Path(args.output_dir)
+    if args.resume_from_checkpoint or not out.is_dir():
+        return []
+    metrics = out / "metrics.jsonl"
+    checkpoints = sorted(p for p in out.glob("*checkpoint-*") if p.is_dir())  # .checkpoint-N.tmp too
+    return checkpoints + ([metrics] if metrics.is_file() and metrics.stat().st_size else [])
+
+
+def used_folder_message(args, used: list[Path]) -> str:
+    listed = ", ".join(p.name for p in used[:3]) + (", ..." if len(used) > 3 else "")
+    return (f"--output_dir: {args.output_dir} holds another run ({listed}): continue it with --resume_from_checkpoint "
+            "latest, start over with --overwrite_output_dir, or choose another folder")
+
+
+def claim_contents(args) -> str | None:
+    """Refuse (or, with --overwrite_output_dir, delete) another run's metrics and checkpoints; the reason, or None."""
+    used = another_runs_files(args)
+    if not used:
+        return None
+    if not args.overwrite_output_dir:
+        release_output_dir(args.output_dir)
+        return used_folder_message(args, used)
+    for path in used:
+        shutil.rmtree(path) if path.is_dir() else path.unlink()
+    print(f"--overwrite_output_dir: deleted {', '.join(p.name for p in used)} from {args.output_dir}")
+    return None
+
+
+def release_output_dir(output_dir: str):
+    """Remove this process's lock from output_dir, if it holds one."""
+    lock = Path(output_dir) / LOCK_FILE
+    try:
+        if json.loads(lock.read_text()) == {"pid": os.getpid(), "host": socket.gethostname()}:
+            lock.unlink()
+    except (OSError, ValueError):
+        pass
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -483,7 +873,7 @@ class MetricsLogger:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         kept = []
         if resume_step and self.path.exists():  # a resumed run continues the file: drop records past the checkpoint
-            kept = [line for line in self.path.read_text().splitlines() if line and json.loads(line)["step"] <= resume_step]
+            kept = [json.dumps(r) for r in read_metrics(output_dir) if r.get("step", 0) <= resume_step]
         self.path.write_text("".join(line + "\n" for line in kept))
         if report_to == "tensorboard":
             try:
@@ -519,5 +909,11 @@ class MetricsLogger:
 
 
 def read_metrics(output_dir: str) -> list[dict]:
-    path = Path(output_dir) / "metrics.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines() if line]
+    """The records of {output_dir}/metrics.jsonl; a line that does not parse (torn by a kill mid-write) is skipped."""
+    records = []
+    for line in (Path(output_dir) / "metrics.jsonl").read_text().splitlines():
+        try:
+            records.append(json.loads(line))
+        except ValueError:
+            continue
+    return records

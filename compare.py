@@ -46,10 +46,8 @@ the scripts (but not the budget, which is compare.py's to set).
     python compare.py --algorithms rloo_k2,ppo --seeds 0,1,2,3,4 --max_steps 100
 """
 
-import contextlib
 import dataclasses
 import importlib
-import io
 import json
 import os
 import shlex
@@ -61,7 +59,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from transformers import HfArgumentParser
 
 import common
 from rloo import completion_logprobs, end_of_completion
@@ -135,19 +132,17 @@ def run_flags(args: Args, name: str, seed: int) -> list[str]:
         if getattr(args, field) is not None:
             flags += [f"--{field}", str(getattr(args, field))]
     flags += shlex.split(args.script_args)
-    return flags + ["--save_steps", "0", "--seed", str(seed), "--output_dir", str(Path(args.output_dir) / "runs" / name / f"seed{seed}")]
+    run_dir = Path(args.output_dir) / "runs" / name / f"seed{seed}"  # a rerun replaces the run there
+    return flags + ["--save_steps", "0", "--seed", str(seed), "--output_dir", str(run_dir), "--overwrite_output_dir"]
 
 
 def script_config(script: str, flags: list[str]):
     """The script's Args after its flags, checked by its own check_args: a bad flag stops here, before any run."""
     module = importlib.import_module(script.removesuffix(".py"))
-    with contextlib.redirect_stderr(io.StringIO()) as stderr:
-        try:
-            config, unknown = HfArgumentParser(module.Args).parse_args_into_dataclasses(args=flags, return_remaining_strings=True)
-        except SystemExit:  # argparse's own message: a flag value of the wrong type
-            raise ConfigError(f"--script_args: {script}: {stderr.getvalue().strip().splitlines()[-1].split(': error: ')[-1]}") from None
-    if unknown:
-        raise ConfigError(f"--script_args: {script} has no flag {unknown[0]}")
+    try:
+        config = common.parse_args(module.Args, flags)  # the script's own parser: no abbreviations, one-line errors
+    except ConfigError as error:
+        raise ConfigError(f"--script_args: {script}: {error}") from None
     module.check_args(config)
     return config
 

@@ -61,11 +61,11 @@ from pathlib import Path
 import torch
 from accelerate import DistributedType
 from tqdm.auto import tqdm
-from transformers import SchedulerType, get_scheduler
+from transformers import get_scheduler
 
 import common
 from common import ConfigError, arg, require
-from rewards import accuracy_reward, compute_rewards, format_reward, load_reward_funcs, reward_weights
+from rewards import accuracy_reward, check_columns, compute_rewards, format_reward, load_reward_funcs, reward_weights
 
 
 @dataclass
@@ -124,8 +124,9 @@ class Args:
     num_generations_eval: int = arg(4, "completions sampled per held-out prompt for eval/accuracy")
     per_device_eval_batch_size: int = arg(512, "completions per generate call during evaluation")
     output_dir: str = arg("outputs/ppo", "where metrics.jsonl, checkpoints and the final model (value model in value_model/) go")
-    save_steps: int = arg(100, "save a checkpoint every this many steps (0 = never; Ctrl-C always saves)")
-    resume_from_checkpoint: str | None = arg(None, "a checkpoint folder, or 'latest' in output_dir")
+    save_steps: int = arg(10, "save a checkpoint every this many steps (0 = never; Ctrl-C, SIGTERM always save)")
+    resume_from_checkpoint: str | None = arg(None, "a checkpoint folder, or 'latest' (newest complete in output_dir)")
+    overwrite_output_dir: bool = arg(False, "start over in an output_dir of another run (deletes its checkpoints)")
     # efficiency
     use_peft: bool = arg(False, "train LoRA adapters (policy and value model); the reference model is then the policy with adapters disabled")
     lora_r: int = arg(16, "LoRA rank")
@@ -139,6 +140,7 @@ class Args:
 
 
 def check_args(args: Args):
+    common.check_shared_args(args)  # the flags every script shares: learning rate, steps, sampling, output_dir, ...
     require(args.prompts_per_step > 0, f"--prompts_per_step: must be positive, got {args.prompts_per_step}")
     require(args.num_mini_batches > 0, f"--num_mini_batches: must be positive, got {args.num_mini_batches}")
     require(args.prompts_per_step % args.num_mini_batches == 0, f"--num_mini_batches: {args.num_mini_batches} does not divide the batch of {args.prompts_per_step} completions (prompts_per_step)")
@@ -146,10 +148,6 @@ def check_args(args: Args):
     require(args.micro_batch_size >= 0, f"--micro_batch_size: must be ≥ 0, got {args.micro_batch_size}")
     micro = args.micro_batch_size or mini_batch_size
     require(mini_batch_size % micro == 0, f"--micro_batch_size: {micro} does not divide the mini-batch of {mini_batch_size} completions (prompts_per_step / num_mini_batches)")
-    require(args.learning_rate > 0, f"--learning_rate: must be positive, got {args.learning_rate}")
-    require(args.lr_scheduler_type in {s.value for s in SchedulerType}, f"--lr_scheduler_type: unknown scheduler {args.lr_scheduler_type!r}")
-    require(args.max_completion_length > 0, f"--max_completion_length: must be positive, got {args.max_completion_length}")
-    require(args.max_steps > 0, f"--max_steps: must be positive, got {args.max_steps}")
     require(args.num_ppo_epochs >= 1, f"--num_ppo_epochs: must be ≥ 1, got {args.num_ppo_epochs}")
     require(args.cliprange > 0, f"--cliprange: must be positive, got {args.cliprange}")
     require(args.cliprange_value > 0, f"--cliprange_value: must be positive, got {args.cliprange_value}")
@@ -161,8 +159,6 @@ def check_args(args: Args):
     require(not args.adaptive_kl or args.kl_coef > 0, "--adaptive_kl: needs a positive --kl_coef to start from")
     require(args.kl_target > 0, f"--kl_target: must be positive, got {args.kl_target}")
     require(args.kl_horizon > 0, f"--kl_horizon: must be positive, got {args.kl_horizon}")
-    require(args.temperature > 0, f"--temperature: must be positive, got {args.temperature}")
-    require(args.eval_strategy in ("steps", "no"), f"--eval_strategy: expected steps or no, got {args.eval_strategy!r}")
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -235,10 +231,13 @@ def load_value_model(path: str, flag: str):
 
             value_model, missing_keys = AutoPeftModelForSequenceClassification.from_pretrained(path, num_labels=1).merge_and_unload(), []
         else:
-            value_model, info = AutoModelForSequenceClassification.from_pretrained(path, num_labels=1, output_loading_info=True)
+            with common.new_head_expected():  # from a causal LM: a new head, zeroed below
+                value_model, info = AutoModelForSequenceClassification.from_pretrained(
+                    path, num_labels=1, output_loading_info=True)
             missing_keys = info["missing_keys"]
+            common.warn_missing_weights(missing_keys, flag)
     except (OSError, ValueError) as error:
-        raise ConfigError(f"{flag}: cannot load a value model from {path!r}: {str(error).splitlines()[0]}") from None
+        raise ConfigError(f"{flag}: cannot load a value model from {path!r}: {common.first_line(error)}") from None
     require(hasattr(value_model, "score"), f"{flag}: {type(value_model).__name__} has no 'score' head to read values from")
     if any(key.startswith("score.") for key in missing_keys):
         torch.nn.init.zeros_(value_model.score.weight)
@@ -350,6 +349,8 @@ def main(args: Args):
     tokenizer = common.load_tokenizer(args.model_name_or_path)
     stop_id = stop_token_id(tokenizer, args.stop_token)
     model = common.load_causal_lm(args.model_name_or_path)  # a resumed run gets its weights from the checkpoint below
+    splits = {args.dataset_train_split: train_dataset, args.dataset_test_split: eval_dataset}
+    common.check_prompt_lengths(tokenizer, model, args.max_completion_length, splits)  # prompt + completion fit
     if args.use_peft:
         from peft import get_peft_model
 
@@ -366,6 +367,7 @@ def main(args: Args):
         ref_model = common.load_causal_lm(args.model_name_or_path).to(device).eval().requires_grad_(False)
     reward_funcs = load_reward_funcs(args.reward_funcs, args.reward_model_path, device)
     weights = reward_weights(args.reward_weights, reward_funcs)
+    check_columns(reward_funcs, train_dataset)  # every column a reward function needs, before anything runs
     value_flag = "--value_model_path" if args.value_model_path else "--reward_model_path" if args.reward_model_path else "--model_name_or_path"
     value_model = load_value_model(args.value_model_path or args.reward_model_path or args.model_name_or_path, value_flag)
     value_model.config.pad_token_id = tokenizer.pad_token_id  # its forward also reads the head at the last non-pad token
@@ -398,6 +400,7 @@ def main(args: Args):
         from vllm_colocate import VLLMGenerator
 
         vllm = VLLMGenerator(accelerator, args, tokenizer, model, generation_config.eos_token_id)
+    common.claim_output_dir(accelerator, args)  # every check is done: from here on, this run writes
     logger = common.MetricsLogger(args.output_dir, args.report_to, asdict(args), resume_step=start_step, enabled=accelerator.is_main_process)
     eval_rewards = {"accuracy": accuracy_reward, "format": format_reward}
 
@@ -574,15 +577,15 @@ def main(args: Args):
             if args.save_steps and step % args.save_steps == 0:
                 common.save_checkpoint(accelerator, args.output_dir, step, model, tokenizer, training_state())
     progress.close()
-    if step < args.max_steps:  # interrupted (Ctrl-C on any process)
+    if step < args.max_steps:  # stopped early: Ctrl-C or SIGTERM on any process, or a reward function that failed
         path = common.save_checkpoint(accelerator, args.output_dir, step, model, tokenizer, training_state())
-        accelerator.print(f"interrupted at step {step}: saved {path}; continue with --resume_from_checkpoint latest")
         logger.close()
-        raise SystemExit(130)
+        common.stop_early(accelerator, interrupted, step, path)
 
-    last_eval = run_eval(step)
+    # the model first: a stop during the final evaluation then costs only its figures
     common.save_model(accelerator, Path(args.output_dir) / "value_model", value_model, tokenizer)
     common.save_final_model(accelerator, args.output_dir, model, tokenizer, args.save_merged_model)
+    last_eval = run_eval(step)
     logger.close()
     accelerator.end_training()
     if first_eval and last_eval:

@@ -50,11 +50,11 @@ from dataclasses import asdict, dataclass
 
 import torch
 from tqdm.auto import tqdm
-from transformers import SchedulerType, get_scheduler
+from transformers import get_scheduler
 
 import common
 from common import arg, require
-from rewards import accuracy_reward, compute_rewards, format_reward, load_reward_funcs, reward_weights
+from rewards import accuracy_reward, check_columns, compute_rewards, format_reward, load_reward_funcs, reward_weights
 
 BASELINES = ("none", "moving_average", "reinforce_pp")
 
@@ -107,8 +107,9 @@ class Args:
     num_generations_eval: int = arg(4, "completions sampled per held-out prompt for eval/accuracy")
     per_device_eval_batch_size: int = arg(512, "completions per generate call during evaluation")
     output_dir: str = arg("outputs/reinforce", "where metrics.jsonl, checkpoints and the final model go")
-    save_steps: int = arg(100, "save a checkpoint every this many steps (0 = never; Ctrl-C always saves)")
-    resume_from_checkpoint: str | None = arg(None, "a checkpoint folder, or 'latest' in output_dir")
+    save_steps: int = arg(50, "save a checkpoint every this many steps (0 = never; Ctrl-C, SIGTERM always save)")
+    resume_from_checkpoint: str | None = arg(None, "a checkpoint folder, or 'latest' (newest complete in output_dir)")
+    overwrite_output_dir: bool = arg(False, "start over in an output_dir of another run (deletes its checkpoints)")
     # efficiency
     use_peft: bool = arg(False, "train a LoRA adapter; the reference model is then the policy with adapters disabled")
     lora_r: int = arg(16, "LoRA rank")
@@ -122,6 +123,7 @@ class Args:
 
 
 def check_args(args: Args):
+    common.check_shared_args(args)  # the flags every script shares: learning rate, steps, sampling, output_dir, ...
     require(args.num_generations >= 1, f"--num_generations: must be ≥ 1, got {args.num_generations}")
     require(args.baseline in BASELINES, f"--baseline: expected one of {', '.join(BASELINES)}, got {args.baseline!r}")
     require(args.prompts_per_step > 0, f"--prompts_per_step: must be positive, got {args.prompts_per_step}")
@@ -130,16 +132,12 @@ def check_args(args: Args):
     require(args.micro_batch_size >= 0, f"--micro_batch_size: must be ≥ 0, got {args.micro_batch_size}")
     micro = args.micro_batch_size or batch_size
     require(batch_size % micro == 0, f"--micro_batch_size: {micro} does not divide the batch of {batch_size} completions (prompts_per_step × num_generations)")
-    require(args.learning_rate > 0, f"--learning_rate: must be positive, got {args.learning_rate}")
-    require(args.lr_scheduler_type in {s.value for s in SchedulerType}, f"--lr_scheduler_type: unknown scheduler {args.lr_scheduler_type!r}")
-    require(args.max_completion_length > 0, f"--max_completion_length: must be positive, got {args.max_completion_length}")
-    require(args.max_steps > 0, f"--max_steps: must be positive, got {args.max_steps}")
     require(args.num_iterations >= 1, f"--num_iterations: must be ≥ 1, got {args.num_iterations}")
     require(args.beta >= 0, f"--beta: must be ≥ 0, got {args.beta}")
+    require(args.epsilon > 0, f"--epsilon: must be positive, got {args.epsilon}")
+    require(args.epsilon_high is None or args.epsilon_high > 0,
+            f"--epsilon_high: must be positive, got {args.epsilon_high}")
     require(args.kl_estimator in ("k1", "k3"), f"--kl_estimator: expected k1 or k3, got {args.kl_estimator!r}")
-    require(args.temperature > 0, f"--temperature: must be positive, got {args.temperature}")
-    require(args.eval_strategy in ("steps", "no"), f"--eval_strategy: expected steps or no, got {args.eval_strategy!r}")
-    require(args.reward_clip_range is None or len(args.reward_clip_range) == 2, "--reward_clip_range: expected two numbers, low and high")
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -239,6 +237,8 @@ def main(args: Args):
     checkpoint = common.resolve_checkpoint(args.resume_from_checkpoint, args.output_dir)
     tokenizer = common.load_tokenizer(args.model_name_or_path)
     model = common.load_causal_lm(args.model_name_or_path)  # a resumed run gets its weights from the checkpoint below
+    splits = {args.dataset_train_split: train_dataset, args.dataset_test_split: eval_dataset}
+    common.check_prompt_lengths(tokenizer, model, args.max_completion_length, splits)  # prompt + completion fit
     if args.use_peft:
         from peft import get_peft_model
 
@@ -255,6 +255,7 @@ def main(args: Args):
         ref_model = common.load_causal_lm(args.model_name_or_path).to(device).eval().requires_grad_(False)
     reward_funcs = load_reward_funcs(args.reward_funcs, args.reward_model_path, device)
     weights = reward_weights(args.reward_weights, reward_funcs)
+    check_columns(reward_funcs, train_dataset)  # every column a reward function needs, before anything runs
     generation_config = common.sampling_config(tokenizer, args)
 
     params = [p for p in model.parameters() if p.requires_grad]
@@ -274,6 +275,7 @@ def main(args: Args):
         from vllm_colocate import VLLMGenerator
 
         vllm = VLLMGenerator(accelerator, args, tokenizer, model)
+    common.claim_output_dir(accelerator, args)  # every check is done: from here on, this run writes
     logger = common.MetricsLogger(args.output_dir, args.report_to, asdict(args), resume_step=start_step, enabled=accelerator.is_main_process)
     eval_rewards = {"accuracy": accuracy_reward, "format": format_reward}
 
@@ -438,14 +440,14 @@ def main(args: Args):
             if args.save_steps and step % args.save_steps == 0:
                 common.save_checkpoint(accelerator, args.output_dir, step, model, tokenizer, {"num_tokens": num_tokens, "reward_sum": reward_sum, "reward_count": reward_count})
     progress.close()
-    if step < args.max_steps:  # interrupted (Ctrl-C on any process)
+    if step < args.max_steps:  # stopped early: Ctrl-C or SIGTERM on any process, or a reward function that failed
         path = common.save_checkpoint(accelerator, args.output_dir, step, model, tokenizer, {"num_tokens": num_tokens, "reward_sum": reward_sum, "reward_count": reward_count})
-        accelerator.print(f"interrupted at step {step}: saved {path}; continue with --resume_from_checkpoint latest")
         logger.close()
-        raise SystemExit(130)
+        common.stop_early(accelerator, interrupted, step, path)
 
-    last_eval = run_eval(step)
+    # the model first: a stop during the final evaluation then costs only its figures
     common.save_final_model(accelerator, args.output_dir, model, tokenizer, args.save_merged_model)
+    last_eval = run_eval(step)
     logger.close()
     accelerator.end_training()
     if first_eval and last_eval:

@@ -42,7 +42,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 from tqdm.auto import tqdm
-from transformers import SchedulerType, get_scheduler
+from transformers import get_scheduler
 
 import common
 from common import ConfigError, arg, require
@@ -71,8 +71,9 @@ class Args:
     eval_steps: int = arg(50, "evaluate every this many steps (and at the start and end)")
     per_device_eval_batch_size: int = arg(256, "pairs per forward pass during evaluation")
     output_dir: str = arg("outputs/reward_model", "where metrics, checkpoints and the final model go")
-    save_steps: int = arg(0, "save a checkpoint every this many steps (0 = only on Ctrl-C)")
-    resume_from_checkpoint: str | None = arg(None, "a checkpoint folder, or 'latest' in output_dir")
+    save_steps: int = arg(50, "save a checkpoint every this many steps (0 = never; Ctrl-C, SIGTERM always save)")
+    resume_from_checkpoint: str | None = arg(None, "a checkpoint folder, or 'latest' (newest complete in output_dir)")
+    overwrite_output_dir: bool = arg(False, "start over in an output_dir of another run (deletes its checkpoints)")
     use_peft: bool = arg(False, "train a LoRA adapter (task type SEQ_CLS; the score head is trained fully) instead of all weights")
     lora_r: int = arg(16, "LoRA rank")
     lora_alpha: int = arg(32, "LoRA alpha")
@@ -153,15 +154,17 @@ def pair_accuracy(chosen_rewards, rejected_rewards) -> float:
     return ((chosen_rewards > rejected_rewards).float() + 0.5 * (chosen_rewards == rejected_rewards).float()).mean().item()
 
 
-def main(args: Args):
-    require(args.learning_rate > 0, f"--learning_rate: must be positive, got {args.learning_rate}")
-    require(args.lr_scheduler_type in {s.value for s in SchedulerType}, f"--lr_scheduler_type: unknown scheduler {args.lr_scheduler_type!r}")
-    require(args.max_steps > 0, f"--max_steps: must be positive, got {args.max_steps}")
-    require(args.eval_strategy in ("steps", "no"), f"--eval_strategy: expected steps or no, got {args.eval_strategy!r}")
-    require(args.train_batch_size > 0, "--train_batch_size: must be positive")
-    require(args.per_device_eval_batch_size > 0, "--per_device_eval_batch_size: must be positive")
-    require(args.pairs_per_problem > 0, f"--pairs_per_problem: must be positive, got {args.pairs_per_problem}")
+def check_args(args: Args):
+    common.check_shared_args(args)  # the flags every script shares: learning rate, steps, sampling, output_dir, ...
+    require(args.train_batch_size > 0, f"--train_batch_size: must be positive, got {args.train_batch_size}")
     require(args.max_length > 0, f"--max_length: must be positive, got {args.max_length}")
+    require(args.pairs_per_problem > 0, f"--pairs_per_problem: must be positive, got {args.pairs_per_problem}")
+    require(args.center_rewards_coefficient is None or args.center_rewards_coefficient >= 0,
+            f"--center_rewards_coefficient: must be ≥ 0, got {args.center_rewards_coefficient}")
+
+
+def main(args: Args):
+    check_args(args)
     accelerator = common.make_accelerator(args)  # one process, or N under `accelerate launch`
     common.seed_everything(args.seed)  # the same on every process: training samples nothing, and the new head starts alike
     device = accelerator.device
@@ -184,9 +187,14 @@ def main(args: Args):
     tokenizer = common.load_tokenizer(args.model_name_or_path)
     path = args.model_name_or_path  # a resumed run gets its weights from the checkpoint below
     try:
-        model = AutoModelForSequenceClassification.from_pretrained(path, num_labels=1)
+        with common.new_head_expected():  # a causal LM gets a new score head: transformers' report of it is expected
+            model, info = AutoModelForSequenceClassification.from_pretrained(
+                path, num_labels=1, output_loading_info=True)
     except (OSError, ValueError) as error:
-        raise ConfigError(f"--model_name_or_path: cannot load a model from {path!r}: {str(error).splitlines()[0]}") from None
+        raise ConfigError(f"--model_name_or_path: cannot load a model from {path!r}: "
+                          f"{common.first_line(error)}") from None
+    common.warn_missing_weights(info["missing_keys"], "--model_name_or_path")
+    common.check_max_length(model, args.max_length)
     model.config.pad_token_id = tokenizer.pad_token_id  # the head reads the last token that is not padding
     if args.use_peft:
         from peft import get_peft_model
@@ -211,6 +219,7 @@ def main(args: Args):
     start_step = 0
     if checkpoint is not None:
         start_step = common.load_training_state(accelerator, checkpoint)["step"]
+    common.claim_output_dir(accelerator, args)  # every check is done: from here on, this run writes
     logger = common.MetricsLogger(args.output_dir, args.report_to, asdict(args), resume_step=start_step, enabled=accelerator.is_main_process)
 
     @torch.no_grad()
@@ -283,14 +292,14 @@ def main(args: Args):
             if args.save_steps and step % args.save_steps == 0:
                 common.save_checkpoint(accelerator, args.output_dir, step, model, tokenizer)
     progress.close()
-    if step < args.max_steps:  # interrupted (Ctrl-C on any process)
+    if step < args.max_steps:  # stopped early: Ctrl-C or SIGTERM on any process
         path = common.save_checkpoint(accelerator, args.output_dir, step, model, tokenizer)
-        accelerator.print(f"interrupted at step {step}: saved {path}; continue with --resume_from_checkpoint latest")
         logger.close()
-        raise SystemExit(130)
+        common.stop_early(accelerator, interrupted, step, path)
 
-    last_eval = run_eval(step)
+    # the model first: a stop during the final evaluation then costs only its figures
     common.save_final_model(accelerator, args.output_dir, model, tokenizer, args.save_merged_model)
+    last_eval = run_eval(step)
     logger.close()
     accelerator.end_training()
     if first_eval and last_eval:

@@ -20,8 +20,9 @@ import re
 from pathlib import Path
 
 import torch
+from accelerate import PartialState
 
-from common import ConfigError, as_completion, is_conversational, split_list
+from common import ConfigError, TrainingError, any_process, as_completion, first_line, is_conversational, split_list
 
 ANSWER = re.compile(r"<answer>\s*(.*?)\s*</answer>", flags=re.DOTALL)
 FORMAT = re.compile(r".*<answer>\s*[-+]?[0-9]+(?:\.[0-9]+)?\s*</answer>\s*$", flags=re.DOTALL)
@@ -89,7 +90,8 @@ def reward_model_function(path: str, device, batch_size: int = 32):
         tokenizer = AutoTokenizer.from_pretrained(path)
         model = AutoModelForSequenceClassification.from_pretrained(path, num_labels=1).to(device).eval()
     except (OSError, ValueError) as error:
-        raise ConfigError(f"--reward_model_path: cannot load a reward model from {path!r}: {str(error).splitlines()[0]}") from None
+        raise ConfigError(f"--reward_model_path: cannot load a reward model from {path!r}: "
+                          f"{first_line(error)}") from None
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     model.config.pad_token_id = tokenizer.pad_token_id
@@ -132,10 +134,36 @@ def load_reward_funcs(reward_funcs: str, reward_model_path: str | None = None, d
 
 def reward_weights(weights: str, reward_funcs: dict) -> torch.Tensor:
     """--reward_weights as a tensor; empty means 1.0 for every function."""
-    values = split_list(weights, float) or [1.0] * len(reward_funcs)
+    try:
+        values = split_list(weights, float) or [1.0] * len(reward_funcs)
+    except ValueError:
+        raise ConfigError(f"--reward_weights: expected comma-separated numbers, got {weights!r}") from None
     if len(values) != len(reward_funcs):
         raise ConfigError(f"--reward_weights: {len(values)} weights for {len(reward_funcs)} reward functions ({', '.join(reward_funcs)})")
+    if not all(math.isfinite(value) for value in values):
+        raise ConfigError(f"--reward_weights: expected finite numbers, got {weights!r}")
     return torch.tensor(values)
+
+
+TRL_ARGUMENTS = ("prompts", "completions", "completion_ids")
+
+
+def required_columns(function) -> list[str]:
+    """The dataset columns a reward function needs: the parameters it declares without a default, other than TRL's
+    prompts, completions and completion_ids: `accuracy_reward(completions, ground_truth, **kwargs)` needs
+    ground_truth."""
+    parameters = inspect.signature(function).parameters.values()
+    return [p.name for p in parameters if p.default is p.empty and p.name not in TRL_ARGUMENTS
+            and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+
+
+def check_columns(reward_funcs: dict, dataset, flag: str = "--dataset_name"):
+    """Every column each reward function needs is in the dataset: checked before training, not at its first step."""
+    for name, function in reward_funcs.items():
+        for column in required_columns(function):
+            if column not in dataset.column_names:
+                raise ConfigError(f"{flag}: the dataset has no {column!r} column, which reward function {name} needs "
+                                  f"(columns: {dataset.column_names})")
 
 
 def compute_rewards(reward_funcs: dict, weights: torch.Tensor, prompts: list, completion_texts: list[str], completion_ids: list[list[int]], columns: dict):
@@ -143,7 +171,9 @@ def compute_rewards(reward_funcs: dict, weights: torch.Tensor, prompts: list, co
     functions that apply. A completion no function applies to is unscorable: its reward is NaN (not 0), which the
     scripts leave out of baselines and statistics and give advantage 0, as TRL does.
 
-    Sync functions run in order; `async` ones are awaited concurrently.
+    Sync functions run in order; `async` ones are awaited concurrently. A function that raises, or returns anything
+    but one finite number or None per completion, stops the run (a TrainingError naming it, on every process alike:
+    the script saves a checkpoint first).
     """
     completions = [as_completion(p, t) for p, t in zip(prompts, completion_texts)]
     kwargs = dict(prompts=prompts, completions=completions, completion_ids=completion_ids, **columns)
@@ -153,23 +183,41 @@ def compute_rewards(reward_funcs: dict, weights: torch.Tensor, prompts: list, co
         if inspect.iscoroutinefunction(function):
             pending[name] = function
         else:
-            results[name] = function(**kwargs)
+            try:
+                results[name] = function(**kwargs)
+            except Exception as error:  # the user's code: kept, to be reported with the function's name
+                results[name] = error
     if pending:
         async def run_all():
-            return await asyncio.gather(*(function(**kwargs) for function in pending.values()))
+            return await asyncio.gather(*(function(**kwargs) for function in pending.values()), return_exceptions=True)
 
         results.update(zip(pending, asyncio.run(run_all())))
     per_func = torch.full((len(prompts), len(reward_funcs)), math.nan)
+    problem = None
     for j, name in enumerate(reward_funcs):
-        values = list(results[name])
+        values = results[name]
+        if isinstance(values, BaseException):
+            problem = f"reward function {name}: raised {type(values).__name__}: {first_line(values)}"
+            break
+        if isinstance(values, (str, bytes)) or not hasattr(values, "__len__"):
+            problem = f"reward function {name}: returned {values!r}, not a list with one value per completion"
+            break
+        values = list(values)
         if len(values) != len(prompts):
-            raise ConfigError(f"reward function {name}: returned {len(values)} values for {len(prompts)} completions")
+            problem = f"reward function {name}: returned {len(values)} values for {len(prompts)} completions"
+            break
         for i, value in enumerate(values):
             if value is None:
                 continue
             if not isinstance(value, (int, float)) or not math.isfinite(value):
-                raise ConfigError(f"reward function {name}: returned {value!r} for completion {i} (expected a finite number or None)")
+                problem = (f"reward function {name}: returned {value!r} for completion {i} (expected a finite number "
+                           "or None)")
+                break
             per_func[i, j] = float(value)
+        if problem:
+            break
+    if any_process(PartialState(), problem is not None):  # every process stops at the same step
+        raise TrainingError(problem or "a reward function failed on another process (its line is there)")
     rewards = (per_func * weights).nansum(1)
     rewards[per_func.isnan().all(1)] = math.nan  # unscorable
     return rewards, per_func

@@ -16,7 +16,7 @@ scripts never train on the held-out prompts.
 own text (a Qwen2Tokenizer, so AutoTokenizer reloads it unchanged) and a small Qwen2 model. This is how the shipped
 `models/tiny-arith` was made:
 
-    python sft.py --from_scratch --output_dir models/tiny-arith
+    python sft.py --from_scratch --output_dir models/tiny-arith --overwrite_output_dir
 
 Under `accelerate launch --num_processes N`, each step's batch is the one a single process would take, in the same
 order, split into N equal shares, one per process; the loss is the mean over the whole batch's completion tokens (its
@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 from tqdm.auto import tqdm
-from transformers import SchedulerType, get_scheduler
+from transformers import get_scheduler
 
 import common
 from common import ConfigError, arg, require
@@ -67,8 +67,9 @@ class Args:
     top_k: int = arg(0, "evaluation top-k sampling (0 = off)")
     max_completion_length: int = arg(24, "evaluation: max generated tokens")
     output_dir: str = arg("outputs/sft", "where metrics, checkpoints and the final model go")
-    save_steps: int = arg(0, "save a checkpoint every this many steps (0 = only on Ctrl-C)")
-    resume_from_checkpoint: str | None = arg(None, "a checkpoint folder, or 'latest' in output_dir")
+    save_steps: int = arg(500, "save a checkpoint every this many steps (0 = never; Ctrl-C, SIGTERM always save)")
+    resume_from_checkpoint: str | None = arg(None, "a checkpoint folder, or 'latest' (newest complete in output_dir)")
+    overwrite_output_dir: bool = arg(False, "start over in an output_dir of another run (deletes its checkpoints)")
     use_peft: bool = arg(False, "train a LoRA adapter instead of all weights")
     lora_r: int = arg(16, "LoRA rank")
     lora_alpha: int = arg(32, "LoRA alpha")
@@ -159,13 +160,21 @@ def collate(rows: list[dict], pad_token_id: int, device) -> dict:
     }
 
 
-def main(args: Args):
-    require(args.learning_rate > 0, f"--learning_rate: must be positive, got {args.learning_rate}")
-    require(args.lr_scheduler_type in {s.value for s in SchedulerType}, f"--lr_scheduler_type: unknown scheduler {args.lr_scheduler_type!r}")
-    require(args.max_steps > 0, f"--max_steps: must be positive, got {args.max_steps}")
-    require(args.eval_strategy in ("steps", "no"), f"--eval_strategy: expected steps or no, got {args.eval_strategy!r}")
-    require(args.train_batch_size > 0, "--train_batch_size: must be positive")
+def check_args(args: Args):
+    common.check_shared_args(args)  # the flags every script shares: learning rate, steps, sampling, output_dir, ...
+    require(args.train_batch_size > 0, f"--train_batch_size: must be positive, got {args.train_batch_size}")
+    require(args.max_length > 0, f"--max_length: must be positive, got {args.max_length}")
     require(0.0 <= args.label_noise <= 1.0, f"--label_noise: must be in [0, 1], got {args.label_noise}")
+    require(args.samples_per_problem > 0, f"--samples_per_problem: must be positive, got {args.samples_per_problem}")
+    if args.from_scratch:
+        require(args.hidden_size > 0 and args.hidden_size % 8 == 0,
+                f"--hidden_size: must be a multiple of 8 (4 attention heads of even size), got {args.hidden_size}")
+        require(args.num_hidden_layers > 0, f"--num_hidden_layers: must be positive, got {args.num_hidden_layers}")
+        require(args.vocab_size > 0, f"--vocab_size: must be positive, got {args.vocab_size}")
+
+
+def main(args: Args):
+    check_args(args)
     accelerator = common.make_accelerator(args)  # one process, or N under `accelerate launch`
     common.seed_everything(args.seed)  # the same on every process: training samples nothing, and a new model starts alike
     device = accelerator.device
@@ -202,10 +211,14 @@ def main(args: Args):
         model.gradient_checkpointing_enable()
         model.config.use_cache = False
     model.train()
+    common.check_max_length(model, args.max_length)
+    common.check_prompt_lengths(tokenizer, model, args.max_completion_length, {args.dataset_test_split: eval_dataset})
     n_params = sum(p.numel() for p in model.parameters())
     accelerator.print(f"model: {n_params / 1e6:.2f}M parameters, vocabulary {len(tokenizer)}")
 
     rows = tokenize(tokenizer, train_dataset, args.max_length)
+    batches_per_epoch = len(rows) // args.train_batch_size
+    require(batches_per_epoch > 0, f"--train_batch_size: {args.train_batch_size} exceeds the {len(rows)} training rows")
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=args.learning_rate, weight_decay=args.weight_decay)
     scheduler = get_scheduler(args.lr_scheduler_type, optimizer, num_warmup_steps=int(args.warmup_ratio * args.max_steps), num_training_steps=args.max_steps)
     model, optimizer = accelerator.prepare(model, optimizer)  # DDP / DeepSpeed / FSDP wrapping, device placement
@@ -213,6 +226,7 @@ def main(args: Args):
     start_step = 0
     if checkpoint is not None:
         start_step = common.load_training_state(accelerator, checkpoint)["step"]
+    common.claim_output_dir(accelerator, args)  # every check is done: from here on, this run writes
     logger = common.MetricsLogger(args.output_dir, args.report_to, asdict(args), resume_step=start_step, enabled=accelerator.is_main_process)
     eval_rewards = {"accuracy": accuracy_reward, "format": format_reward}
 
@@ -225,8 +239,6 @@ def main(args: Args):
         return metrics
 
     first_eval = run_eval(start_step) if start_step == 0 else {}
-    batches_per_epoch = len(rows) // args.train_batch_size
-    require(batches_per_epoch > 0, f"--train_batch_size: {args.train_batch_size} exceeds the {len(rows)} training rows")
 
     # ---- training loop ----
     step = start_step
@@ -267,14 +279,14 @@ def main(args: Args):
             if args.save_steps and step % args.save_steps == 0:
                 common.save_checkpoint(accelerator, args.output_dir, step, model, tokenizer)
     progress.close()
-    if step < args.max_steps:  # interrupted (Ctrl-C on any process)
+    if step < args.max_steps:  # stopped early: Ctrl-C or SIGTERM on any process
         path = common.save_checkpoint(accelerator, args.output_dir, step, model, tokenizer)
-        accelerator.print(f"interrupted at step {step}: saved {path}; continue with --resume_from_checkpoint latest")
         logger.close()
-        raise SystemExit(130)
+        common.stop_early(accelerator, interrupted, step, path)
 
-    last_eval = run_eval(step)
+    # the model first: a stop during the final evaluation then costs only its figures
     common.save_final_model(accelerator, args.output_dir, model, tokenizer, args.save_merged_model)
+    last_eval = run_eval(step)
     logger.close()
     accelerator.end_training()
     if first_eval and last_eval:

@@ -58,24 +58,63 @@ def recorded_gradients(monkeypatch) -> list:
     return gradients
 
 
+# A small run of each script (seconds), and the metric its training records log, for the tests that run it as a
+# subprocess and send it signals.
+TINY_RUN = {
+    "rloo.py": ["--prompts_per_step", "4"],
+    "grpo.py": ["--prompts_per_step", "4", "--num_generations", "4"],
+    "reinforce.py": ["--prompts_per_step", "4"],
+    "ppo.py": ["--prompts_per_step", "4", "--num_ppo_epochs", "1"],
+    "sft.py": ["--train_batch_size", "8", "--samples_per_problem", "2", "--num_generations_eval", "1"],
+    "reward_model.py": ["--train_batch_size", "8", "--pairs_per_problem", "1"],
+}
+LOGGED_KEY = {"rloo.py": "reward", "grpo.py": "reward", "reinforce.py": "reward", "ppo.py": "objective/scores",
+              "sft.py": "loss", "reward_model.py": "loss"}
+
+
+def start_run(script: str, out: Path, *flags: str, slow: tuple[str, Path] | None = None) -> subprocess.Popen:
+    """`script` for 1000 steps as a subprocess, writing to `out`; `slow=(part, flag_file)` runs it through
+    tests/slow_parts.py, which slows that part down and touches flag_file when it begins."""
+    command = [str(ROOT / script), "--output_dir", str(out), "--max_steps", "1000", "--eval_steps", "0", "--logging_steps", "1",
+               "--save_steps", "0", *TINY_RUN[script], *flags]
+    if slow is not None:
+        command = [str(ROOT / "tests" / "slow_parts.py"), slow[0], str(slow[1]), *command]
+    return subprocess.Popen([sys.executable, *command], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "HF_HUB_OFFLINE": "1"})
+
+
+def wait_for(condition, process: subprocess.Popen, timeout: float = 120):
+    """Poll `condition()` until it holds; fail with the run's output if the run ends first or time runs out."""
+    deadline = time.time() + timeout
+    while not condition():
+        if process.poll() is not None or time.time() > deadline:
+            process.kill()
+            stdout, stderr = process.communicate()
+            pytest.fail(f"the run ended (status {process.returncode}) or timed out first:\n{stdout}\n{stderr}")
+        time.sleep(0.2)
+
+
+def logged(out: Path, key: str):
+    """A condition: `key` is in out/metrics.jsonl."""
+    return lambda: (out / "metrics.jsonl").exists() and f'"{key}"' in (out / "metrics.jsonl").read_text()
+
+
 @pytest.fixture
 def interrupt_run():
-    """Start `script` for 1000 steps, press Ctrl-C once `logged_key` is in its metrics, and check the clean exit: status
-    130, no traceback, one checkpoint at the last logged step. Returns the checkpoint folder."""
+    """Start `script` for 1000 steps, send `signum` (Ctrl-C's SIGINT unless said) once `logged_key` is in its metrics,
+    and check the clean exit: status 128 + signum, no traceback, one checkpoint at the last logged step. Returns the
+    checkpoint folder and the run's stderr."""
 
-    def run(script: str, out: Path, logged_key: str) -> Path:
-        command = [sys.executable, str(ROOT / script), "--output_dir", str(out), "--max_steps", "1000", "--eval_steps", "0",
-                   "--logging_steps", "1", "--prompts_per_step", "4", "--save_steps", "0"]
-        process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
-        deadline = time.time() + 120
-        while time.time() < deadline and not ((out / "metrics.jsonl").exists() and f'"{logged_key}"' in (out / "metrics.jsonl").read_text()):
-            time.sleep(0.2)
-        process.send_signal(signal.SIGINT)
+    def run(script: str, out: Path, logged_key: str | None = None, signum: int = signal.SIGINT) -> Path:
+        process = start_run(script, out)
+        wait_for(logged(out, logged_key or LOGGED_KEY[script]), process)
+        process.send_signal(signum)
         stdout, stderr = process.communicate(timeout=120)
-        assert process.returncode == 130, stderr
+        assert process.returncode == 128 + signum, stderr
         assert "Traceback" not in stderr and "interrupted at step" in stdout
         (checkpoint,) = out.glob("checkpoint-*")
         assert int(checkpoint.name.split("-")[1]) == max(r["step"] for r in common.read_metrics(out))
+        run.stderr = stderr
         return checkpoint
 
     return run

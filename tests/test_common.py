@@ -167,9 +167,11 @@ def test_resolve_checkpoint(tmp_path):
         common.resolve_checkpoint("latest", str(tmp_path))
     with pytest.raises(ConfigError, match="--resume_from_checkpoint: .* is not a checkpoint"):
         common.resolve_checkpoint(str(tmp_path / "checkpoint-9"), str(tmp_path))
-    for step in (2, 10):
-        (tmp_path / f"checkpoint-{step}").mkdir()
-        (tmp_path / f"checkpoint-{step}" / "training_state.pt").write_bytes(b"")
+    for step in (2, 10, 11):  # complete ones, as save_checkpoint writes them (an empty accelerate state here)
+        (tmp_path / f"checkpoint-{step}" / "accelerator_state").mkdir(parents=True)
+        torch.save({"step": step, "files": {}}, tmp_path / f"checkpoint-{step}" / "training_state.pt")
+    (tmp_path / "checkpoint-11" / "training_state.pt").write_bytes(b"")  # ... but this one was cut short
+    (tmp_path / "checkpoint-best").mkdir()
     assert common.resolve_checkpoint("latest", str(tmp_path)).name == "checkpoint-10"
 
 

@@ -3,6 +3,7 @@ its token ids, the weights copied in after every update, LoRA names mapped back 
 vllm is one clear line, and that nothing imports vllm unless asked."""
 
 import dataclasses
+import os
 import subprocess
 import sys
 import types
@@ -55,7 +56,10 @@ def fake_vllm(monkeypatch):
     module.SamplingParams = lambda **kwargs: types.SimpleNamespace(**kwargs)
     monkeypatch.setitem(sys.modules, "vllm", module)
     FakeLLM.instances.clear()
-    return module
+    environment = dict(os.environ)  # the engine sets RANK, WORLD_SIZE, MASTER_PORT, ... for vLLM: undo that after
+    yield module
+    os.environ.clear()
+    os.environ.update(environment)
 
 
 def args(tmp_path, script=rloo, **overrides):
