@@ -56,20 +56,32 @@ ROOT = Path(__file__).resolve().parent
 ALGORITHMS = ("rloo", "grpo", "reinforce", "ppo", "trl_rloo")  # trl_rloo: TRL's RLOOTrainer
 GROUPED = {"rloo", "grpo", "trl_rloo"}  # prompts × num_generations; the others sample one completion per prompt
 CONFIGS = {"embedded": 24, "random30m": 64}  # config → max_completion_length
-RANDOM_MODEL = dict(hidden_size=512, intermediate_size=1536, num_hidden_layers=10, num_attention_heads=8, num_key_value_heads=4)
+RANDOM_MODEL = dict(
+    hidden_size=512, intermediate_size=1536, num_hidden_layers=10, num_attention_heads=8, num_key_value_heads=4
+)
 
 
 @dataclass
 class Args:
-    algorithms: str = arg("rloo,grpo,reinforce,ppo", "comma-separated: rloo, grpo, reinforce, ppo, trl_rloo (TRL's RLOOTrainer, needs --trl_python)")
-    configs: str = arg("embedded,random30m", "comma-separated: embedded (models/tiny-arith), random30m (a random 31.7M Qwen2, 64-token completions)")
+    algorithms: str = arg(
+        "rloo,grpo,reinforce,ppo",
+        "comma-separated: rloo, grpo, reinforce, ppo, trl_rloo (TRL's RLOOTrainer, needs --trl_python)",
+    )
+    configs: str = arg(
+        "embedded,random30m",
+        "comma-separated: embedded (models/tiny-arith), random30m (a random 31.7M Qwen2, 64-token completions)",
+    )
     steps: int = arg(8, "training steps per run, warm-up included")
-    warmup_steps: int = arg(2, "first steps of each run left out of the median (allocator, caches, first-call overheads)")
+    warmup_steps: int = arg(
+        2, "first steps of each run left out of the median (allocator, caches, first-call overheads)"
+    )
     repeats: int = arg(1, "runs per config and algorithm, interleaved; the table shows the median over runs")
     completions_per_step: int = arg(32, "completions per step, for every algorithm")
     num_generations: int = arg(4, "completions per prompt for rloo, grpo and trl_rloo (reinforce and ppo: 1)")
     beta: float = arg(0.05, "KL coefficient for every algorithm (ppo: --kl_coef)")
-    max_completion_length: int = arg(0, "max generated tokens per completion (0: the config's, 24 embedded, 64 random30m)")
+    max_completion_length: int = arg(
+        0, "max generated tokens per completion (0: the config's, 24 embedded, 64 random30m)"
+    )
     num_threads: int = arg(1, "OMP_NUM_THREADS in each child (0: leave unset, PyTorch's default of one per core)")
     trl_python: str = arg(sys.executable, "python of an environment with trl installed, for trl_rloo")
     work_dir: str = arg("outputs/bench", "where the runs, the random model and the prompt file go")
@@ -134,15 +146,36 @@ def trl_run(spec: dict, report: dict):
             report["step_cpu_times"].append(time.process_time() - self.cpu_start)
 
     config = RLOOConfig(
-        output_dir=spec["output_dir"], max_steps=spec["steps"], per_device_train_batch_size=spec["completions_per_step"],
-        gradient_accumulation_steps=1, num_generations=spec["num_generations"], beta=spec["beta"],
-        max_completion_length=spec["max_completion_length"], temperature=1.0, num_iterations=1,
-        learning_rate=2e-4, lr_scheduler_type="constant_with_warmup", warmup_steps=0.03, optim="adamw_torch",
-        max_grad_norm=1.0, seed=0, logging_steps=1, save_strategy="no", eval_strategy="no", report_to="none",
-        bf16=False, gradient_checkpointing=False, disable_tqdm=True,
+        output_dir=spec["output_dir"],
+        max_steps=spec["steps"],
+        per_device_train_batch_size=spec["completions_per_step"],
+        gradient_accumulation_steps=1,
+        num_generations=spec["num_generations"],
+        beta=spec["beta"],
+        max_completion_length=spec["max_completion_length"],
+        temperature=1.0,
+        num_iterations=1,
+        learning_rate=2e-4,
+        lr_scheduler_type="constant_with_warmup",
+        warmup_steps=0.03,
+        optim="adamw_torch",
+        max_grad_norm=1.0,
+        seed=0,
+        logging_steps=1,
+        save_strategy="no",
+        eval_strategy="no",
+        report_to="none",
+        bf16=False,
+        gradient_checkpointing=False,
+        disable_tqdm=True,
     )  # rloo.py's learning rate, scheduler and optimizer; TRL's bf16 and gradient checkpointing (default on) off
-    trainer = RLOOTrainer(model=spec["model"], reward_funcs=accuracy_reward, args=config,
-                          train_dataset=common.arithmetic_dataset("train"), callbacks=[StepTimer()])
+    trainer = RLOOTrainer(
+        model=spec["model"],
+        reward_funcs=accuracy_reward,
+        args=config,
+        train_dataset=common.arithmetic_dataset("train"),
+        callbacks=[StepTimer()],
+    )
     trainer.train()
     lengths = [log["completions/mean_length"] for log in trainer.state.log_history if "completions/mean_length" in log]
     with open(Path(spec["output_dir"]) / "metrics.jsonl", "w") as f:  # the scripts' format, so one parser reads both
@@ -161,8 +194,15 @@ def build_random_model(path: Path) -> int:
 
     tokenizer = common.load_tokenizer(common.EMBEDDED_MODEL)
     embedded = Qwen2Config.from_pretrained(common.EMBEDDED_MODEL)
-    config = Qwen2Config(**RANDOM_MODEL, vocab_size=embedded.vocab_size, max_position_embeddings=512, tie_word_embeddings=True,
-                         eos_token_id=embedded.eos_token_id, pad_token_id=embedded.pad_token_id, bos_token_id=None)
+    config = Qwen2Config(
+        **RANDOM_MODEL,
+        vocab_size=embedded.vocab_size,
+        max_position_embeddings=512,
+        tie_word_embeddings=True,
+        eos_token_id=embedded.eos_token_id,
+        pad_token_id=embedded.pad_token_id,
+        bos_token_id=None,
+    )
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config)
     model.save_pretrained(path)
@@ -172,10 +212,27 @@ def build_random_model(path: Path) -> int:
 
 def script_argv(args: Args, algorithm: str, model: str, data_file: Path, length: int, run_dir: Path) -> list[str]:
     G = args.num_generations if algorithm in GROUPED else 1
-    argv = ["--model_name_or_path", model, "--dataset_name", str(data_file), "--max_completion_length", str(length),
-            "--max_steps", str(args.steps), "--logging_steps", "1", "--eval_steps", "0", "--save_steps", "0",
-            "--output_dir", str(run_dir), "--overwrite_output_dir",
-            "--prompts_per_step", str(args.completions_per_step // G)]
+    argv = [
+        "--model_name_or_path",
+        model,
+        "--dataset_name",
+        str(data_file),
+        "--max_completion_length",
+        str(length),
+        "--max_steps",
+        str(args.steps),
+        "--logging_steps",
+        "1",
+        "--eval_steps",
+        "0",
+        "--save_steps",
+        "0",
+        "--output_dir",
+        str(run_dir),
+        "--overwrite_output_dir",
+        "--prompts_per_step",
+        str(args.completions_per_step // G),
+    ]
     if algorithm == "ppo":
         return argv + ["--kl_coef", str(args.beta)]
     return argv + ["--num_generations", str(G), "--beta", str(args.beta)]
@@ -191,14 +248,18 @@ def run_child(args: Args, spec: dict, run_dir: Path) -> dict:
     code = "import sys, bench; bench.child(sys.argv[1])"
     start = time.perf_counter()
     with open(run_dir / "log.txt", "w") as log:
-        process = subprocess.Popen([python, "-c", code, json.dumps(spec)], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+        process = subprocess.Popen(
+            [python, "-c", code, json.dumps(spec)], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT
+        )
         _, status, usage = os.wait4(process.pid, 0)
         process.returncode = os.waitstatus_to_exitcode(status)
     if process.returncode != 0:
         tail = (run_dir / "log.txt").read_text().strip().splitlines()[-1:] or ["(no output)"]
-        raise RuntimeError(f"{spec['algorithm']} exited with status {process.returncode}: {tail[0]} (log: {run_dir / 'log.txt'})")
+        raise RuntimeError(
+            f"{spec['algorithm']} exited with status {process.returncode}: {tail[0]} (log: {run_dir / 'log.txt'})"
+        )
     records = [r for r in common.read_metrics(str(run_dir)) if "step_time" in r]
-    measured = records[args.warmup_steps:]
+    measured = records[args.warmup_steps :]
     step_times = [r["step_time"] for r in measured]
     tokens = [r["completions/mean_length"] * args.completions_per_step for r in measured]  # real tokens, up to EOS
     child_report = json.loads((run_dir / "bench_child.json").read_text())
@@ -206,7 +267,7 @@ def run_child(args: Args, spec: dict, run_dir: Path) -> dict:
     if "cpu_times" in child_report:  # one step's CPU time: from the previous step's record to its own
         marks = child_report["cpu_times"]
         child_report["step_cpu_times"] = [None] + [b - a for a, b in zip(marks, marks[1:])]
-    step_cpu_times = child_report["step_cpu_times"][max(args.warmup_steps, 1):]
+    step_cpu_times = child_report["step_cpu_times"][max(args.warmup_steps, 1) :]
     peak_rss = usage.ru_maxrss / 1024
     return {
         "median_step_time_s": median_step_time,
@@ -224,8 +285,17 @@ def run_child(args: Args, spec: dict, run_dir: Path) -> dict:
     }
 
 
-FIGURES = ["median_step_time_s", "median_step_cpu_time_s", "completions_per_s", "generated_tokens_per_s", "mean_completion_length", "peak_rss_mb",
-           "baseline_rss_mb", "rss_above_baseline_mb", "cuda_max_allocated_mb"]
+FIGURES = [
+    "median_step_time_s",
+    "median_step_cpu_time_s",
+    "completions_per_s",
+    "generated_tokens_per_s",
+    "mean_completion_length",
+    "peak_rss_mb",
+    "baseline_rss_mb",
+    "rss_above_baseline_mb",
+    "cuda_max_allocated_mb",
+]
 
 
 def summarize(runs: list[dict]) -> list[dict]:
@@ -242,12 +312,34 @@ def summarize(runs: list[dict]) -> list[dict]:
 
 
 def print_table(summary: list[dict], cuda: bool):
-    header = ["config", "algorithm", "runs", "step time (s)", "CPU s/step", "completions/s", "gen tokens/s", "mean length",
-              "peak RSS (MB)", "RSS above imports (MB)"] + (["CUDA max allocated (MB)"] if cuda else [])
-    rows = [[r["config"], r["algorithm"], str(r["repeats"]), f"{r['median_step_time_s']:.3f}",
-             "-" if r["median_step_cpu_time_s"] is None else f"{r['median_step_cpu_time_s']:.3f}", f"{r['completions_per_s']:.1f}",
-             f"{r['generated_tokens_per_s']:.0f}", f"{r['mean_completion_length']:.1f}", f"{r['peak_rss_mb']:.0f}",
-             f"{r['rss_above_baseline_mb']:.0f}"] + ([f"{r['cuda_max_allocated_mb']:.0f}"] if cuda else []) for r in summary]
+    header = [
+        "config",
+        "algorithm",
+        "runs",
+        "step time (s)",
+        "CPU s/step",
+        "completions/s",
+        "gen tokens/s",
+        "mean length",
+        "peak RSS (MB)",
+        "RSS above imports (MB)",
+    ] + (["CUDA max allocated (MB)"] if cuda else [])
+    rows = [
+        [
+            r["config"],
+            r["algorithm"],
+            str(r["repeats"]),
+            f"{r['median_step_time_s']:.3f}",
+            "-" if r["median_step_cpu_time_s"] is None else f"{r['median_step_cpu_time_s']:.3f}",
+            f"{r['completions_per_s']:.1f}",
+            f"{r['generated_tokens_per_s']:.0f}",
+            f"{r['mean_completion_length']:.1f}",
+            f"{r['peak_rss_mb']:.0f}",
+            f"{r['rss_above_baseline_mb']:.0f}",
+        ]
+        + ([f"{r['cuda_max_allocated_mb']:.0f}"] if cuda else [])
+        for r in summary
+    ]
     print("| " + " | ".join(header) + " |")
     print("|" + "---|" * len(header))
     for row in rows:
@@ -261,14 +353,28 @@ def main(args: Args):
     for name in configs:
         require(name in CONFIGS, f"--configs: unknown config {name!r} (choose from {', '.join(CONFIGS)})")
     require(bool(algorithms) and bool(configs), "--algorithms, --configs: nothing to run")
-    require(args.steps > args.warmup_steps >= 0, f"--steps: {args.steps} leaves no measured step after --warmup_steps {args.warmup_steps}")
+    require(
+        args.steps > args.warmup_steps >= 0,
+        f"--steps: {args.steps} leaves no measured step after --warmup_steps {args.warmup_steps}",
+    )
     require(args.repeats >= 1, f"--repeats: must be ≥ 1, got {args.repeats}")
     require(args.num_generations >= 2, f"--num_generations: RLOO and GRPO need at least 2, got {args.num_generations}")
-    require(args.completions_per_step % args.num_generations == 0, f"--completions_per_step: {args.completions_per_step} is not a multiple of --num_generations {args.num_generations}")
+    require(
+        args.completions_per_step % args.num_generations == 0,
+        f"--completions_per_step: {args.completions_per_step} is not a multiple of --num_generations "
+        f"{args.num_generations}",
+    )
     require(args.max_completion_length >= 0, f"--max_completion_length: must be ≥ 0, got {args.max_completion_length}")
     if "trl_rloo" in algorithms:
-        found = Path(args.trl_python).exists() and subprocess.run([args.trl_python, "-c", "import trl"], capture_output=True).returncode == 0
-        require(found, f"--trl_python: {args.trl_python} cannot import trl; install it in a separate environment (pip install 'trl==1.16.*') and pass its python")
+        found = (
+            Path(args.trl_python).exists()
+            and subprocess.run([args.trl_python, "-c", "import trl"], capture_output=True).returncode == 0
+        )
+        require(
+            found,
+            f"--trl_python: {args.trl_python} cannot import trl; install it in a separate environment (pip install "
+            "'trl==1.16.*') and pass its python",
+        )
 
     import torch
 
@@ -288,23 +394,48 @@ def main(args: Args):
             for algorithm in algorithms:
                 run_dir = work_dir / f"{config}-{algorithm}-{repeat}"
                 G = args.num_generations if algorithm in GROUPED else 1
-                spec = {"algorithm": algorithm, "output_dir": str(run_dir), "model": model, "steps": args.steps,
-                        "completions_per_step": args.completions_per_step, "num_generations": G, "beta": args.beta,
-                        "max_completion_length": length,
-                        "argv": script_argv(args, algorithm, model, data_file, length, run_dir)}
+                spec = {
+                    "algorithm": algorithm,
+                    "output_dir": str(run_dir),
+                    "model": model,
+                    "steps": args.steps,
+                    "completions_per_step": args.completions_per_step,
+                    "num_generations": G,
+                    "beta": args.beta,
+                    "max_completion_length": length,
+                    "argv": script_argv(args, algorithm, model, data_file, length, run_dir),
+                }
                 result = run_child(args, spec, run_dir)
-                runs.append({"config": config, "algorithm": algorithm, "repeat": repeat, "parameters": parameters,
-                             "max_completion_length": length, **result})
-                print(f"[{repeat + 1}/{args.repeats}] {config:>9} {algorithm:>9}: {result['median_step_time_s']:.3f} s/step, "
-                      f"peak RSS {result['peak_rss_mb']:.0f} MB ({result['wall_s']:.0f} s)", flush=True)
+                runs.append(
+                    {
+                        "config": config,
+                        "algorithm": algorithm,
+                        "repeat": repeat,
+                        "parameters": parameters,
+                        "max_completion_length": length,
+                        **result,
+                    }
+                )
+                print(
+                    f"[{repeat + 1}/{args.repeats}] {config:>9} {algorithm:>9}: {result['median_step_time_s']:.3f} "
+                    "s/step, "
+                    f"peak RSS {result['peak_rss_mb']:.0f} MB ({result['wall_s']:.0f} s)",
+                    flush=True,
+                )
 
     summary = summarize(runs)
     cuda = torch.cuda.is_available()
     print_table(summary, cuda)
-    machine = {"device": torch.cuda.get_device_name() if cuda else f"cpu ({os.cpu_count()} cores)", "torch": torch.__version__,
-               "python": platform.python_version(), "load_average_at_end": os.getloadavg()}
+    machine = {
+        "device": torch.cuda.get_device_name() if cuda else f"cpu ({os.cpu_count()} cores)",
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "load_average_at_end": os.getloadavg(),
+    }
     Path(args.output_json).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.output_json).write_text(json.dumps({"settings": asdict(args), "machine": machine, "summary": summary, "runs": runs}, indent=1))
+    Path(args.output_json).write_text(
+        json.dumps({"settings": asdict(args), "machine": machine, "summary": summary, "runs": runs}, indent=1)
+    )
     print(f"wrote {args.output_json}")
 
 

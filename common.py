@@ -31,18 +31,12 @@ from tqdm.auto import tqdm
 from transformers import GenerationConfig, HfArgumentParser, SchedulerType
 from transformers.utils import logging as transformers_logging
 
+# defined in rewards.py, which imports nothing from this project so that it can be copied alone
+from rewards import ConfigError, TrainingError, as_completion, first_line, is_conversational, split_list  # noqa: F401
+
 ROOT = Path(__file__).resolve().parent
 EMBEDDED_MODEL = str(ROOT / "models" / "tiny-arith")
 """The shipped ~1M-parameter warm-start policy (made by `sft.py --from_scratch`); the default everywhere."""
-
-
-class ConfigError(Exception):
-    """Bad user input. Scripts report it as one line that names the flag or field, and exit with status 2."""
-
-
-class TrainingError(ConfigError):
-    """A mistake that shows only during training (a reward function that raises or returns the wrong thing): the
-    training loop ends (`graceful_interrupt` catches it), the script saves a checkpoint, then reports it as one line."""
 
 
 def arg(default, help: str):
@@ -86,8 +80,10 @@ def cli(main, args_class, argv=None):
         exit_with_error(error)
     except KeyboardInterrupt:
         close_progress_bars()
-        print(f"stopped at once by Ctrl-C: the checkpoints in {output_dir} are complete (never half-written)",
-              file=sys.stderr)
+        print(
+            f"stopped at once by Ctrl-C: the checkpoints in {output_dir} are complete (never half-written)",
+            file=sys.stderr,
+        )
         sys.exit(130)
     finally:
         if output_dir is not None:
@@ -111,17 +107,6 @@ def require(condition: bool, message: str):
         raise ConfigError(message)
 
 
-def first_line(error: Exception) -> str:
-    """The first line of an exception's message, or its type when the message is empty."""
-    lines = str(error).strip().splitlines()
-    return lines[0] if lines else type(error).__name__
-
-
-def split_list(text: str | None, cast=str) -> list:
-    """'accuracy, format' -> ['accuracy', 'format']; empty or None -> []."""
-    return [cast(item.strip()) for item in (text or "").split(",") if item.strip()]
-
-
 def check_shared_args(args):
     """The flags several scripts share, each checked here once so that the wording is the same everywhere; a script's
     `check_args` calls this first, then checks its own. Only the fields `args` has are checked."""
@@ -131,8 +116,18 @@ def check_shared_args(args):
             value = getattr(args, name)
             require(condition(value), f"--{name}: must be {expected}, got {value}")
 
-    for name in ("learning_rate", "max_steps", "logging_steps", "per_device_eval_batch_size", "num_generations_eval",
-                 "max_completion_length", "temperature", "max_grad_norm", "lora_r", "lora_alpha"):
+    for name in (
+        "learning_rate",
+        "max_steps",
+        "logging_steps",
+        "per_device_eval_batch_size",
+        "num_generations_eval",
+        "max_completion_length",
+        "temperature",
+        "max_grad_norm",
+        "lora_r",
+        "lora_alpha",
+    ):
         check(name, lambda value: value > 0, "positive")
     for name in ("eval_steps", "save_steps", "weight_decay", "top_k", "num_completions_to_print"):
         check(name, lambda value: value >= 0, "≥ 0")
@@ -144,21 +139,31 @@ def check_shared_args(args):
     check("lora_target_modules", lambda value: bool(split_list(value)), "module names or all-linear")
     schedulers = {s.value for s in SchedulerType}
     require(args.lr_scheduler_type in schedulers, f"--lr_scheduler_type: unknown scheduler {args.lr_scheduler_type!r}")
-    require(args.report_to in ("none", "tensorboard", "wandb"),
-            f"--report_to: expected none, tensorboard or wandb, got {args.report_to!r}")
+    require(
+        args.report_to in ("none", "tensorboard", "wandb"),
+        f"--report_to: expected none, tensorboard or wandb, got {args.report_to!r}",
+    )
     if args.report_to != "none":
         package = "tensorboard" if args.report_to == "tensorboard" else "wandb"
-        require(importlib.util.find_spec(package) is not None,
-                f"--report_to {args.report_to}: the {package} package is not installed (pip install {package})")
+        require(
+            importlib.util.find_spec(package) is not None,
+            f"--report_to {args.report_to}: the {package} package is not installed (pip install {package})",
+        )
     if getattr(args, "reward_clip_range", None) is not None:
         require(len(args.reward_clip_range) == 2, "--reward_clip_range: expected two numbers, low and high")
         low, high = args.reward_clip_range
         require(low <= high, f"--reward_clip_range: expected low ≤ high, got {low} {high}")
     # held-out figures must come from prompts the run never trains on
-    require(args.dataset_train_split != args.dataset_test_split, f"--dataset_test_split: {args.dataset_test_split!r} "
-            "is also --dataset_train_split: the held-out figures would come from training data")
-    require(args.dataset_name != "arithmetic" or args.dataset_train_split == "train", "--dataset_train_split: the "
-            f"built-in arithmetic task trains on 'train' (the rest is held out), got {args.dataset_train_split!r}")
+    require(
+        args.dataset_train_split != args.dataset_test_split,
+        f"--dataset_test_split: {args.dataset_test_split!r} "
+        "is also --dataset_train_split: the held-out figures would come from training data",
+    )
+    require(
+        args.dataset_name != "arithmetic" or args.dataset_train_split == "train",
+        "--dataset_train_split: the "
+        f"built-in arithmetic task trains on 'train' (the rest is held out), got {args.dataset_train_split!r}",
+    )
     check_output_dir(args)
 
 
@@ -169,8 +174,10 @@ def check_output_dir(args):
     existing = next(path for path in (out, *out.parents) if path.exists())
     require(existing.is_dir(), f"--output_dir: {existing} is a file, not a folder")
     require(os.access(existing, os.W_OK | os.X_OK), f"--output_dir: {existing} is not writable")
-    require(not (args.overwrite_output_dir and args.resume_from_checkpoint),
-            "--overwrite_output_dir: starts over, which contradicts --resume_from_checkpoint (pick one)")
+    require(
+        not (args.overwrite_output_dir and args.resume_from_checkpoint),
+        "--overwrite_output_dir: starts over, which contradicts --resume_from_checkpoint (pick one)",
+    )
     used = another_runs_files(args)
     require(not used or args.overwrite_output_dir, used_folder_message(args, used))  # again when claimed, to be sure
 
@@ -231,8 +238,10 @@ def stop_early(accelerator: Accelerator, stopped: threading.Event, step: int, ch
     to continue, then exit status 128 + the signal's number (130 for Ctrl-C, 143 for SIGTERM), or the TrainingError's
     line and status 2."""
     if stopped.error is not None:
-        raise TrainingError(f"{stopped.error} (at step {step + 1}); saved {checkpoint}: after fixing it, continue with "
-                            "--resume_from_checkpoint latest")
+        raise TrainingError(
+            f"{stopped.error} (at step {step + 1}); saved {checkpoint}: after fixing it, continue with "
+            "--resume_from_checkpoint latest"
+        )
     accelerator.print(f"interrupted at step {step}: saved {checkpoint}; continue with --resume_from_checkpoint latest")
     raise SystemExit(128 + (stopped.signum or signal.SIGINT))
 
@@ -273,8 +282,15 @@ def check_backend(accelerator: Accelerator, one_backward_per_update: bool, resca
     """DeepSpeed takes its optimizer step inside `backward` and keeps the gradients to itself: under DeepSpeed an update
     must be a single backward pass, and the accumulated gradient cannot be rescaled afterwards."""
     if accelerator.distributed_type == DistributedType.DEEPSPEED:
-        require(one_backward_per_update, "--micro_batch_size: under DeepSpeed each update is one backward pass: leave it 0 (the whole per-process batch)")
-        require(not rescales_gradients, "--normalize_advantages: not available under DeepSpeed (it rescales the accumulated gradient)")
+        require(
+            one_backward_per_update,
+            "--micro_batch_size: under DeepSpeed each update is one backward pass: leave it 0 (the whole per-process "
+            "batch)",
+        )
+        require(
+            not rescales_gradients,
+            "--normalize_advantages: not available under DeepSpeed (it rescales the accumulated gradient)",
+        )
 
 
 @contextlib.contextmanager
@@ -293,7 +309,7 @@ def generation_model(accelerator: Accelerator, model):
 
 
 # ----------------------------------------------------------------------------------------------------------------------
-# The built-in task: one-digit arithmetic in the seed's format, answered as <answer>N</answer>.
+# The built-in task: one-digit arithmetic, answered as <answer>N</answer>.
 # ----------------------------------------------------------------------------------------------------------------------
 OPERATORS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "×": lambda a, b: a * b, "÷": lambda a, b: a // b}
 HELD_OUT_FRACTION = 0.2
@@ -329,7 +345,7 @@ def arithmetic_split(split: str) -> list[tuple[int, str, int, int]]:
 
 
 def arithmetic_dataset(split: str) -> Dataset:
-    """Conversational prompts with a `ground_truth` column, as the seed's RAW_DATA → build_prompt does."""
+    """Conversational prompts (one user turn) with a `ground_truth` column, the format TRL's trainers take."""
     rows = [
         {"prompt": [{"role": "user", "content": arithmetic_question(a, op, b)}], "ground_truth": str(answer)}
         for a, op, b, answer in arithmetic_split(split)
@@ -343,7 +359,9 @@ def arithmetic_dataset(split: str) -> Dataset:
 FILE_BUILDERS = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet"}
 
 
-def load_split(dataset_name: str, split: str, builtin: dict | None = None, flag: str = "--dataset_name") -> Dataset | None:
+def load_split(
+    dataset_name: str, split: str, builtin: dict | None = None, flag: str = "--dataset_name"
+) -> Dataset | None:
     """One split of a dataset: a built-in name (its splits are 'train' and 'test'), a local data file, a local folder,
     or a hub dataset name. A single local file is its 'train' split. Returns None when the split does not exist."""
     if builtin and dataset_name in builtin:
@@ -371,8 +389,19 @@ def load_split(dataset_name: str, split: str, builtin: dict | None = None, flag:
     return dataset
 
 
+def rows_of_step(dataset: Dataset, step: int, prompts_per_step: int, seed: int, my_share: slice) -> Dataset:
+    """This process's share of the step's prompts. The position in the data is a function of the step (a fresh
+    permutation each epoch), so a resumed run sees the prompts the uninterrupted run would have."""
+    epoch, position = divmod(step, len(dataset) // prompts_per_step)
+    order = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(seed + epoch))
+    return dataset.select(order[position * prompts_per_step : (position + 1) * prompts_per_step][my_share].tolist())
+
+
 def check_prompt_column(dataset: Dataset, flag: str = "--dataset_name"):
-    require("prompt" in dataset.column_names, f"{flag}: the dataset has no 'prompt' column (columns: {dataset.column_names})")
+    require(
+        "prompt" in dataset.column_names,
+        f"{flag}: the dataset has no 'prompt' column (columns: {dataset.column_names})",
+    )
 
 
 def check_prompt_lengths(tokenizer, model, max_completion_length: int, datasets: dict):
@@ -382,8 +411,11 @@ def check_prompt_lengths(tokenizer, model, max_completion_length: int, datasets:
     context = getattr(model.config, "max_position_embeddings", None)
     if context is None:
         return
-    require(max_completion_length < context, f"--max_completion_length: {max_completion_length} tokens do not fit "
-            f"the model's context of {context} (max_position_embeddings)")
+    require(
+        max_completion_length < context,
+        f"--max_completion_length: {max_completion_length} tokens do not fit "
+        f"the model's context of {context} (max_position_embeddings)",
+    )
     for split, dataset in datasets.items():
         if dataset is None:
             continue
@@ -392,33 +424,32 @@ def check_prompt_lengths(tokenizer, model, max_completion_length: int, datasets:
         longest = max(range(len(lengths)), key=lengths.__getitem__)
         where = f"prompt {longest} of the {split!r} split is {lengths[longest]} tokens"
         require(lengths[longest] < context, f"--dataset_name: {where}, more than the model's context of {context}")
-        require(lengths[longest] + max_completion_length <= context, f"--max_completion_length: {where}; with "
-                f"{max_completion_length} more it exceeds the model's context of {context}")
+        require(
+            lengths[longest] + max_completion_length <= context,
+            f"--max_completion_length: {where}; with "
+            f"{max_completion_length} more it exceeds the model's context of {context}",
+        )
 
 
 def check_max_length(model, max_length: int):
     """--max_length (of training sequences) fits the model's context (`config.max_position_embeddings`, if any)."""
     context = getattr(model.config, "max_position_embeddings", None)
-    require(context is None or max_length <= context,
-            f"--max_length: {max_length} exceeds the model's context of {context} tokens (max_position_embeddings)")
-
-
-def is_conversational(prompt) -> bool:
-    return isinstance(prompt, list) and all(isinstance(m, dict) and "role" in m for m in prompt)
+    require(
+        context is None or max_length <= context,
+        f"--max_length: {max_length} exceeds the model's context of {context} tokens (max_position_embeddings)",
+    )
 
 
 def prompt_text(tokenizer, prompt) -> str:
     """A conversational prompt goes through the chat template; a standard (string) prompt is used as it is."""
     if is_conversational(prompt):
-        require(tokenizer.chat_template is not None, "--model_name_or_path: conversational prompts need a tokenizer with a chat template")
+        require(
+            tokenizer.chat_template is not None,
+            "--model_name_or_path: conversational prompts need a tokenizer with a chat template",
+        )
         return tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
     require(isinstance(prompt, str), f"prompt: expected a string or a list of messages, got {type(prompt).__name__}")
     return prompt
-
-
-def as_completion(prompt, text: str):
-    """TRL's convention: conversational prompts get completions as a message list, standard ones as plain text."""
-    return [{"role": "assistant", "content": text}] if is_conversational(prompt) else text
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -525,12 +556,18 @@ def generate(model, tokenizer, texts: list[str], generation_config: GenerationCo
         sequences = model.generate(**enc, generation_config=generation_config)
     finally:
         transformers_model.generation_config = shipped
-    return {"prompt_ids": enc.input_ids, "prompt_mask": enc.attention_mask, "completion_ids": sequences[:, enc.input_ids.shape[1]:]}
+    return {
+        "prompt_ids": enc.input_ids,
+        "prompt_mask": enc.attention_mask,
+        "completion_ids": sequences[:, enc.input_ids.shape[1] :],
+    }
 
 
-def sample_completions(accelerator: Accelerator, model, tokenizer, texts: list[str], generation_config: GenerationConfig, vllm=None) -> dict:
-    """One completion per text (the tensors of `generate`): from the colocated vLLM engine when there is one (--use_vllm,
-    vllm_colocate.py), else from the policy itself, in eval mode."""
+def sample_completions(
+    accelerator: Accelerator, model, tokenizer, texts: list[str], generation_config: GenerationConfig, vllm=None
+) -> dict:
+    """One completion per text (the tensors of `generate`): from the colocated vLLM engine when there is one
+    (--use_vllm, vllm_colocate.py), else from the policy itself, in eval mode."""
     if vllm is not None:
         return vllm.generate(texts, accelerator.device)
     model.eval()
@@ -551,10 +588,38 @@ def warn_no_reward_signal(accelerator: Accelerator, reward_funcs: dict, args):
     """Said once when, for NO_SIGNAL_STEPS steps in a row, every group's completions scored the same: the advantages are
     then zero (up to the KL term) and the run cannot learn from the reward."""
     if accelerator.is_main_process:
-        print(f"\nwarning: no reward signal for {NO_SIGNAL_STEPS} steps in a row: the completions of every group got "
-              f"equal rewards from {', '.join(reward_funcs)}, so the policy gradient of the reward is zero. Usual causes: "
-              f"a reward too strict for this model (e.g. an answer format it never produces), or --max_completion_length "
-              f"{args.max_completion_length} too short to reach the answer.", file=sys.stderr, flush=True)
+        print(
+            f"\nwarning: no reward signal for {NO_SIGNAL_STEPS} steps in a row: the completions of every group got "
+            f"equal rewards from {', '.join(reward_funcs)}, so the policy gradient of the reward is zero. Usual "
+            "causes: "
+            f"a reward too strict for this model (e.g. an answer format it never produces), or --max_completion_length "
+            f"{args.max_completion_length} too short to reach the answer.",
+            file=sys.stderr,
+            flush=True,
+        )
+
+
+def reward_metrics(rewards_per_func: torch.Tensor, reward_funcs: dict) -> dict:
+    """TRL's `rewards/<name>/mean|std` over the completions each function applies to (NaN where it returned None)."""
+    metrics = {}
+    for j, name in enumerate(reward_funcs):
+        metrics[f"rewards/{name}/mean"] = rewards_per_func[:, j].nanmean().item()
+        metrics[f"rewards/{name}/std"] = nanstd(rewards_per_func[:, j]).item()
+    return metrics
+
+
+def completion_metrics(lengths: torch.Tensor, is_truncated: torch.Tensor) -> dict:
+    """TRL's `completions/*` from the lengths (B,) in tokens and whether each completion hit max_completion_length."""
+    terminated = lengths[~is_truncated]
+    return {
+        "completions/mean_length": lengths.mean().item(),
+        "completions/min_length": lengths.min().item(),
+        "completions/max_length": lengths.max().item(),
+        "completions/clipped_ratio": is_truncated.float().mean().item(),
+        "completions/mean_terminated_length": terminated.mean().item() if len(terminated) else 0.0,
+        "completions/min_terminated_length": terminated.min().item() if len(terminated) else 0.0,
+        "completions/max_terminated_length": terminated.max().item() if len(terminated) else 0.0,
+    }
 
 
 def nanstd(values: torch.Tensor, dim: int | None = None) -> torch.Tensor:
@@ -597,7 +662,7 @@ def evaluate(model, tokenizer, eval_dataset: Dataset, args, reward_fns: dict, se
             everyone += everyone[-1:] * (processes.num_processes - len(everyone))  # fewer rows than processes: repeat
             with processes.split_between_processes(everyone, apply_padding=True) as indices:
                 for start in range(0, len(indices), args.per_device_eval_batch_size):
-                    batch_indices = indices[start:start + args.per_device_eval_batch_size]
+                    batch_indices = indices[start : start + args.per_device_eval_batch_size]
                     batch = [rows[i] for i in batch_indices]
                     prompts = [row["prompt"] for row in batch]
                     out = generate(model, tokenizer, [prompt_text(tokenizer, p) for p in prompts], config)
@@ -616,7 +681,9 @@ def evaluate(model, tokenizer, eval_dataset: Dataset, args, reward_fns: dict, se
 # ----------------------------------------------------------------------------------------------------------------------
 # Checkpoints: HF-format model + tokenizer (or adapter), plus optimizer, scheduler, RNG and step
 # ----------------------------------------------------------------------------------------------------------------------
-def save_checkpoint(accelerator: Accelerator, output_dir: str, step: int, model, tokenizer, extra: dict | None = None) -> Path:
+def save_checkpoint(
+    accelerator: Accelerator, output_dir: str, step: int, model, tokenizer, extra: dict | None = None
+) -> Path:
     """Write `checkpoint-{step}`: the model in HF format (or the LoRA adapter) and the tokenizer, for people;
     `accelerator_state/` (accelerate's own: model, optimizer, registered scheduler, every process's RNG; sharded
     states under DeepSpeed / FSDP), for resuming; `training_state.pt` with the step, the script's extras and the size of
@@ -707,7 +774,11 @@ def load_training_state(accelerator: Accelerator, checkpoint: Path) -> dict:
     """Restore what `save_checkpoint` saved into the prepared model(s) and optimizer(s), the registered scheduler and
     this process's RNG; returns the step and the script's extras. Resume with the same number of processes."""
     saved = len(list((checkpoint / "accelerator_state").glob("random_states_*.pkl")))
-    require(saved == accelerator.num_processes, f"--resume_from_checkpoint: {checkpoint} was saved by {saved} processes; resume it with as many (got {accelerator.num_processes})")
+    require(
+        saved == accelerator.num_processes,
+        f"--resume_from_checkpoint: {checkpoint} was saved by {saved} processes; resume it with as many (got "
+        f"{accelerator.num_processes})",
+    )
     accelerator.load_state(str(checkpoint / "accelerator_state"))
     return torch.load(checkpoint / "training_state.pt", weights_only=False, map_location="cpu")
 
@@ -717,7 +788,7 @@ def quiet_saves():
     """Saving without noise a user cannot act on: accelerate's "Removed shared tensor" warning (tied embeddings are
     saved once, as they should be) and transformers' "Writing model shards" progress bar."""
     accelerate_logger = logging.getLogger("accelerate.utils.other")
-    tied = lambda record: "Removed shared tensor" not in record.getMessage()  # noqa: E731
+    tied = lambda record: "Removed shared tensor" not in record.getMessage()
     bars = transformers_logging.is_progress_bar_enabled()
     accelerate_logger.addFilter(tied)
     transformers_logging.disable_progress_bar()
@@ -798,11 +869,15 @@ def take_lock(out: Path) -> str | None:
                 lock.unlink()
                 continue
             if holder.get("host") not in (me["host"], None):
-                return (f"--output_dir: {out} is in use by pid {holder.get('pid')} on {holder['host']}; if that run is "
-                        f"gone, delete {lock}")
+                return (
+                    f"--output_dir: {out} is in use by pid {holder.get('pid')} on {holder['host']}; if that run is "
+                    f"gone, delete {lock}"
+                )
             if holder.get("pid") and process_alive(holder["pid"]):
-                return (f"--output_dir: {out} is in use by another run (pid {holder['pid']}); wait for it or choose "
-                        "another folder")
+                return (
+                    f"--output_dir: {out} is in use by another run (pid {holder['pid']}); wait for it or choose "
+                    "another folder"
+                )
             print(f"--output_dir: taking over the stale lock of a run that is gone (pid {holder.get('pid')})")
             lock.unlink(missing_ok=True)
 
@@ -829,8 +904,10 @@ def another_runs_files(args) -> list[Path]:
 
 def used_folder_message(args, used: list[Path]) -> str:
     listed = ", ".join(p.name for p in used[:3]) + (", ..." if len(used) > 3 else "")
-    return (f"--output_dir: {args.output_dir} holds another run ({listed}): continue it with --resume_from_checkpoint "
-            "latest, start over with --overwrite_output_dir, or choose another folder")
+    return (
+        f"--output_dir: {args.output_dir} holds another run ({listed}): continue it with --resume_from_checkpoint "
+        "latest, start over with --overwrite_output_dir, or choose another folder"
+    )
 
 
 def claim_contents(args) -> str | None:
@@ -864,7 +941,10 @@ class MetricsLogger:
     """Only the main process writes (pass `enabled=accelerator.is_main_process`); on the others `log` does nothing."""
 
     def __init__(self, output_dir: str, report_to: str, config: dict, resume_step: int = 0, enabled: bool = True):
-        require(report_to in ("none", "tensorboard", "wandb"), f"--report_to: expected none, tensorboard or wandb, got {report_to!r}")
+        require(
+            report_to in ("none", "tensorboard", "wandb"),
+            f"--report_to: expected none, tensorboard or wandb, got {report_to!r}",
+        )
         self.enabled = enabled
         self.writer = self.wandb = None
         if not enabled:
@@ -879,7 +959,9 @@ class MetricsLogger:
             try:
                 from torch.utils.tensorboard import SummaryWriter
             except ImportError:
-                raise ConfigError("--report_to tensorboard: the tensorboard package is not installed (pip install tensorboard)") from None
+                raise ConfigError(
+                    "--report_to tensorboard: the tensorboard package is not installed (pip install tensorboard)"
+                ) from None
             self.writer = SummaryWriter(str(Path(output_dir) / "runs"))
         elif report_to == "wandb":
             try:

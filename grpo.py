@@ -1,7 +1,7 @@
 """GRPO: group relative policy optimization (Shao et al. 2024, "DeepSeekMath"), with the Dr. GRPO and DAPO changes.
 
-For every prompt x, sample G = num_generations completions y_1..y_G from the policy π_θ at temperature T and score
-them with the reward r (a weighted sum of reward functions, or a reward model). Then:
+For every prompt x, sample G = num_generations completions y_1..y_G from the policy π_θ at temperature τ (--temperature)
+and score them with the reward r (a weighted sum of reward functions, or a reward model). Then:
 
     Group-relative advantage (DeepSeekMath §4.1.2, outcome supervision), the same for every token of y_i
         A_i = (r_i − mean_j r_j) / (std + 1e-4)      std of the group's rewards (--scale_rewards group), of the whole
@@ -9,13 +9,14 @@ them with the reward r (a weighted sum of reward functions, or a reward model). 
 
     Per-token clipped surrogate, with the KL as a loss term on the current policy (DeepSeekMath Eq. 3, k3 of Eq. 4)
         ρ_{i,t} = π_θ(y_{i,t} | x, y_{i,<t}) / π_θ_old(y_{i,t} | x, y_{i,<t}) = exp(log π_θ − log π_θ_old)
-        kl_{i,t} = exp(log π_ref − log π_θ) − (log π_ref − log π_θ) − 1           (differentiated: ∂/∂log π_θ = 1 − π_ref/π_θ)
+        kl_{i,t} = exp(log π_ref − log π_θ) − (log π_ref − log π_θ) − 1     (differentiated: ∂/∂log π_θ = 1 − π_ref/π_θ)
         ℓ_{i,t} = −min(ρ_{i,t} A_i, clip(ρ_{i,t}, 1 − ε, 1 + ε_high) A_i) + β · kl_{i,t}
         L(θ) = Σ_{i,t} w_{i,t} ℓ_{i,t},   with m the completion mask (0 on whole rows with --mask_truncated_completions)
-            --loss_type grpo      w_{i,t} = m_{i,t} / (|y_i| · N)    each sequence's token mean, then the mean over the N
-                                                                     sequences with a loss (Eq. 3: long answers weigh less per token)
+            --loss_type grpo      w_{i,t} = m_{i,t} / (|y_i| · N)       each sequence's token mean, then the mean over
+                                                                the N sequences with a loss (Eq. 3: long answers
+                                                                weigh less per token)
             --loss_type dr_grpo   w_{i,t} = m_{i,t} / (B · max_completion_length)        a constant normalizer
-            --loss_type dapo      w_{i,t} = m_{i,t} / Σ_{j,s} m_{j,s}   every token of the batch weighs the same (the default)
+            --loss_type dapo      w_{i,t} = m_{i,t} / Σ_{j,s} m_{j,s}   every token of the batch weighs the same
             --loss_type bnpo      the same as dapo here (TRL divides by the tokens of each micro-batch instead)
 
 What the follow-ups changed. Dr. GRPO (Liu et al. 2025, §3.1–3.2): dividing by the std favours easy and hard prompts and
@@ -36,7 +37,8 @@ normalizer above is counted over all processes (accelerator.reduce), and as DDP 
 each process's loss is N times its share of the one sum: the update is the one-process update for the same batch.
 Logged statistics are gathered over the whole batch; only the main process writes logs, checkpoints and the model.
 
-With num_iterations = 1 (the default) the completions are used once: ρ ≡ 1 and ∇L = −Σ_{i,t} w_{i,t} A_i ∇ log π_θ(y_{i,t})
+With num_iterations = 1 (the default) the completions are used once: ρ ≡ 1 and
+∇L = −Σ_{i,t} w_{i,t} A_i ∇ log π_θ(y_{i,t})
 (+ the KL term). The logged `loss` and `policy_loss` (the loss without its β·kl term) then sit near 0, because the
 advantages of each group sum to zero; `grad_norm` shows that the update is not. Worked example (G = 4,
 --scale_rewards none): rewards 10, 8, 4, 2 have group mean 6 and advantages +4, +2, −2, −4, which RLOO's
@@ -44,6 +46,9 @@ leave-one-out advantages scale by G/(G−1) = 4/3.
 
 One forward pass per completion and iteration: the policy log-probs of the first iteration, detached, are π_θ_old,
 so no separate "old log-prob" pass is spent; β = 0 (the default) loads no reference model.
+
+Copy grpo.py with common.py (plumbing: arguments, data, processes, sampling, evaluation, checkpoints, logging)
+and rewards.py (reward functions, reward-model scoring; it stands alone); vllm_colocate.py only for --use_vllm.
 
     python grpo.py                                          # the embedded tiny model, offline, ~70 s on a 2-core CPU
 """
@@ -67,39 +72,69 @@ LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
 @dataclass
 class Args:
     # model and data
-    model_name_or_path: str = arg(common.EMBEDDED_MODEL, "policy to train: a hub id or a local folder (default: the embedded tiny model)")
-    dataset_name: str = arg("arithmetic", "'arithmetic' (built in), a hub dataset, or a local data file/folder with a 'prompt' column")
+    model_name_or_path: str = arg(
+        common.EMBEDDED_MODEL, "policy to train: a hub id or a local folder (default: the embedded tiny model)"
+    )
+    dataset_name: str = arg(
+        "arithmetic", "'arithmetic' (built in), a hub dataset, or a local data file/folder with a 'prompt' column"
+    )
     dataset_train_split: str = arg("train", "split to train on")
-    dataset_test_split: str = arg("test", "held-out split for eval/accuracy (needs a ground_truth column); skipped when absent")
+    dataset_test_split: str = arg(
+        "test", "held-out split for eval/accuracy (needs a ground_truth column); skipped when absent"
+    )
     reward_funcs: str = arg("accuracy", "comma-separated reward functions: accuracy, format, module:function, or none")
     reward_weights: str = arg("", "comma-separated weights, one per reward (empty: all 1.0)")
-    reward_model_path: str | None = arg(None, "a sequence-classification reward model (num_labels=1), added to the rewards")
+    reward_model_path: str | None = arg(
+        None, "a sequence-classification reward model (num_labels=1), added to the rewards"
+    )
     # GRPO
-    num_generations: int = arg(8, "completions sampled per prompt (G ≥ 2), the group whose mean is the baseline (8: few all-equal groups)")
-    scale_rewards: str = arg("group", "divide the centered rewards by the std of the group, of the batch, or none (Dr. GRPO)")
+    num_generations: int = arg(
+        8, "completions sampled per prompt (G ≥ 2), the group whose mean is the baseline (8: few all-equal groups)"
+    )
+    scale_rewards: str = arg(
+        "group", "divide the centered rewards by the std of the group, of the batch, or none (Dr. GRPO)"
+    )
     loss_type: str = arg("dapo", "token weighting of the loss: grpo, bnpo, dr_grpo or dapo (see the module docstring)")
     beta: float = arg(0.0, "coefficient β of the k3 KL term in the loss; 0 skips the reference model entirely")
-    num_iterations: int = arg(1, "optimizer steps on each batch of completions (>1 makes the ratio and clipping matter)")
+    num_iterations: int = arg(
+        1, "optimizer steps on each batch of completions (>1 makes the ratio and clipping matter)"
+    )
     epsilon: float = arg(0.2, "lower clipping bound ε of the per-token ratio")
     epsilon_high: float | None = arg(None, "upper clipping bound (default: epsilon; DAPO's clip-higher uses 0.28)")
-    mask_truncated_completions: bool = arg(False, "completions without EOS get no loss and leave the normalizer (they still count in the advantages)")
-    disable_dropout: bool = arg(True, "turn dropout off (LoRA's too), so sampling, π_old, the KL and the loss see one policy")
-    dynamic_sampling: bool = arg(False, "DAPO: drop groups whose rewards are all equal and refill the batch with more prompts")
-    max_resample_rounds: int = arg(3, "--dynamic_sampling: extra generation rounds per step at most; then dropped groups fill the rest")
+    mask_truncated_completions: bool = arg(
+        False, "completions without EOS get no loss and leave the normalizer (they still count in the advantages)"
+    )
+    disable_dropout: bool = arg(
+        True, "turn dropout off (LoRA's too), so sampling, π_old, the KL and the loss see one policy"
+    )
+    dynamic_sampling: bool = arg(
+        False, "DAPO: drop groups whose rewards are all equal and refill the batch with more prompts"
+    )
+    max_resample_rounds: int = arg(
+        3, "--dynamic_sampling: extra generation rounds per step at most; then dropped groups fill the rest"
+    )
     # generation
     temperature: float = arg(1.0, "sampling temperature; log-probs use the same logits / temperature")
     top_p: float = arg(1.0, "nucleus sampling (1.0 = off)")
     top_k: int = arg(0, "top-k sampling (0 = off)")
     max_completion_length: int = arg(24, "max generated tokens per completion")
-    use_vllm: bool = arg(False, "sample with a colocated vLLM engine (needs vllm and a GPU); weights synced after each update")
+    use_vllm: bool = arg(
+        False, "sample with a colocated vLLM engine (needs vllm and a GPU); weights synced after each update"
+    )
     vllm_gpu_memory_utilization: float = arg(0.3, "fraction of each GPU's memory the vLLM engine may take")
-    vllm_max_model_length: int | None = arg(None, "vLLM's context length (default: the model's); lower it to save memory")
+    vllm_max_model_length: int | None = arg(
+        None, "vLLM's context length (default: the model's); lower it to save memory"
+    )
     # optimization
-    prompts_per_step: int = arg(8, "distinct prompts per step; the step's batch is prompts_per_step × num_generations completions")
+    prompts_per_step: int = arg(
+        8, "distinct prompts per step; the step's batch is prompts_per_step × num_generations completions"
+    )
     micro_batch_size: int = arg(0, "completions per forward/backward, gradients accumulated (0 = the whole batch)")
     max_steps: int = arg(100, "training steps (one batch of completions each)")
     learning_rate: float = arg(1e-4, "AdamW learning rate (the embedded model; use ~1e-6 for a full 0.5B model)")
-    lr_scheduler_type: str = arg("constant_with_warmup", "transformers scheduler: constant, constant_with_warmup, linear, cosine, ...")
+    lr_scheduler_type: str = arg(
+        "constant_with_warmup", "transformers scheduler: constant, constant_with_warmup, linear, cosine, ..."
+    )
     warmup_ratio: float = arg(0.03, "fraction of optimizer steps spent warming up")
     weight_decay: float = arg(0.0, "AdamW weight decay")
     max_grad_norm: float = arg(1.0, "gradient clipping norm")
@@ -130,18 +165,33 @@ class Args:
 
 def check_args(args: Args):
     common.check_shared_args(args)  # the flags every script shares: learning rate, steps, sampling, output_dir, ...
-    require(args.num_generations >= 2, f"--num_generations: the group-relative advantage needs at least 2 completions per prompt, got {args.num_generations}")
+    require(
+        args.num_generations >= 2,
+        "--num_generations: the group-relative advantage needs at least 2 completions per prompt, got "
+        f"{args.num_generations}",
+    )
     require(args.prompts_per_step > 0, f"--prompts_per_step: must be positive, got {args.prompts_per_step}")
     batch_size = args.prompts_per_step * args.num_generations
     require(args.micro_batch_size >= 0, f"--micro_batch_size: must be ≥ 0, got {args.micro_batch_size}")
     micro = args.micro_batch_size or batch_size
-    require(batch_size % micro == 0, f"--micro_batch_size: {micro} does not divide the batch of {batch_size} completions (prompts_per_step × num_generations)")
+    require(
+        batch_size % micro == 0,
+        f"--micro_batch_size: {micro} does not divide the batch of {batch_size} completions (prompts_per_step × "
+        "num_generations)",
+    )
     require(args.num_iterations >= 1, f"--num_iterations: must be ≥ 1, got {args.num_iterations}")
     require(args.beta >= 0, f"--beta: must be ≥ 0, got {args.beta}")
-    require(args.scale_rewards in ("group", "batch", "none"), f"--scale_rewards: expected group, batch or none, got {args.scale_rewards!r}")
-    require(args.loss_type in LOSS_TYPES, f"--loss_type: expected one of {', '.join(LOSS_TYPES)}, got {args.loss_type!r}")
+    require(
+        args.scale_rewards in ("group", "batch", "none"),
+        f"--scale_rewards: expected group, batch or none, got {args.scale_rewards!r}",
+    )
+    require(
+        args.loss_type in LOSS_TYPES, f"--loss_type: expected one of {', '.join(LOSS_TYPES)}, got {args.loss_type!r}"
+    )
     require(args.epsilon > 0, f"--epsilon: must be positive, got {args.epsilon}")
-    require(args.epsilon_high is None or args.epsilon_high > 0, f"--epsilon_high: must be positive, got {args.epsilon_high}")
+    require(
+        args.epsilon_high is None or args.epsilon_high > 0, f"--epsilon_high: must be positive, got {args.epsilon_high}"
+    )
     require(args.max_resample_rounds >= 0, f"--max_resample_rounds: must be ≥ 0, got {args.max_resample_rounds}")
 
 
@@ -149,8 +199,11 @@ def check_args(args: Args):
 # The two quantities every equation above reads: the log-probs at the temperature, and where each completion ends.
 # The same text in rloo.py, grpo.py, reinforce.py and ppo.py.
 # ----------------------------------------------------------------------------------------------------------------------
-def completion_logprobs(model, input_ids, attention_mask, num_completion_tokens: int, temperature: float, entropy: bool = False):
-    """log π(y_t | x, y_<t) (B, T) of the last T tokens of `input_ids` (the completion) under softmax(logits / temperature).
+def completion_logprobs(
+    model, input_ids, attention_mask, num_completion_tokens: int, temperature: float, entropy: bool = False
+):
+    """log π(y_t | x, y_<t), (B, T), of the last T tokens of `input_ids` (the completion) under
+    softmax(logits / temperature).
 
     Only the T completion positions get logits (`logits_to_keep`), and the log-prob of the sampled token is
     logit - logsumexp: the (B, T, V) log-softmax is never materialized. With `entropy=True`, also returns the detached
@@ -158,9 +211,9 @@ def completion_logprobs(model, input_ids, attention_mask, num_completion_tokens:
     left-padded prompt gets the same positions here as when it was sampled.
     """
     position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
-    logits = model(
-        input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, logits_to_keep=num_completion_tokens + 1
-    ).logits[:, :-1].float() / temperature  # (B, T, V): position t predicts completion token t
+    kept = num_completion_tokens + 1  # the last prompt position predicts the first completion token
+    output = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, logits_to_keep=kept)
+    logits = output.logits[:, :-1].float() / temperature  # (B, T, V): position t predicts completion token t
     targets = input_ids[:, -num_completion_tokens:]
     logsumexp = logits.logsumexp(-1)
     logprobs = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - logsumexp
@@ -172,13 +225,14 @@ def completion_logprobs(model, input_ids, attention_mask, num_completion_tokens:
     return logprobs, token_entropy
 
 
-
 def end_of_completion(completion_ids: torch.Tensor, end_ids: int | list[int]) -> tuple[torch.Tensor, torch.Tensor]:
     """A completion ends at its first end token (kept). Returns its mask (B, T), 1 up to and including that token, and
     is_truncated (B,): True where no end token came within max_completion_length."""
     is_end = torch.isin(completion_ids, torch.tensor(end_ids, device=completion_ids.device))
     first_end = torch.where(is_end.any(1), is_end.int().argmax(1), completion_ids.shape[1])
-    completion_mask = (torch.arange(completion_ids.shape[1], device=completion_ids.device)[None] <= first_end[:, None]).long()
+    completion_mask = (
+        torch.arange(completion_ids.shape[1], device=completion_ids.device)[None] <= first_end[:, None]
+    ).long()
     return completion_mask, ~is_end.any(1)
 
 
@@ -202,7 +256,9 @@ def group_relative_advantages(rewards: torch.Tensor, num_generations: int, scale
     return centered.flatten().nan_to_num(0.0)
 
 
-def loss_token_weights(loss_mask: torch.Tensor, loss_type: str, max_completion_length: int, sum_over_processes=lambda count: count) -> torch.Tensor:
+def loss_token_weights(
+    loss_mask: torch.Tensor, loss_type: str, max_completion_length: int, sum_over_processes=lambda count: count
+) -> torch.Tensor:
     """w (B, T) of L = Σ_{i,t} w_{i,t} ℓ_{i,t}, normalized over the WHOLE batch; loss_mask (B, T) marks the tokens that
     get a loss (completion tokens, after truncation masking). A micro-batch's loss is its rows' share of the sum. With
     several processes loss_mask holds this process's rows, and sum_over_processes (accelerator.reduce) adds the other
@@ -213,10 +269,13 @@ def loss_token_weights(loss_mask: torch.Tensor, loss_type: str, max_completion_l
         return loss_mask / lengths.clamp(min=1) / sum_over_processes((lengths > 0).sum()).clamp(min=1)
     if loss_type == "dr_grpo":  # a constant: every token weighs the same, whatever the lengths in this batch
         return loss_mask / sum_over_processes(loss_mask.new_tensor(loss_mask.shape[0] * max_completion_length))
-    return loss_mask / sum_over_processes(loss_mask.sum()).clamp(min=1)  # dapo and bnpo: every token of the batch weighs the same
+    # dapo and bnpo: every token of the batch weighs the same
+    return loss_mask / sum_over_processes(loss_mask.sum()).clamp(min=1)
 
 
-def grpo_loss(logprobs, old_logprobs, ref_logprobs, advantages, token_weights, beta: float, epsilon: float, epsilon_high: float):
+def grpo_loss(
+    logprobs, old_logprobs, ref_logprobs, advantages, token_weights, *, beta: float, epsilon: float, epsilon_high: float
+):
     """Σ_{i,t} w_{i,t} (−min(ρ_t A_i, clip(ρ_t, 1−ε, 1+ε_high) A_i) + β kl_t) over this micro-batch, ρ_t the per-token
     ratio. Returns the loss, its policy part (without the KL term), and ρ (B_mb, T)."""
     ratio = torch.exp(logprobs - old_logprobs)  # ≡ 1 (with gradient ∇ log π) when old = logprobs.detach()
@@ -239,7 +298,12 @@ def concat_samples(samples: list[dict], pad_token_id: int) -> dict:
 
     def pad_cat(key, value, left):
         width = max(s[key].shape[1] for s in samples)
-        return torch.cat([F.pad(s[key], (width - s[key].shape[1], 0) if left else (0, width - s[key].shape[1]), value=value) for s in samples])
+        return torch.cat(
+            [
+                F.pad(s[key], (width - s[key].shape[1], 0) if left else (0, width - s[key].shape[1]), value=value)
+                for s in samples
+            ]
+        )
 
     return {
         "prompts": [p for s in samples for p in s["prompts"]],
@@ -258,14 +322,23 @@ def select_groups(sample: dict, groups: list[int], num_generations: int) -> dict
     rows = [g * num_generations + k for g in groups for k in range(num_generations)]
     index = torch.tensor(rows, dtype=torch.long)
     return {
-        key: [value[i] for i in rows] if isinstance(value, list)
-        else {c: [v[i] for i in rows] for c, v in value.items()} if isinstance(value, dict)
+        key: [value[i] for i in rows]
+        if isinstance(value, list)
+        else {c: [v[i] for i in rows] for c, v in value.items()}
+        if isinstance(value, dict)
         else value[index.to(value.device)]
         for key, value in sample.items()
     }
 
 
-def dynamic_sampling(sample_round, num_prompts: int, num_generations: int, max_resample_rounds: int, pad_token_id: int, all_done=lambda done: done):
+def dynamic_sampling(
+    sample_round,
+    num_prompts: int,
+    num_generations: int,
+    max_resample_rounds: int,
+    pad_token_id: int,
+    all_done=lambda done: done,
+):
     """DAPO's dynamic sampling: keep the groups whose rewards differ, calling sample_round(1), sample_round(2), ... for
     more until num_prompts groups are kept or max_resample_rounds extra rounds are spent; dropped groups fill whatever
     is still missing. sample_round(0) is the step's own prompts. Returns the batch and the fraction of dropped groups.
@@ -294,24 +367,37 @@ def main(args: Args):
     batch_size = args.prompts_per_step * G  # completions per step, over all processes
     my_prompts = common.shard(accelerator, args.prompts_per_step, "--prompts_per_step")  # this process's prompts
     my_rows = common.shard(accelerator, batch_size, "--prompts_per_step")  # and their completions, in the whole batch
-    local_prompts, local_batch_size = args.prompts_per_step // accelerator.num_processes, batch_size // accelerator.num_processes
+    local_prompts, local_batch_size = (
+        args.prompts_per_step // accelerator.num_processes,
+        batch_size // accelerator.num_processes,
+    )
     micro_batch_size = args.micro_batch_size or local_batch_size
-    require(local_batch_size % micro_batch_size == 0, f"--micro_batch_size: {micro_batch_size} does not divide the {local_batch_size} completions of each of the {accelerator.num_processes} processes")
+    require(
+        local_batch_size % micro_batch_size == 0,
+        f"--micro_batch_size: {micro_batch_size} does not divide the {local_batch_size} completions of each of the "
+        f"{accelerator.num_processes} processes",
+    )
     common.check_backend(accelerator, micro_batch_size == local_batch_size)
     epsilon_high = args.epsilon if args.epsilon_high is None else args.epsilon_high
 
-    # ---- data: prompts, and every other column for the reward functions ----
+    # ---- plumbing: data (prompts, and every other column for the reward functions) ----
     builtin = {"arithmetic": common.arithmetic_dataset}
     train_dataset = common.load_split(args.dataset_name, args.dataset_train_split, builtin)
-    require(train_dataset is not None, f"--dataset_train_split: {args.dataset_name} has no split {args.dataset_train_split!r}")
+    require(
+        train_dataset is not None,
+        f"--dataset_train_split: {args.dataset_name} has no split {args.dataset_train_split!r}",
+    )
     common.check_prompt_column(train_dataset)
-    require(len(train_dataset) >= args.prompts_per_step, f"--prompts_per_step: {args.prompts_per_step} exceeds the {len(train_dataset)} training prompts")
+    require(
+        len(train_dataset) >= args.prompts_per_step,
+        f"--prompts_per_step: {args.prompts_per_step} exceeds the {len(train_dataset)} training prompts",
+    )
     eval_dataset = common.load_split(args.dataset_name, args.dataset_test_split, builtin)
     if eval_dataset is None or "ground_truth" not in eval_dataset.column_names:
         print(f"no held-out split {args.dataset_test_split!r} with a ground_truth column: evaluation is skipped")
         eval_dataset = None
 
-    # ---- models: policy, reference (only when β > 0), reward functions ----
+    # ---- plumbing: models: policy, reference (only when β > 0), reward functions ----
     checkpoint = common.resolve_checkpoint(args.resume_from_checkpoint, args.output_dir)
     tokenizer = common.load_tokenizer(args.model_name_or_path)
     model = common.load_causal_lm(args.model_name_or_path)  # a resumed run gets its weights from the checkpoint below
@@ -339,7 +425,12 @@ def main(args: Args):
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=args.learning_rate, weight_decay=args.weight_decay)
     total_updates = args.max_steps * args.num_iterations
-    scheduler = get_scheduler(args.lr_scheduler_type, optimizer, num_warmup_steps=int(args.warmup_ratio * total_updates), num_training_steps=total_updates)
+    scheduler = get_scheduler(
+        args.lr_scheduler_type,
+        optimizer,
+        num_warmup_steps=int(args.warmup_ratio * total_updates),
+        num_training_steps=total_updates,
+    )
     model, optimizer = accelerator.prepare(model, optimizer)  # DDP / DeepSpeed / FSDP wrapping, device placement
     accelerator.register_for_checkpointing(scheduler)  # saved and restored, but stepped once per update by us
     start_step, num_tokens = 0, 0
@@ -352,12 +443,14 @@ def main(args: Args):
 
         vllm = VLLMGenerator(accelerator, args, tokenizer, model)
     common.claim_output_dir(accelerator, args)  # every check is done: from here on, this run writes
-    logger = common.MetricsLogger(args.output_dir, args.report_to, asdict(args), resume_step=start_step, enabled=accelerator.is_main_process)
+    logger = common.MetricsLogger(
+        args.output_dir, args.report_to, asdict(args), resume_step=start_step, enabled=accelerator.is_main_process
+    )
     eval_rewards = {"accuracy": accuracy_reward, "format": format_reward}
 
     def reference_logprobs(input_ids, attention_mask, T):
         policy = accelerator.unwrap_model(model)
-        with torch.no_grad(), accelerator.autocast(), (policy.disable_adapter() if args.use_peft else nullcontext()):
+        with torch.no_grad(), accelerator.autocast(), policy.disable_adapter() if args.use_peft else nullcontext():
             return completion_logprobs(ref_model or policy, input_ids, attention_mask, T, args.temperature)
 
     def run_eval(step: int) -> dict:
@@ -369,69 +462,94 @@ def main(args: Args):
         return metrics
 
     first_eval = run_eval(0) if start_step == 0 else {}
-    steps_per_epoch = len(train_dataset) // args.prompts_per_step
     columns = [c for c in train_dataset.column_names if c != "prompt"]
 
     def generate_and_score(rows) -> dict:
-        # 2. generate G completions per prompt
+        # ==== 1. rollout: G completions per prompt, each ended at its first end token ====
         prompts = [p for p in rows["prompt"] for _ in range(G)]  # each prompt's G completions are contiguous
         texts = [common.prompt_text(tokenizer, p) for p in prompts]
         rollout = common.sample_completions(accelerator, model, tokenizer, texts, generation_config, vllm)
         completion_mask, is_truncated = end_of_completion(rollout["completion_ids"], generation_config.eos_token_id)
         completion_ids = rollout["completion_ids"].masked_fill(completion_mask == 0, tokenizer.pad_token_id)  # (B, T)
 
-        # 3. score: r(x, y_i), the weighted sum of the reward functions
+        # ==== 2. score: r(x, y_i), the weighted sum of the reward functions ====
         completion_texts = common.decode_completions(tokenizer, completion_ids)
         completion_id_lists = [ids[mask.bool()].tolist() for ids, mask in zip(completion_ids, completion_mask)]
         row_columns = {c: [v for v in rows[c] for _ in range(G)] for c in columns}
-        rewards, rewards_per_func = compute_rewards(reward_funcs, weights, prompts, completion_texts, completion_id_lists, row_columns)
-        return {"prompts": prompts, "columns": row_columns, **rollout, "completion_ids": completion_ids, "completion_mask": completion_mask,
-                "is_truncated": is_truncated, "completion_texts": completion_texts, "rewards": rewards, "rewards_per_func": rewards_per_func}
+        rewards, rewards_per_func = compute_rewards(
+            reward_funcs, weights, prompts, completion_texts, completion_id_lists, row_columns
+        )
+        return {
+            "prompts": prompts,
+            "columns": row_columns,
+            **rollout,
+            "completion_ids": completion_ids,
+            "completion_mask": completion_mask,
+            "is_truncated": is_truncated,
+            "completion_texts": completion_texts,
+            "rewards": rewards,
+            "rewards_per_func": rewards_per_func,
+        }
 
-    # ---- training loop ----
+    # ==== the training loop: the algorithm in numbered phases (1-6), then the plumbing (7-8) ====
     step, steps_without_signal = start_step, 0
     progress = tqdm(total=args.max_steps, initial=start_step, desc="grpo", disable=not accelerator.is_main_process)
     with common.graceful_interrupt() as interrupted:
         while step < args.max_steps and not common.any_process(accelerator, interrupted.is_set()):
             step_start = time.perf_counter()
 
-            # 1. sample prompts; the data position is a function of the step, so a resumed run sees the same prompts
-            epoch, position = divmod(step, steps_per_epoch)
-            order = torch.randperm(len(train_dataset), generator=torch.Generator().manual_seed(args.seed + epoch))
-            rows = train_dataset.select(order[position * args.prompts_per_step:(position + 1) * args.prompts_per_step][my_prompts].tolist())
-
-            # 2-3. generate and score (see generate_and_score); dynamic sampling drops the groups whose rewards are all
-            # equal and draws more prompts at random, seeded by (seed, step, round) so that a resumed run draws the same.
+            # ==== 1-2. rollout and score (generate_and_score, above) ====
+            # Dynamic sampling drops the groups whose rewards are all equal and draws more prompts at random, seeded by
+            # (seed, step, round) so that a resumed run draws the same.
+            rows = common.rows_of_step(train_dataset, step, args.prompts_per_step, args.seed, my_prompts)
             # Each process refills its own share, from its share of each round's draw.
             if args.dynamic_sampling:
-                def sample_round(round_index):
+
+                def sample_round(round_index, rows=rows, step=step):
                     if round_index == 0:
                         return generate_and_score(rows)
                     generator = torch.Generator().manual_seed(hash((args.seed, step, round_index)) % 2**63)
-                    return generate_and_score(train_dataset.select(torch.randperm(len(train_dataset), generator=generator)[:args.prompts_per_step][my_prompts].tolist()))
+                    drawn = torch.randperm(len(train_dataset), generator=generator)[: args.prompts_per_step]
+                    return generate_and_score(train_dataset.select(drawn[my_prompts].tolist()))
 
-                all_done = lambda done: not common.any_process(accelerator, not done)  # noqa: E731
-                rollout, dropped_frac = dynamic_sampling(sample_round, local_prompts, G, args.max_resample_rounds, tokenizer.pad_token_id, all_done)
-                dropped_frac = accelerator.reduce(torch.tensor(dropped_frac, device=device), "mean").item()  # same rounds: equal counts
+                all_done = lambda done: not common.any_process(accelerator, not done)
+                rollout, dropped_frac = dynamic_sampling(
+                    sample_round, local_prompts, G, args.max_resample_rounds, tokenizer.pad_token_id, all_done
+                )
+                dropped_frac = accelerator.reduce(
+                    torch.tensor(dropped_frac, device=device), "mean"
+                ).item()  # same rounds: equal counts
             else:
                 rollout = generate_and_score(rows)
-            prompts, completion_texts, rewards_per_func = rollout["prompts"], rollout["completion_texts"], rollout["rewards_per_func"]
+            prompts, completion_texts, rewards_per_func = (
+                rollout["prompts"],
+                rollout["completion_texts"],
+                rollout["rewards_per_func"],
+            )
             completion_ids, completion_mask = rollout["completion_ids"], rollout["completion_mask"]  # (B, T)
             input_ids = torch.cat([rollout["prompt_ids"], completion_ids], 1)
             attention_mask = torch.cat([rollout["prompt_mask"], completion_mask], 1)
             T = completion_ids.shape[1]
             rewards = rollout["rewards"].to(device)
-            loss_mask = completion_mask * ~rollout["is_truncated"][:, None] if args.mask_truncated_completions else completion_mask
+            loss_mask = (
+                completion_mask * ~rollout["is_truncated"][:, None]
+                if args.mask_truncated_completions
+                else completion_mask
+            )
 
-            # 4. group-relative advantage (rewards only: the KL is a loss term) over the whole batch, gathered from every
-            # process, of which this process keeps its rows; and the token weights, normalized over the whole batch.
+            # ==== 3. advantage: group-relative, from the rewards only (the KL is a loss term) ====
+            # Over the whole batch, gathered from every process, of which this process keeps its rows; and the token
+            # weights, normalized over the whole batch.
             # DDP averages the N processes' gradients, so each process's weights are N × its share of the one sum.
             all_rewards = accelerator.gather(rewards)  # (B,), in the order of the one-process batch
             advantages = group_relative_advantages(all_rewards, G, args.scale_rewards)[my_rows]
-            sum_over_processes = lambda count: accelerator.reduce(count, "sum")  # noqa: E731
-            token_weights = loss_token_weights(loss_mask, args.loss_type, args.max_completion_length, sum_over_processes) * accelerator.num_processes
+            sum_over_processes = lambda count: accelerator.reduce(count, "sum")
+            token_weights = (
+                loss_token_weights(loss_mask, args.loss_type, args.max_completion_length, sum_over_processes)
+                * accelerator.num_processes
+            )
 
-            # 5-6. per micro-batch: log-probs → per-token clipped surrogate + β·k3 → loss
+            # ==== 4-6. per micro-batch: log-probs → per-token clipped surrogate + β·KL → loss; update ====
             old_logprobs = torch.zeros(local_batch_size, T, device=device)
             ref_logprobs = torch.zeros(local_batch_size, T, device=device)
             kl = torch.zeros(local_batch_size, T, device=device)
@@ -443,18 +561,31 @@ def main(args: Args):
                 for k, mb in enumerate(micro_batches):
                     # one all-reduce per update: all but the last micro-batch run forward and backward under no_sync
                     with nullcontext() if k == len(micro_batches) - 1 else accelerator.no_sync(model):
-                        if iteration == 0 and args.beta > 0:  # first, so that its activations never coexist with the policy's
+                        # the reference pass first, so that its activations never coexist with the policy's
+                        if iteration == 0 and args.beta > 0:
                             ref_logprobs[mb] = reference_logprobs(input_ids[mb], attention_mask[mb], T)
                         with accelerator.autocast():
-                            logprobs, token_entropy = completion_logprobs(model, input_ids[mb], attention_mask[mb], T, args.temperature, entropy=True)
+                            logprobs, token_entropy = completion_logprobs(
+                                model, input_ids[mb], attention_mask[mb], T, args.temperature, entropy=True
+                            )
                         mask = completion_mask[mb]
                         if iteration == 0:
-                            old_logprobs[mb] = logprobs.detach()  # π_θ_old = the sampling policy = π_θ before this batch's first update
+                            # π_θ_old = the sampling policy = π_θ before this batch's first update
+                            old_logprobs[mb] = logprobs.detach()
                             entropy[mb] = token_entropy
                             if args.beta > 0:
                                 kl[mb] = per_token_kl(old_logprobs[mb], ref_logprobs[mb]) * mask
                         A = advantages[mb]
-                        loss, policy_loss, ratio = grpo_loss(logprobs, old_logprobs[mb], ref_logprobs[mb], A, token_weights[mb], args.beta, args.epsilon, epsilon_high)
+                        loss, policy_loss, ratio = grpo_loss(
+                            logprobs,
+                            old_logprobs[mb],
+                            ref_logprobs[mb],
+                            A,
+                            token_weights[mb],
+                            beta=args.beta,
+                            epsilon=args.epsilon,
+                            epsilon_high=epsilon_high,
+                        )
                         accelerator.backward(loss)
                     loss_sum += loss.item()
                     policy_loss_sum += policy_loss.item()
@@ -478,13 +609,12 @@ def main(args: Args):
             progress.update()
             num_tokens += accelerator.reduce(attention_mask.sum(), "sum").item()
 
-            # 7. log: statistics over the whole batch, gathered from every process
+            # ==== 7-8. plumbing: log (statistics over the whole batch, from every process), evaluate, save ====
             if step % args.logging_steps == 0 or step == args.max_steps:
-                everywhere = lambda x: accelerator.gather(x.to(device))  # noqa: E731  (B_local, ...) -> (B, ...)
+                everywhere = lambda x: accelerator.gather(x.to(device))  # (B_local, ...) -> (B, ...)
                 all_rewards_per_func = everywhere(rewards_per_func)
                 lengths = everywhere(completion_mask.sum(1).float())
                 truncated = everywhere(rollout["is_truncated"])
-                terminated = lengths[~truncated]
                 group_std = common.nanstd(all_rewards.view(-1, G), 1)
                 token_count = lengths.sum().clamp(min=1)
                 clip_low_all, clip_high_all = everywhere(torch.tensor(clip_low)), everywhere(torch.tensor(clip_high))
@@ -492,8 +622,7 @@ def main(args: Args):
                     "reward": all_rewards.nanmean().item(),
                     "reward_std": common.nanstd(all_rewards).item(),
                     "frac_reward_zero_std": (~(group_std > 1e-6)).float().mean().item(),  # < 2 scorable: no signal
-                    **{f"rewards/{name}/mean": all_rewards_per_func[:, j].nanmean().item() for j, name in enumerate(reward_funcs)},
-                    **{f"rewards/{name}/std": common.nanstd(all_rewards_per_func[:, j]).item() for j, name in enumerate(reward_funcs)},
+                    **common.reward_metrics(all_rewards_per_func, reward_funcs),
                     **({"kl": (everywhere(kl.sum(1)).sum() / token_count).item()} if args.beta > 0 else {}),
                     **({"dynamic_sampling/dropped_frac": dropped_frac} if args.dynamic_sampling else {}),
                     "entropy": (everywhere((entropy * completion_mask).sum(1)).sum() / token_count).item(),
@@ -502,15 +631,13 @@ def main(args: Args):
                     "clip_ratio/high_mean": clip_high_all.mean().item(),
                     "clip_ratio/high_max": clip_high_all.max().item(),
                     "clip_ratio/region_mean": (clip_low_all + clip_high_all).mean().item(),
-                    "completions/mean_length": lengths.mean().item(),
-                    "completions/min_length": lengths.min().item(),
-                    "completions/max_length": lengths.max().item(),
-                    "completions/clipped_ratio": truncated.float().mean().item(),
-                    "completions/mean_terminated_length": terminated.mean().item() if len(terminated) else 0.0,
-                    "completions/min_terminated_length": terminated.min().item() if len(terminated) else 0.0,
-                    "completions/max_terminated_length": terminated.max().item() if len(terminated) else 0.0,
-                    "loss": accelerator.reduce(torch.tensor(sum(losses) / len(losses), device=device), "mean").item(),  # mean of N × each share: the sum
-                    "policy_loss": accelerator.reduce(torch.tensor(sum(policy_losses) / len(policy_losses), device=device), "mean").item(),
+                    **common.completion_metrics(lengths, truncated),
+                    "loss": accelerator.reduce(
+                        torch.tensor(sum(losses) / len(losses), device=device), "mean"
+                    ).item(),  # mean of N × each share: the sum
+                    "policy_loss": accelerator.reduce(
+                        torch.tensor(sum(policy_losses) / len(policy_losses), device=device), "mean"
+                    ).item(),
                     "grad_norm": sum(grad_norms) / len(grad_norms),
                     "learning_rate": scheduler.get_last_lr()[0],
                     "num_tokens": num_tokens,
@@ -520,9 +647,10 @@ def main(args: Args):
                 progress.set_postfix(reward=f"{metrics['reward']:.3f}", grad_norm=f"{metrics['grad_norm']:.3f}")
                 if args.log_completions and accelerator.is_main_process:
                     for i in range(min(args.num_completions_to_print, local_batch_size)):
-                        tqdm.write(f"[step {step}] {prompts[i]!r} → {completion_texts[i]!r}  reward {rewards[i].item():.3f}")
+                        tqdm.write(
+                            f"[step {step}] {prompts[i]!r} → {completion_texts[i]!r}  reward {rewards[i].item():.3f}"
+                        )
 
-            # 8. evaluate and save
             if args.eval_steps and step % args.eval_steps == 0 and step != args.max_steps:
                 run_eval(step)
             if args.save_steps and step % args.save_steps == 0:
@@ -539,8 +667,11 @@ def main(args: Args):
     logger.close()
     accelerator.end_training()
     if first_eval and last_eval:
-        accelerator.print(f"held-out accuracy (sampled, T={args.temperature}): {first_eval['eval/accuracy']:.3f} → {last_eval['eval/accuracy']:.3f}; "
-              f"greedy: {first_eval['eval/accuracy_greedy']:.3f} → {last_eval['eval/accuracy_greedy']:.3f}")
+        accelerator.print(
+            f"held-out accuracy (sampled, T={args.temperature}): {first_eval['eval/accuracy']:.3f} → "
+            f"{last_eval['eval/accuracy']:.3f}; "
+            f"greedy: {first_eval['eval/accuracy_greedy']:.3f} → {last_eval['eval/accuracy_greedy']:.3f}"
+        )
     accelerator.print(f"saved the model to {args.output_dir}")
 
 

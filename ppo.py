@@ -3,7 +3,8 @@
 
 Four models: the policy π_θ (trained); a frozen reference π_ref (the initial policy; with LoRA, the policy with its
 adapters disabled); a reward source r (reward functions as in rloo.py, or a reward model); a value model V_ψ (trained;
-a scalar head read at every position). For every prompt x, sample one completion y = y_1..y_T at temperature T and
+a scalar head read at every position). For every prompt x, sample one completion y = y_1..y_T at temperature τ
+(--temperature) and
 score it. Each token y_t is an action taken in the state s_t = (x, y_<t). Then:
 
     KL-shaped per-token reward (Back to Basics Eq. 3, spread over the tokens; Ziegler et al. Eq. 2)
@@ -23,7 +24,7 @@ score it. Each token y_t is an action taken in the state s_t = (x, y_<t). Then:
         ρ_t = π_θ(y_t | s_t) / π_θ_old(y_t | s_t)
         L_pg = max(−A_t ρ_t, −A_t clip(ρ_t, 1 − cliprange, 1 + cliprange))                 (PPO Eq. 7, as a loss)
         L_vf = 0.5 · max((V − R)², (clip(V, V_old − cliprange_value, V_old + cliprange_value) − R)²)
-        L = L_pg + vf_coef · L_vf                                                           (PPO Eq. 9, no entropy bonus)
+        L = L_pg + vf_coef · L_vf                                                 (PPO Eq. 9, no entropy bonus)
 
 Back to Basics' Vanilla PG is `--lam 1.0 --num_ppo_epochs 1 --num_mini_batches 1 --whiten_advantages False`
 (γ = 1, the default): the δ_t telescope to A_t = Σ_{l≥0} r_{t+l} − V(s_t) = G_t − V(s_t), one update per batch makes
@@ -49,8 +50,11 @@ that normalizes both losses, the KL of the adaptive controller and the logged me
 processes, so with one mini-batch an update is the one-process update of the same batch (with more, a mini-batch is N
 random shares, one per process, rather than a random subset of the whole batch).
 
-    python ppo.py                                                  # the embedded tiny model, offline, ~30 s on a 2-core CPU
-    python ppo.py --reward_model_path outputs/reward_model --reward_funcs none   # the reward model of reward_model.py alone
+Copy ppo.py with common.py (plumbing: arguments, data, processes, sampling, evaluation, checkpoints, logging)
+and rewards.py (reward functions, reward-model scoring; it stands alone); vllm_colocate.py only for --use_vllm.
+
+    python ppo.py                                          # the embedded tiny model, offline, ~30 s on a 2-core CPU
+    python ppo.py --reward_model_path outputs/reward_model --reward_funcs none   # reward_model.py's model alone
 """
 
 import time
@@ -71,46 +75,77 @@ from rewards import accuracy_reward, check_columns, compute_rewards, format_rewa
 @dataclass
 class Args:
     # model and data
-    model_name_or_path: str = arg(common.EMBEDDED_MODEL, "policy to train: a hub id or a local folder (default: the embedded tiny model)")
-    dataset_name: str = arg("arithmetic", "'arithmetic' (built in), a hub dataset, or a local data file/folder with a 'prompt' column")
+    model_name_or_path: str = arg(
+        common.EMBEDDED_MODEL, "policy to train: a hub id or a local folder (default: the embedded tiny model)"
+    )
+    dataset_name: str = arg(
+        "arithmetic", "'arithmetic' (built in), a hub dataset, or a local data file/folder with a 'prompt' column"
+    )
     dataset_train_split: str = arg("train", "split to train on")
-    dataset_test_split: str = arg("test", "held-out split for eval/accuracy (needs a ground_truth column); skipped when absent")
+    dataset_test_split: str = arg(
+        "test", "held-out split for eval/accuracy (needs a ground_truth column); skipped when absent"
+    )
     reward_funcs: str = arg("accuracy", "comma-separated reward functions: accuracy, format, module:function, or none")
     reward_weights: str = arg("", "comma-separated weights, one per reward (empty: all 1.0)")
-    reward_model_path: str | None = arg(None, "a sequence-classification reward model (num_labels=1), added to the rewards")
-    value_model_path: str | None = arg(None, "initial value model (sequence-classification, or a causal LM given a fresh head); default: the reward model, else the policy")
+    reward_model_path: str | None = arg(
+        None, "a sequence-classification reward model (num_labels=1), added to the rewards"
+    )
+    value_model_path: str | None = arg(
+        None,
+        "initial value model (sequence-classification, or a causal LM given a fresh head); default: the reward model, "
+        "else the policy",
+    )
     # PPO
     num_ppo_epochs: int = arg(4, "passes over each batch of completions")
     num_mini_batches: int = arg(1, "optimizer steps per pass: the batch is split into this many mini-batches")
     cliprange: float = arg(0.2, "clipping range ε of the per-token ratio ρ in the policy loss")
     vf_coef: float = arg(0.1, "weight of the value loss in the total loss")
-    cliprange_value: float = arg(0.2, "the new value may move at most this far from the rollout's value before its loss is clipped")
+    cliprange_value: float = arg(
+        0.2, "the new value may move at most this far from the rollout's value before its loss is clipped"
+    )
     gamma: float = arg(1.0, "discount γ")
     lam: float = arg(0.95, "GAE λ (1.0: Monte-Carlo returns minus the value baseline)")
     whiten_advantages: bool = arg(True, "whiten the advantages over the batch's real tokens (off for Vanilla PG)")
-    whiten_rewards: bool = arg(False, "scale the per-token rewards to unit variance over the batch before GAE (mean kept)")
+    whiten_rewards: bool = arg(
+        False, "scale the per-token rewards to unit variance over the batch before GAE (mean kept)"
+    )
     kl_coef: float = arg(0.05, "KL coefficient in the per-token reward; 0 skips the reference model entirely")
-    kl_estimator: str = arg("k1", "KL estimator in the reward: k1 or k3 (k3's value is unbiased, its gradient is not the KL's)")
+    kl_estimator: str = arg(
+        "k1", "KL estimator in the reward: k1 or k3 (k3's value is unbiased, its gradient is not the KL's)"
+    )
     adaptive_kl: bool = arg(False, "adapt kl_coef towards --kl_target (Ziegler et al. 2019); --kl_coef is its start")
     kl_target: float = arg(6.0, "--adaptive_kl: target sequence KL in nats")
     kl_horizon: int = arg(10000, "--adaptive_kl: horizon in completions")
-    stop_token: str = arg("eos", "the token that ends a completion: 'eos' (the tokenizer's) or any text that is one token")
+    stop_token: str = arg(
+        "eos", "the token that ends a completion: 'eos' (the tokenizer's) or any text that is one token"
+    )
     missing_eos_penalty: float | None = arg(None, "subtracted from the score of a completion without the stop token")
-    disable_dropout: bool = arg(True, "turn dropout off in the policy and value model (LoRA's too), so the rollout and update passes agree")
+    disable_dropout: bool = arg(
+        True, "turn dropout off in the policy and value model (LoRA's too), so the rollout and update passes agree"
+    )
     # generation
     temperature: float = arg(1.0, "sampling temperature; log-probs use the same logits / temperature")
     top_p: float = arg(1.0, "nucleus sampling (1.0 = off)")
     top_k: int = arg(0, "top-k sampling (0 = off)")
     max_completion_length: int = arg(24, "max generated tokens per completion")
-    use_vllm: bool = arg(False, "sample with a colocated vLLM engine (needs vllm and a GPU); weights synced after each step")
+    use_vllm: bool = arg(
+        False, "sample with a colocated vLLM engine (needs vllm and a GPU); weights synced after each step"
+    )
     vllm_gpu_memory_utilization: float = arg(0.3, "fraction of each GPU's memory the vLLM engine may take")
-    vllm_max_model_length: int | None = arg(None, "vLLM's context length (default: the model's); lower it to save memory")
+    vllm_max_model_length: int | None = arg(
+        None, "vLLM's context length (default: the model's); lower it to save memory"
+    )
     # optimization
     prompts_per_step: int = arg(16, "prompts per step, one completion each: the step's batch of completions")
     micro_batch_size: int = arg(0, "completions per forward/backward, gradients accumulated (0 = the whole mini-batch)")
     max_steps: int = arg(25, "training steps (one batch of completions each)")
-    learning_rate: float = arg(1e-4, "AdamW learning rate of the policy and the value model (the embedded model; use ~3e-6 for a full 0.5B model)")
-    lr_scheduler_type: str = arg("constant_with_warmup", "transformers scheduler: constant, constant_with_warmup, linear, cosine, ...")
+    learning_rate: float = arg(
+        1e-4,
+        "AdamW learning rate of the policy and the value model (the embedded model; use ~3e-6 for a full 0.5B model)",
+    )
+    lr_scheduler_type: str = arg(
+        "constant_with_warmup", "transformers scheduler: constant, constant_with_warmup, linear, cosine, ..."
+    )
     warmup_ratio: float = arg(0.03, "fraction of optimizer steps spent warming up")
     weight_decay: float = arg(0.0, "AdamW weight decay")
     max_grad_norm: float = arg(1.0, "gradient clipping norm, of the policy and of the value model separately")
@@ -123,12 +158,17 @@ class Args:
     eval_steps: int = arg(50, "evaluate on the held-out split every this many steps (also at the start and the end)")
     num_generations_eval: int = arg(4, "completions sampled per held-out prompt for eval/accuracy")
     per_device_eval_batch_size: int = arg(512, "completions per generate call during evaluation")
-    output_dir: str = arg("outputs/ppo", "where metrics.jsonl, checkpoints and the final model (value model in value_model/) go")
+    output_dir: str = arg(
+        "outputs/ppo", "where metrics.jsonl, checkpoints and the final model (value model in value_model/) go"
+    )
     save_steps: int = arg(10, "save a checkpoint every this many steps (0 = never; Ctrl-C, SIGTERM always save)")
     resume_from_checkpoint: str | None = arg(None, "a checkpoint folder, or 'latest' (newest complete in output_dir)")
     overwrite_output_dir: bool = arg(False, "start over in an output_dir of another run (deletes its checkpoints)")
     # efficiency
-    use_peft: bool = arg(False, "train LoRA adapters (policy and value model); the reference model is then the policy with adapters disabled")
+    use_peft: bool = arg(
+        False,
+        "train LoRA adapters (policy and value model); the reference model is then the policy with adapters disabled",
+    )
     lora_r: int = arg(16, "LoRA rank")
     lora_alpha: int = arg(32, "LoRA alpha")
     lora_dropout: float = arg(0.05, "LoRA dropout")
@@ -143,11 +183,19 @@ def check_args(args: Args):
     common.check_shared_args(args)  # the flags every script shares: learning rate, steps, sampling, output_dir, ...
     require(args.prompts_per_step > 0, f"--prompts_per_step: must be positive, got {args.prompts_per_step}")
     require(args.num_mini_batches > 0, f"--num_mini_batches: must be positive, got {args.num_mini_batches}")
-    require(args.prompts_per_step % args.num_mini_batches == 0, f"--num_mini_batches: {args.num_mini_batches} does not divide the batch of {args.prompts_per_step} completions (prompts_per_step)")
+    require(
+        args.prompts_per_step % args.num_mini_batches == 0,
+        f"--num_mini_batches: {args.num_mini_batches} does not divide the batch of {args.prompts_per_step} "
+        "completions (prompts_per_step)",
+    )
     mini_batch_size = args.prompts_per_step // args.num_mini_batches
     require(args.micro_batch_size >= 0, f"--micro_batch_size: must be ≥ 0, got {args.micro_batch_size}")
     micro = args.micro_batch_size or mini_batch_size
-    require(mini_batch_size % micro == 0, f"--micro_batch_size: {micro} does not divide the mini-batch of {mini_batch_size} completions (prompts_per_step / num_mini_batches)")
+    require(
+        mini_batch_size % micro == 0,
+        f"--micro_batch_size: {micro} does not divide the mini-batch of {mini_batch_size} completions "
+        "(prompts_per_step / num_mini_batches)",
+    )
     require(args.num_ppo_epochs >= 1, f"--num_ppo_epochs: must be ≥ 1, got {args.num_ppo_epochs}")
     require(args.cliprange > 0, f"--cliprange: must be positive, got {args.cliprange}")
     require(args.cliprange_value > 0, f"--cliprange_value: must be positive, got {args.cliprange_value}")
@@ -165,8 +213,11 @@ def check_args(args: Args):
 # The two quantities every equation above reads: the log-probs at the temperature, and where each completion ends.
 # The same text in rloo.py, grpo.py, reinforce.py and ppo.py.
 # ----------------------------------------------------------------------------------------------------------------------
-def completion_logprobs(model, input_ids, attention_mask, num_completion_tokens: int, temperature: float, entropy: bool = False):
-    """log π(y_t | x, y_<t) (B, T) of the last T tokens of `input_ids` (the completion) under softmax(logits / temperature).
+def completion_logprobs(
+    model, input_ids, attention_mask, num_completion_tokens: int, temperature: float, entropy: bool = False
+):
+    """log π(y_t | x, y_<t), (B, T), of the last T tokens of `input_ids` (the completion) under
+    softmax(logits / temperature).
 
     Only the T completion positions get logits (`logits_to_keep`), and the log-prob of the sampled token is
     logit - logsumexp: the (B, T, V) log-softmax is never materialized. With `entropy=True`, also returns the detached
@@ -174,9 +225,9 @@ def completion_logprobs(model, input_ids, attention_mask, num_completion_tokens:
     left-padded prompt gets the same positions here as when it was sampled.
     """
     position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
-    logits = model(
-        input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, logits_to_keep=num_completion_tokens + 1
-    ).logits[:, :-1].float() / temperature  # (B, T, V): position t predicts completion token t
+    kept = num_completion_tokens + 1  # the last prompt position predicts the first completion token
+    output = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, logits_to_keep=kept)
+    logits = output.logits[:, :-1].float() / temperature  # (B, T, V): position t predicts completion token t
     targets = input_ids[:, -num_completion_tokens:]
     logsumexp = logits.logsumexp(-1)
     logprobs = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - logsumexp
@@ -188,13 +239,14 @@ def completion_logprobs(model, input_ids, attention_mask, num_completion_tokens:
     return logprobs, token_entropy
 
 
-
 def end_of_completion(completion_ids: torch.Tensor, end_ids: int | list[int]) -> tuple[torch.Tensor, torch.Tensor]:
     """A completion ends at its first end token (kept). Returns its mask (B, T), 1 up to and including that token, and
     is_truncated (B,): True where no end token came within max_completion_length."""
     is_end = torch.isin(completion_ids, torch.tensor(end_ids, device=completion_ids.device))
     first_end = torch.where(is_end.any(1), is_end.int().argmax(1), completion_ids.shape[1])
-    completion_mask = (torch.arange(completion_ids.shape[1], device=completion_ids.device)[None] <= first_end[:, None]).long()
+    completion_mask = (
+        torch.arange(completion_ids.shape[1], device=completion_ids.device)[None] <= first_end[:, None]
+    ).long()
     return completion_mask, ~is_end.any(1)
 
 
@@ -229,16 +281,22 @@ def load_value_model(path: str, flag: str):
         if (Path(path) / "adapter_config.json").is_file():
             from peft import AutoPeftModelForSequenceClassification
 
-            value_model, missing_keys = AutoPeftModelForSequenceClassification.from_pretrained(path, num_labels=1).merge_and_unload(), []
+            value_model, missing_keys = (
+                AutoPeftModelForSequenceClassification.from_pretrained(path, num_labels=1).merge_and_unload(),
+                [],
+            )
         else:
             with common.new_head_expected():  # from a causal LM: a new head, zeroed below
                 value_model, info = AutoModelForSequenceClassification.from_pretrained(
-                    path, num_labels=1, output_loading_info=True)
+                    path, num_labels=1, output_loading_info=True
+                )
             missing_keys = info["missing_keys"]
             common.warn_missing_weights(missing_keys, flag)
     except (OSError, ValueError) as error:
         raise ConfigError(f"{flag}: cannot load a value model from {path!r}: {common.first_line(error)}") from None
-    require(hasattr(value_model, "score"), f"{flag}: {type(value_model).__name__} has no 'score' head to read values from")
+    require(
+        hasattr(value_model, "score"), f"{flag}: {type(value_model).__name__} has no 'score' head to read values from"
+    )
     if any(key.startswith("score.") for key in missing_keys):
         torch.nn.init.zeros_(value_model.score.weight)
     return value_model
@@ -250,12 +308,16 @@ def completion_values(value_model, input_ids, attention_mask, num_completion_tok
     model's own forward (under DDP the wrapper's, which is what synchronizes the gradients), asked for its hidden
     states; the forward itself reads the head at the last token only."""
     position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
-    output = value_model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, output_hidden_states=True)
+    output = value_model(
+        input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, output_hidden_states=True
+    )
     head = getattr(value_model, "module", value_model).score  # DDP keeps the model in .module; peft forwards the name
-    return head(output.hidden_states[-1][:, -num_completion_tokens - 1:-1]).squeeze(-1).float()
+    return head(output.hidden_states[-1][:, -num_completion_tokens - 1 : -1]).squeeze(-1).float()
 
 
-def per_token_rewards(scores: torch.Tensor, kl: torch.Tensor, completion_mask: torch.Tensor, kl_coef: float) -> torch.Tensor:
+def per_token_rewards(
+    scores: torch.Tensor, kl: torch.Tensor, completion_mask: torch.Tensor, kl_coef: float
+) -> torch.Tensor:
     """r_t = −kl_coef · kl_t on every real token, plus the score on the last real token (the stop token). (B, T)"""
     rewards = -kl_coef * kl * completion_mask
     last = completion_mask.sum(1).long() - 1  # index of the last real token; every completion has at least one
@@ -263,7 +325,9 @@ def per_token_rewards(scores: torch.Tensor, kl: torch.Tensor, completion_mask: t
     return rewards
 
 
-def masked_whiten(values: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True, all_sum=lambda total: total) -> torch.Tensor:
+def masked_whiten(
+    values: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True, all_sum=lambda total: total
+) -> torch.Tensor:
     """(x − mean) / std over the real tokens only (std with Bessel's correction); padding stays 0. With
     shift_mean=False the mean is kept: only the scale changes. `all_sum` sums a tensor over the processes, so that the
     mean and the std are those of the whole batch, not of this process's share."""
@@ -274,7 +338,9 @@ def masked_whiten(values: torch.Tensor, mask: torch.Tensor, shift_mean: bool = T
     return (whitened if shift_mean else whitened + mean) * mask
 
 
-def gae_advantages(rewards: torch.Tensor, values: torch.Tensor, completion_mask: torch.Tensor, gamma: float, lam: float):
+def gae_advantages(
+    rewards: torch.Tensor, values: torch.Tensor, completion_mask: torch.Tensor, *, gamma: float, lam: float
+):
     """A_t = Σ_l (γλ)^l δ_{t+l}, δ_t = r_t + γ V_{t+1} − V_t, with r = V = 0 past the last real token.
     Returns the advantages and the returns A + V, both (B, T) and 0 on padding."""
     rewards, values = rewards * completion_mask, values * completion_mask
@@ -290,7 +356,7 @@ def gae_advantages(rewards: torch.Tensor, values: torch.Tensor, completion_mask:
     return advantages, advantages + values
 
 
-def policy_loss(logprobs, old_logprobs, advantages, completion_mask, cliprange: float, num_tokens: int):
+def policy_loss(logprobs, old_logprobs, advantages, completion_mask, *, cliprange: float, num_tokens: int):
     """Σ_t max(−A_t ρ_t, −A_t clip(ρ_t, 1 ± ε)) / num_tokens over this micro-batch's real tokens; num_tokens counts the
     whole mini-batch, so accumulating micro-batches gives the mini-batch mean. Returns the loss, ρ and where the clipped
     term is the larger one (B_mb, T)."""
@@ -300,16 +366,18 @@ def policy_loss(logprobs, old_logprobs, advantages, completion_mask, cliprange: 
     return (torch.max(unclipped, clipped) * completion_mask).sum() / num_tokens, ratio, clipped > unclipped
 
 
-def value_loss(values, old_values, returns, completion_mask, cliprange_value: float, num_tokens: int):
+def value_loss(values, old_values, returns, completion_mask, *, cliprange_value: float, num_tokens: int):
     """0.5 · Σ_t max((V − R)², (clip(V, V_old ± ε_v) − R)²) / num_tokens over this micro-batch's real tokens.
     Returns the loss and where the clipped term is the larger one (B_mb, T)."""
     clipped_values = old_values + (values - old_values).clamp(-cliprange_value, cliprange_value)
     unclipped_loss = (values - returns) ** 2
     clipped_loss = (clipped_values - returns) ** 2
-    return 0.5 * (torch.max(unclipped_loss, clipped_loss) * completion_mask).sum() / num_tokens, clipped_loss > unclipped_loss
+    return 0.5 * (
+        torch.max(unclipped_loss, clipped_loss) * completion_mask
+    ).sum() / num_tokens, clipped_loss > unclipped_loss
 
 
-def adaptive_kl_coef(kl_coef: float, kl: float, kl_target: float, kl_horizon: int, batch_size: int) -> float:
+def adaptive_kl_coef(kl_coef: float, kl: float, *, kl_target: float, kl_horizon: int, batch_size: int) -> float:
     """Ziegler et al.'s proportional controller: kl_coef · (1 + clip(KL / target − 1, ±0.2) · B / horizon)."""
     error = min(max(kl / kl_target - 1, -0.2), 0.2)
     return kl_coef * (1 + error * batch_size / kl_horizon)
@@ -318,33 +386,52 @@ def adaptive_kl_coef(kl_coef: float, kl: float, kl_target: float, kl_horizon: in
 def main(args: Args):
     check_args(args)
     accelerator = common.make_accelerator(args)  # one process, or N under `accelerate launch`
-    require(accelerator.distributed_type not in (DistributedType.DEEPSPEED, DistributedType.FSDP),  # two models, one optimizer
-            f"accelerate launch: ppo.py runs as one process or under DDP, not {accelerator.distributed_type.value}")
+    require(
+        accelerator.distributed_type
+        not in (DistributedType.DEEPSPEED, DistributedType.FSDP),  # two models, one optimizer
+        f"accelerate launch: ppo.py runs as one process or under DDP, not {accelerator.distributed_type.value}",
+    )
     common.seed_everything(args.seed + accelerator.process_index)  # each process samples its own completions
     device = accelerator.device
     P = accelerator.num_processes
     batch_size = args.prompts_per_step  # completions per step, over all processes
     my_prompts = common.shard(accelerator, args.prompts_per_step, "--prompts_per_step")  # this process's prompts
     local_batch_size = batch_size // P
-    require(local_batch_size % args.num_mini_batches == 0, f"--num_mini_batches: {args.num_mini_batches} does not divide the {local_batch_size} completions of each of the {P} processes")
+    require(
+        local_batch_size % args.num_mini_batches == 0,
+        f"--num_mini_batches: {args.num_mini_batches} does not divide the {local_batch_size} completions of each of "
+        f"the {P} processes",
+    )
     mini_batch_size = local_batch_size // args.num_mini_batches  # each process splits its share into num_mini_batches
     micro_batch_size = args.micro_batch_size or mini_batch_size
-    require(mini_batch_size % micro_batch_size == 0, f"--micro_batch_size: {micro_batch_size} does not divide the mini-batch of {mini_batch_size} completions of each of the {P} processes")
-    all_sum = lambda total: accelerator.reduce(total, "sum")  # noqa: E731  a sum over every process's share of the batch
-    everywhere = lambda x: accelerator.gather(x.to(device))  # noqa: E731  (B_local, ...) -> (B, ...), every process's rows
+    require(
+        mini_batch_size % micro_batch_size == 0,
+        f"--micro_batch_size: {micro_batch_size} does not divide the mini-batch of {mini_batch_size} completions of "
+        f"each of the {P} processes",
+    )
+    all_sum = lambda total: accelerator.reduce(total, "sum")  # a sum over every process's share of the batch
+    everywhere = lambda x: accelerator.gather(x.to(device))  # (B_local, ...) -> (B, ...), every process's rows
 
-    # ---- data: prompts, and every other column for the reward functions ----
+    # ---- plumbing: data (prompts, and every other column for the reward functions) ----
     builtin = {"arithmetic": common.arithmetic_dataset}
     train_dataset = common.load_split(args.dataset_name, args.dataset_train_split, builtin)
-    require(train_dataset is not None, f"--dataset_train_split: {args.dataset_name} has no split {args.dataset_train_split!r}")
+    require(
+        train_dataset is not None,
+        f"--dataset_train_split: {args.dataset_name} has no split {args.dataset_train_split!r}",
+    )
     common.check_prompt_column(train_dataset)
-    require(len(train_dataset) >= args.prompts_per_step, f"--prompts_per_step: {args.prompts_per_step} exceeds the {len(train_dataset)} training prompts")
+    require(
+        len(train_dataset) >= args.prompts_per_step,
+        f"--prompts_per_step: {args.prompts_per_step} exceeds the {len(train_dataset)} training prompts",
+    )
     eval_dataset = common.load_split(args.dataset_name, args.dataset_test_split, builtin)
     if eval_dataset is None or "ground_truth" not in eval_dataset.column_names:
-        accelerator.print(f"no held-out split {args.dataset_test_split!r} with a ground_truth column: evaluation is skipped")
+        accelerator.print(
+            f"no held-out split {args.dataset_test_split!r} with a ground_truth column: evaluation is skipped"
+        )
         eval_dataset = None
 
-    # ---- models: policy, reference (only when kl_coef > 0), reward functions, value model ----
+    # ---- plumbing: models: policy, reference (only when kl_coef > 0), reward functions, value model ----
     checkpoint = common.resolve_checkpoint(args.resume_from_checkpoint, args.output_dir)
     tokenizer = common.load_tokenizer(args.model_name_or_path)
     stop_id = stop_token_id(tokenizer, args.stop_token)
@@ -368,9 +455,18 @@ def main(args: Args):
     reward_funcs = load_reward_funcs(args.reward_funcs, args.reward_model_path, device)
     weights = reward_weights(args.reward_weights, reward_funcs)
     check_columns(reward_funcs, train_dataset)  # every column a reward function needs, before anything runs
-    value_flag = "--value_model_path" if args.value_model_path else "--reward_model_path" if args.reward_model_path else "--model_name_or_path"
-    value_model = load_value_model(args.value_model_path or args.reward_model_path or args.model_name_or_path, value_flag)
-    value_model.config.pad_token_id = tokenizer.pad_token_id  # its forward also reads the head at the last non-pad token
+    value_flag = (
+        "--value_model_path"
+        if args.value_model_path
+        else "--reward_model_path"
+        if args.reward_model_path
+        else "--model_name_or_path"
+    )
+    value_model = load_value_model(
+        args.value_model_path or args.reward_model_path or args.model_name_or_path, value_flag
+    )
+    # its forward also reads the head at the last non-pad token
+    value_model.config.pad_token_id = tokenizer.pad_token_id
     if args.use_peft:
         value_model = get_peft_model(value_model, common.lora_config(args, task_type="SEQ_CLS"))
     if args.disable_dropout:
@@ -381,13 +477,21 @@ def main(args: Args):
             value_model.enable_input_require_grads()
     value_model.train()
     generation_config = common.sampling_config(tokenizer, args)
-    generation_config.eos_token_id = sorted({tokenizer.eos_token_id, stop_id})  # a completion ends at EOS or the stop token
+    # a completion ends at EOS or the stop token
+    generation_config.eos_token_id = sorted({tokenizer.eos_token_id, stop_id})
 
     params = [p for p in model.parameters() if p.requires_grad]
     value_params = [p for p in value_model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW([{"params": params}, {"params": value_params}], lr=args.learning_rate, weight_decay=args.weight_decay)
+    optimizer = torch.optim.AdamW(
+        [{"params": params}, {"params": value_params}], lr=args.learning_rate, weight_decay=args.weight_decay
+    )
     total_updates = args.max_steps * args.num_ppo_epochs * args.num_mini_batches
-    scheduler = get_scheduler(args.lr_scheduler_type, optimizer, num_warmup_steps=int(args.warmup_ratio * total_updates), num_training_steps=total_updates)
+    scheduler = get_scheduler(
+        args.lr_scheduler_type,
+        optimizer,
+        num_warmup_steps=int(args.warmup_ratio * total_updates),
+        num_training_steps=total_updates,
+    )
     model, value_model, optimizer = accelerator.prepare(model, value_model, optimizer)  # DDP wrapping, device placement
     value_params = [p for p in value_model.parameters() if p.requires_grad]
     accelerator.register_for_checkpointing(scheduler)  # saved and restored, but stepped once per update by us
@@ -401,116 +505,167 @@ def main(args: Args):
 
         vllm = VLLMGenerator(accelerator, args, tokenizer, model, generation_config.eos_token_id)
     common.claim_output_dir(accelerator, args)  # every check is done: from here on, this run writes
-    logger = common.MetricsLogger(args.output_dir, args.report_to, asdict(args), resume_step=start_step, enabled=accelerator.is_main_process)
+    logger = common.MetricsLogger(
+        args.output_dir, args.report_to, asdict(args), resume_step=start_step, enabled=accelerator.is_main_process
+    )
     eval_rewards = {"accuracy": accuracy_reward, "format": format_reward}
 
     def reference_logprobs(input_ids, attention_mask, T):
         policy = accelerator.unwrap_model(model)
-        with torch.no_grad(), accelerator.autocast(), (policy.disable_adapter() if args.use_peft else nullcontext()):
+        with torch.no_grad(), accelerator.autocast(), policy.disable_adapter() if args.use_peft else nullcontext():
             return completion_logprobs(ref_model or policy, input_ids, attention_mask, T, args.temperature)
 
     def run_eval(step: int) -> dict:
         if eval_dataset is None or args.eval_strategy == "no":
             return {}
         with common.generation_model(accelerator, model) as policy:
-            metrics = common.evaluate(policy, tokenizer, eval_dataset, args, eval_rewards, seed=args.seed + step,
-                                      end_ids=generation_config.eos_token_id)
+            metrics = common.evaluate(
+                policy,
+                tokenizer,
+                eval_dataset,
+                args,
+                eval_rewards,
+                seed=args.seed + step,
+                end_ids=generation_config.eos_token_id,
+            )
         logger.log(step, metrics)
         return metrics
 
     def training_state() -> dict:
-        return {"num_tokens": num_tokens, "kl_coef": kl_coef}  # the value model is in accelerator_state/ with the policy
+        return {
+            "num_tokens": num_tokens,
+            "kl_coef": kl_coef,
+        }  # the value model is in accelerator_state/ with the policy
 
     first_eval = run_eval(0) if start_step == 0 else {}
-    steps_per_epoch = len(train_dataset) // args.prompts_per_step
     columns = [c for c in train_dataset.column_names if c != "prompt"]
 
-    # ---- training loop ----
+    # ==== the training loop: the algorithm in numbered phases (1-6), then the plumbing (7-8) ====
     step, steps_without_signal = start_step, 0
     progress = tqdm(total=args.max_steps, initial=start_step, desc="ppo", disable=not accelerator.is_main_process)
     with common.graceful_interrupt() as interrupted:
         while step < args.max_steps and not common.any_process(accelerator, interrupted.is_set()):
             step_start = time.perf_counter()
 
-            # 1. sample prompts; the data position is a function of the step, so a resumed run sees the same prompts
-            epoch, position = divmod(step, steps_per_epoch)
-            order = torch.randperm(len(train_dataset), generator=torch.Generator().manual_seed(args.seed + epoch))
-            rows = train_dataset.select(order[position * args.prompts_per_step:(position + 1) * args.prompts_per_step][my_prompts].tolist())
+            # ==== 1. rollout: one completion per prompt, each ended at its first end token (EOS or the stop token) ====
+            rows = common.rows_of_step(train_dataset, step, args.prompts_per_step, args.seed, my_prompts)
             prompts = rows["prompt"]
             row_columns = {c: rows[c] for c in columns}
-
-            # 2. generate one completion per prompt, ended at the stop token
             texts = [common.prompt_text(tokenizer, p) for p in prompts]
             rollout = common.sample_completions(accelerator, model, tokenizer, texts, generation_config, vllm)
             completion_mask, is_truncated = end_of_completion(rollout["completion_ids"], generation_config.eos_token_id)
-            completion_ids = rollout["completion_ids"].masked_fill(completion_mask == 0, tokenizer.pad_token_id)  # (B, T)
+            # (B, T), padding after each completion's end
+            completion_ids = rollout["completion_ids"].masked_fill(completion_mask == 0, tokenizer.pad_token_id)
             stopped = ends_with(completion_ids, completion_mask, stop_id)  # the others get --missing_eos_penalty
             input_ids = torch.cat([rollout["prompt_ids"], completion_ids], 1)
             attention_mask = torch.cat([rollout["prompt_mask"], completion_mask], 1)
             T = completion_ids.shape[1]
 
-            # 3. score: r(x, y), the weighted sum of the reward functions, minus the penalty for a missing stop token
+            # ==== 2. score: r(x, y), the weighted sum of the reward functions (− the missing-stop-token penalty) ====
             completion_texts = common.decode_completions(tokenizer, completion_ids)
             completion_id_lists = [ids[mask.bool()].tolist() for ids, mask in zip(completion_ids, completion_mask)]
-            scores, rewards_per_func = compute_rewards(reward_funcs, weights, prompts, completion_texts, completion_id_lists, row_columns)
+            scores, rewards_per_func = compute_rewards(
+                reward_funcs, weights, prompts, completion_texts, completion_id_lists, row_columns
+            )
             scores = scores.to(device)
             if args.missing_eos_penalty is not None:
                 scores -= args.missing_eos_penalty * (~stopped).float()
 
-            # 4. rollout pass, no gradient: π_θ_old log-probs, V_old, and the per-token KL to the reference
+            # ==== 3. log-probs, values and the KL, no gradient: π_θ_old, V_old, and kl_t to the reference ====
             old_logprobs = torch.zeros(local_batch_size, T, device=device)
             old_values = torch.zeros(local_batch_size, T, device=device)
             kl = torch.zeros(local_batch_size, T, device=device)
             with torch.no_grad():
                 for mb in torch.arange(local_batch_size, device=device).split(micro_batch_size):
                     with accelerator.autocast():
-                        old_logprobs[mb] = completion_logprobs(model, input_ids[mb], attention_mask[mb], T, args.temperature)
+                        old_logprobs[mb] = completion_logprobs(
+                            model, input_ids[mb], attention_mask[mb], T, args.temperature
+                        )
                         old_values[mb] = completion_values(value_model, input_ids[mb], attention_mask[mb], T)
                     if args.kl_coef > 0:
                         ref_logprobs = reference_logprobs(input_ids[mb], attention_mask[mb], T)
                         kl[mb] = per_token_kl(old_logprobs[mb], ref_logprobs, args.kl_estimator) * completion_mask[mb]
 
-            # 5. per-token KL-shaped rewards → GAE advantages and returns → whitened advantages (over the whole batch).
+            # ==== 4-5. KL-shaped per-token rewards → GAE advantages and returns → whitened (over the whole batch) ====
             # An unscorable completion (no reward function applies: NaN score) gets no loss and stays out of whitening.
             loss_mask = completion_mask * ~scores.isnan()[:, None]
             rewards = per_token_rewards(scores.nan_to_num(0.0), kl, completion_mask, kl_coef)
             if args.whiten_rewards:
                 rewards = masked_whiten(rewards, loss_mask, shift_mean=False, all_sum=all_sum)
-            advantages, returns = gae_advantages(rewards, old_values, completion_mask, args.gamma, args.lam)
+            advantages, returns = gae_advantages(rewards, old_values, completion_mask, gamma=args.gamma, lam=args.lam)
             if args.whiten_advantages:
                 advantages = masked_whiten(advantages, loss_mask, all_sum=all_sum)
 
-            # 6. num_ppo_epochs passes over fresh mini-batches: clipped policy and value losses, micro-batches accumulated.
-            # The losses are token means over the mini-batch of every process together. DDP averages the gradients over
-            # the P processes, so each process divides its token sum by the global token count and multiplies by P:
-            # the average is then the masked mean over all the mini-batch's tokens, as one process would take it.
-            token_sums = dict.fromkeys(("policy/approxkl_avg", "policy/clipfrac_avg", "policy/entropy_avg", "val/clipfrac_avg", "val/ratio", "val/ratio_var"), 0.0)
+            # ==== 6. loss and update: num_ppo_epochs passes over fresh mini-batches, clipped policy and value losses
+            # ====
+            # Micro-batches accumulated. The losses are token means over the mini-batch of every process together. DDP
+            # averages the gradients over the P processes, so each process divides its token sum by the global token
+            # count and multiplies by P: the average is then the masked mean over all the mini-batch's tokens, as one
+            # process would take it.
+            token_sums = dict.fromkeys(
+                (
+                    "policy/approxkl_avg",
+                    "policy/clipfrac_avg",
+                    "policy/entropy_avg",
+                    "val/clipfrac_avg",
+                    "val/ratio",
+                    "val/ratio_var",
+                ),
+                0.0,
+            )
             policy_losses, value_losses, grad_norms, value_grad_norms = [], [], [], []
-            for ppo_epoch in range(args.num_ppo_epochs):
+            for _epoch in range(args.num_ppo_epochs):
                 for mini in torch.randperm(local_batch_size, device=device).split(mini_batch_size):
                     loss_tokens = max(all_sum(loss_mask[mini].sum()).item(), 1) / P
                     policy_loss_sum = value_loss_sum = 0.0
                     micro_batches = mini.split(micro_batch_size)
                     for k, mb in enumerate(micro_batches):
-                        # DDP all-reduces the accumulated gradients once, in the last micro-batch (decided at its forward)
+                        # DDP all-reduces the accumulated gradients once, in the last micro-batch (decided at its
+                        # forward)
                         sync = k == len(micro_batches) - 1
-                        with nullcontext() if sync else accelerator.no_sync(model), nullcontext() if sync else accelerator.no_sync(value_model):
+                        with (
+                            nullcontext() if sync else accelerator.no_sync(model),
+                            nullcontext() if sync else accelerator.no_sync(value_model),
+                        ):
                             with accelerator.autocast():
-                                logprobs, token_entropy = completion_logprobs(model, input_ids[mb], attention_mask[mb], T, args.temperature, entropy=True)
+                                logprobs, token_entropy = completion_logprobs(
+                                    model, input_ids[mb], attention_mask[mb], T, args.temperature, entropy=True
+                                )
                                 values = completion_values(value_model, input_ids[mb], attention_mask[mb], T)
                             mask = loss_mask[mb]
-                            pg_loss, ratio, pg_clipped = policy_loss(logprobs, old_logprobs[mb], advantages[mb], mask, args.cliprange, loss_tokens)
-                            vf_loss, vf_clipped = value_loss(values, old_values[mb], returns[mb], mask, args.cliprange_value, loss_tokens)
+                            pg_loss, ratio, pg_clipped = policy_loss(
+                                logprobs,
+                                old_logprobs[mb],
+                                advantages[mb],
+                                mask,
+                                cliprange=args.cliprange,
+                                num_tokens=loss_tokens,
+                            )
+                            vf_loss, vf_clipped = value_loss(
+                                values,
+                                old_values[mb],
+                                returns[mb],
+                                mask,
+                                cliprange_value=args.cliprange_value,
+                                num_tokens=loss_tokens,
+                            )
                             accelerator.backward(pg_loss + args.vf_coef * vf_loss)
                         policy_loss_sum += pg_loss.item()
                         value_loss_sum += vf_loss.item()
-                        for key, value in (("policy/approxkl_avg", 0.5 * (logprobs - old_logprobs[mb]) ** 2), ("policy/clipfrac_avg", pg_clipped),
-                                           ("policy/entropy_avg", token_entropy), ("val/clipfrac_avg", vf_clipped), ("val/ratio", ratio), ("val/ratio_var", ratio ** 2)):
+                        for key, value in (
+                            ("policy/approxkl_avg", 0.5 * (logprobs - old_logprobs[mb]) ** 2),
+                            ("policy/clipfrac_avg", pg_clipped),
+                            ("policy/entropy_avg", token_entropy),
+                            ("val/clipfrac_avg", vf_clipped),
+                            ("val/ratio", ratio),
+                            ("val/ratio_var", ratio**2),
+                        ):
                             token_sums[key] += (value.detach().float() * mask).sum().item()
                     policy_losses.append(policy_loss_sum)
                     value_losses.append(value_loss_sum)
                     grad_norms.append(float(accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)))
-                    # that call unscaled the whole optimizer's gradients (fp16), the value model's too: clip them directly
+                    # that call unscaled the whole optimizer's gradients (fp16), the value model's too: clip them
+                    # directly
                     value_grad_norms.append(float(torch.nn.utils.clip_grad_norm_(value_params, args.max_grad_norm)))
                     optimizer.step()
                     scheduler.step()
@@ -527,18 +682,29 @@ def main(args: Args):
             sequence_kl = everywhere(kl.sum(1)).mean().item()  # KL = mean_i Σ_t kl_{i,t} over the whole batch
             step_kl_coef = kl_coef
             if args.adaptive_kl:
-                kl_coef = adaptive_kl_coef(kl_coef, sequence_kl, args.kl_target, args.kl_horizon, batch_size)
+                kl_coef = adaptive_kl_coef(
+                    kl_coef, sequence_kl, kl_target=args.kl_target, kl_horizon=args.kl_horizon, batch_size=batch_size
+                )
 
-            # 7. log: statistics over the whole batch, gathered from every process
+            # ==== 7-8. plumbing: log (statistics over the whole batch, from every process), evaluate, save ====
             if step % args.logging_steps == 0 or step == args.max_steps:
-                all_scores, all_rewards_per_func, all_stopped = everywhere(scores), everywhere(rewards_per_func), everywhere(stopped)
+                all_scores, all_rewards_per_func, all_stopped = (
+                    everywhere(scores),
+                    everywhere(rewards_per_func),
+                    everywhere(stopped),
+                )
                 lengths = everywhere(completion_mask.sum(1).float())
-                terminated = lengths[all_stopped]
                 non_score_reward = everywhere((-step_kl_coef * kl).sum(1))
-                mean = lambda values: accelerator.reduce(torch.tensor(sum(values) / len(values), device=device), "mean").item()  # noqa: E731
+                mean = lambda values: accelerator.reduce(
+                    torch.tensor(sum(values) / len(values), device=device), "mean"
+                ).item()
                 token_totals = all_sum(torch.tensor(list(token_sums.values()), device=device)).tolist()
-                token_means = {key: total / (args.num_ppo_epochs * lengths.sum().item()) for key, total in zip(token_sums, token_totals)}
-                token_means["val/ratio_var"] -= token_means["val/ratio"] ** 2  # E[ρ²] − E[ρ]² over every token of every update
+                token_means = {
+                    key: total / (args.num_ppo_epochs * lengths.sum().item())
+                    for key, total in zip(token_sums, token_totals)
+                }
+                # E[ρ²] − E[ρ]² over every token of every update
+                token_means["val/ratio_var"] -= token_means["val/ratio"] ** 2
                 metrics = {
                     "objective/scores": all_scores.nanmean().item(),
                     "objective/rlhf_reward": (all_scores + non_score_reward).nanmean().item(),
@@ -546,19 +712,13 @@ def main(args: Args):
                     "objective/non_score_reward": non_score_reward.mean().item(),
                     "objective/entropy": everywhere((-old_logprobs * completion_mask).sum(1)).mean().item(),
                     "objective/kl_coef": step_kl_coef,
-                    **{f"rewards/{name}/mean": all_rewards_per_func[:, j].nanmean().item() for j, name in enumerate(reward_funcs)},
-                    **{f"rewards/{name}/std": common.nanstd(all_rewards_per_func[:, j]).item() for j, name in enumerate(reward_funcs)},
-                    **token_means,  # policy/approxkl_avg, policy/clipfrac_avg, policy/entropy_avg, val/clipfrac_avg, val/ratio, val/ratio_var
+                    **common.reward_metrics(all_rewards_per_func, reward_funcs),
+                    # policy/approxkl_avg, policy/clipfrac_avg, policy/entropy_avg, val/clipfrac_avg, val/ratio(_var)
+                    **token_means,
                     "loss/policy_avg": mean(policy_losses),
                     "loss/value_avg": mean(value_losses),
                     "val/num_eos_tokens": all_stopped.sum().item(),
-                    "completions/mean_length": lengths.mean().item(),
-                    "completions/min_length": lengths.min().item(),
-                    "completions/max_length": lengths.max().item(),
-                    "completions/clipped_ratio": (~all_stopped).float().mean().item(),
-                    "completions/mean_terminated_length": terminated.mean().item() if len(terminated) else 0.0,
-                    "completions/min_terminated_length": terminated.min().item() if len(terminated) else 0.0,
-                    "completions/max_terminated_length": terminated.max().item() if len(terminated) else 0.0,
+                    **common.completion_metrics(lengths, ~all_stopped),
                     "grad_norm": sum(grad_norms) / len(grad_norms),
                     "val/grad_norm": sum(value_grad_norms) / len(value_grad_norms),
                     "learning_rate": scheduler.get_last_lr()[0],
@@ -569,9 +729,10 @@ def main(args: Args):
                 progress.set_postfix(score=f"{metrics['objective/scores']:.3f}", kl=f"{metrics['objective/kl']:.4f}")
                 if args.log_completions and accelerator.is_main_process:
                     for i in range(min(args.num_completions_to_print, local_batch_size)):
-                        tqdm.write(f"[step {step}] {prompts[i]!r} → {completion_texts[i]!r}  score {scores[i].item():.3f}")
+                        tqdm.write(
+                            f"[step {step}] {prompts[i]!r} → {completion_texts[i]!r}  score {scores[i].item():.3f}"
+                        )
 
-            # 8. evaluate and save
             if args.eval_steps and step % args.eval_steps == 0 and step != args.max_steps:
                 run_eval(step)
             if args.save_steps and step % args.save_steps == 0:
@@ -589,8 +750,11 @@ def main(args: Args):
     logger.close()
     accelerator.end_training()
     if first_eval and last_eval:
-        accelerator.print(f"held-out accuracy (sampled, T={args.temperature}): {first_eval['eval/accuracy']:.3f} → {last_eval['eval/accuracy']:.3f}; "
-                          f"greedy: {first_eval['eval/accuracy_greedy']:.3f} → {last_eval['eval/accuracy_greedy']:.3f}")
+        accelerator.print(
+            f"held-out accuracy (sampled, T={args.temperature}): {first_eval['eval/accuracy']:.3f} → "
+            f"{last_eval['eval/accuracy']:.3f}; "
+            f"greedy: {first_eval['eval/accuracy_greedy']:.3f} → {last_eval['eval/accuracy_greedy']:.3f}"
+        )
     accelerator.print(f"saved the model to {args.output_dir}")
 
 

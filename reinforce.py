@@ -1,7 +1,9 @@
-"""REINFORCE: sequence-level policy gradient with a moving-average baseline, for language models (Ahmadian et al. 2024, "Back to Basics").
+"""REINFORCE: sequence-level policy gradient with a moving-average baseline, for language models (Ahmadian et al.
+2024, "Back to Basics").
 
 For every prompt x, sample G = num_generations completions y_1..y_G (G = 1 by default, the paper's REINFORCE) from the
-policy π_θ at temperature T and score them with the reward r (a weighted sum of reward functions, or a reward model).
+policy π_θ at temperature τ (--temperature) and score them with the reward r (a weighted sum of reward functions, or
+a reward model).
 The whole completion is one action. Then:
 
     KL-shaped reward (Eq. 3; the KL is a penalty inside the reward, computed on the sampled tokens, not differentiated)
@@ -13,8 +15,8 @@ The whole completion is one action. Then:
 
     Baseline and advantage (Eq. 6–8)
         --baseline none              A_i = R_i                                     plain REINFORCE (Eq. 6)
-        --baseline moving_average    A_i = R_i − b_MA,  b_MA = 1/S Σ_s R_s         (Eq. 7 with the b of Eq. 8, the default)
-        --baseline reinforce_pp      A_i = (R_i − mean_B R) / (std_B R + 1e-4)     REINFORCE++ (Hu 2025): whitened over the batch
+        --baseline moving_average    A_i = R_i − b_MA,  b_MA = 1/S Σ_s R_s       (Eq. 7 with the b of Eq. 8; default)
+        --baseline reinforce_pp      A_i = (R_i − mean_B R) / (std_B R + 1e-4)   REINFORCE++ (Hu 2025): batch-whitened
     b_MA is the mean of all S shaped rewards of the steps BEFORE this one (0 at the first step): a running mean over
     training, shared by all prompts, not an EMA. It never includes R_i itself, so the gradient stays unbiased; its sum
     and count are saved in checkpoints, so a resumed run continues with the same baseline.
@@ -23,7 +25,8 @@ The whole completion is one action. Then:
         ρ_i = π_θ(y_i | x) / π_θ_old(y_i | x) = exp(Σ_t log π_θ(y_{i,t}) − Σ_t log π_θ_old(y_{i,t}))
         L(θ) = −1/B · Σ_i min(ρ_i A_i, clip(ρ_i, 1 − ε, 1 + ε_high) A_i)
 
-With num_iterations = 1 (the default) the completions are used once: ρ ≡ 1 and ∇L = −1/B Σ_i (R_i − b) ∇ log π_θ(y_i | x),
+With num_iterations = 1 (the default) the completions are used once: ρ ≡ 1 and
+∇L = −1/B Σ_i (R_i − b) ∇ log π_θ(y_i | x),
 Eq. 7. Worked example (moving average, B = 4): rewards 1, 0, 1, 1 at step 1 have b = 0 and advantages 1, 0, 1, 1;
 rewards 0, 0, 1, 0 at step 2 have b = 3/4 and advantages −0.75, −0.75, +0.25, −0.75; at step 3, b = 4/8 = 0.5.
 REINFORCE++ as in OpenRLHF puts the KL on each token and whitens token-level returns-to-go; here the action is the
@@ -40,6 +43,9 @@ processes, which is the mean over the whole batch. The whole batch's R are gathe
 (accelerator.gather): their sum and count join the running mean, so b_MA is the same on every process, and REINFORCE++
 whitens with their mean and std. Logged statistics are gathered over the whole batch; only the main process writes
 logs, checkpoints and the model.
+
+Copy reinforce.py with common.py (plumbing: arguments, data, processes, sampling, evaluation, checkpoints, logging)
+and rewards.py (reward functions, reward-model scoring; it stands alone); vllm_colocate.py only for --use_vllm.
 
     python reinforce.py                                     # the embedded tiny model, offline, ~45 s on a 2-core CPU
 """
@@ -62,38 +68,66 @@ BASELINES = ("none", "moving_average", "reinforce_pp")
 @dataclass
 class Args:
     # model and data
-    model_name_or_path: str = arg(common.EMBEDDED_MODEL, "policy to train: a hub id or a local folder (default: the embedded tiny model)")
-    dataset_name: str = arg("arithmetic", "'arithmetic' (built in), a hub dataset, or a local data file/folder with a 'prompt' column")
+    model_name_or_path: str = arg(
+        common.EMBEDDED_MODEL, "policy to train: a hub id or a local folder (default: the embedded tiny model)"
+    )
+    dataset_name: str = arg(
+        "arithmetic", "'arithmetic' (built in), a hub dataset, or a local data file/folder with a 'prompt' column"
+    )
     dataset_train_split: str = arg("train", "split to train on")
-    dataset_test_split: str = arg("test", "held-out split for eval/accuracy (needs a ground_truth column); skipped when absent")
+    dataset_test_split: str = arg(
+        "test", "held-out split for eval/accuracy (needs a ground_truth column); skipped when absent"
+    )
     reward_funcs: str = arg("accuracy", "comma-separated reward functions: accuracy, format, module:function, or none")
     reward_weights: str = arg("", "comma-separated weights, one per reward (empty: all 1.0)")
-    reward_model_path: str | None = arg(None, "a sequence-classification reward model (num_labels=1), added to the rewards")
+    reward_model_path: str | None = arg(
+        None, "a sequence-classification reward model (num_labels=1), added to the rewards"
+    )
     # REINFORCE
-    num_generations: int = arg(1, "completions sampled per prompt (1: the paper's REINFORCE; more are just more samples)")
-    baseline: str = arg("moving_average", "b in R − b: none, moving_average (the running mean of all past rewards) or reinforce_pp")
+    num_generations: int = arg(
+        1, "completions sampled per prompt (1: the paper's REINFORCE; more are just more samples)"
+    )
+    baseline: str = arg(
+        "moving_average", "b in R − b: none, moving_average (the running mean of all past rewards) or reinforce_pp"
+    )
     beta: float = arg(0.05, "KL coefficient β in the shaped reward; 0 skips the reference model entirely")
-    kl_estimator: str = arg("k1", "KL estimator in the reward: k1 or k3 (k3's value is unbiased, its gradient is not the KL's)")
-    num_iterations: int = arg(1, "optimizer steps on each batch of completions (>1 makes the ratio and clipping matter)")
+    kl_estimator: str = arg(
+        "k1", "KL estimator in the reward: k1 or k3 (k3's value is unbiased, its gradient is not the KL's)"
+    )
+    num_iterations: int = arg(
+        1, "optimizer steps on each batch of completions (>1 makes the ratio and clipping matter)"
+    )
     epsilon: float = arg(0.2, "lower clipping bound ε of the sequence ratio")
     epsilon_high: float | None = arg(None, "upper clipping bound (default: epsilon)")
     reward_clip_range: list[float] | None = arg(None, "clip the reward to [low, high] before KL shaping, e.g. -5 5")
-    mask_truncated_completions: bool = arg(False, "completions without EOS get no loss (they still count in the baseline)")
-    disable_dropout: bool = arg(True, "turn dropout off (LoRA's too), so sampling, π_old, the KL and the loss see one policy")
+    mask_truncated_completions: bool = arg(
+        False, "completions without EOS get no loss (they still count in the baseline)"
+    )
+    disable_dropout: bool = arg(
+        True, "turn dropout off (LoRA's too), so sampling, π_old, the KL and the loss see one policy"
+    )
     # generation
     temperature: float = arg(1.0, "sampling temperature; log-probs use the same logits / temperature")
     top_p: float = arg(1.0, "nucleus sampling (1.0 = off)")
     top_k: int = arg(0, "top-k sampling (0 = off)")
     max_completion_length: int = arg(24, "max generated tokens per completion")
-    use_vllm: bool = arg(False, "sample with a colocated vLLM engine (needs vllm and a GPU); weights synced after each update")
+    use_vllm: bool = arg(
+        False, "sample with a colocated vLLM engine (needs vllm and a GPU); weights synced after each update"
+    )
     vllm_gpu_memory_utilization: float = arg(0.3, "fraction of each GPU's memory the vLLM engine may take")
-    vllm_max_model_length: int | None = arg(None, "vLLM's context length (default: the model's); lower it to save memory")
+    vllm_max_model_length: int | None = arg(
+        None, "vLLM's context length (default: the model's); lower it to save memory"
+    )
     # optimization
-    prompts_per_step: int = arg(32, "distinct prompts per step; the step's batch is prompts_per_step × num_generations completions")
+    prompts_per_step: int = arg(
+        32, "distinct prompts per step; the step's batch is prompts_per_step × num_generations completions"
+    )
     micro_batch_size: int = arg(0, "completions per forward/backward, gradients accumulated (0 = the whole batch)")
     max_steps: int = arg(100, "training steps (one batch of completions each)")
     learning_rate: float = arg(2e-4, "AdamW learning rate (the embedded model; use ~1e-6 for a full 0.5B model)")
-    lr_scheduler_type: str = arg("constant_with_warmup", "transformers scheduler: constant, constant_with_warmup, linear, cosine, ...")
+    lr_scheduler_type: str = arg(
+        "constant_with_warmup", "transformers scheduler: constant, constant_with_warmup, linear, cosine, ..."
+    )
     warmup_ratio: float = arg(0.03, "fraction of optimizer steps spent warming up")
     weight_decay: float = arg(0.0, "AdamW weight decay")
     max_grad_norm: float = arg(1.0, "gradient clipping norm")
@@ -128,15 +162,23 @@ def check_args(args: Args):
     require(args.baseline in BASELINES, f"--baseline: expected one of {', '.join(BASELINES)}, got {args.baseline!r}")
     require(args.prompts_per_step > 0, f"--prompts_per_step: must be positive, got {args.prompts_per_step}")
     batch_size = args.prompts_per_step * args.num_generations
-    require(args.baseline != "reinforce_pp" or batch_size >= 2, f"--baseline: reinforce_pp whitens over the batch and needs at least 2 completions per step, got {batch_size}")
+    require(
+        args.baseline != "reinforce_pp" or batch_size >= 2,
+        f"--baseline: reinforce_pp whitens over the batch and needs at least 2 completions per step, got {batch_size}",
+    )
     require(args.micro_batch_size >= 0, f"--micro_batch_size: must be ≥ 0, got {args.micro_batch_size}")
     micro = args.micro_batch_size or batch_size
-    require(batch_size % micro == 0, f"--micro_batch_size: {micro} does not divide the batch of {batch_size} completions (prompts_per_step × num_generations)")
+    require(
+        batch_size % micro == 0,
+        f"--micro_batch_size: {micro} does not divide the batch of {batch_size} completions (prompts_per_step × "
+        "num_generations)",
+    )
     require(args.num_iterations >= 1, f"--num_iterations: must be ≥ 1, got {args.num_iterations}")
     require(args.beta >= 0, f"--beta: must be ≥ 0, got {args.beta}")
     require(args.epsilon > 0, f"--epsilon: must be positive, got {args.epsilon}")
-    require(args.epsilon_high is None or args.epsilon_high > 0,
-            f"--epsilon_high: must be positive, got {args.epsilon_high}")
+    require(
+        args.epsilon_high is None or args.epsilon_high > 0, f"--epsilon_high: must be positive, got {args.epsilon_high}"
+    )
     require(args.kl_estimator in ("k1", "k3"), f"--kl_estimator: expected k1 or k3, got {args.kl_estimator!r}")
 
 
@@ -144,8 +186,11 @@ def check_args(args: Args):
 # The two quantities every equation above reads: the log-probs at the temperature, and where each completion ends.
 # The same text in rloo.py, grpo.py, reinforce.py and ppo.py.
 # ----------------------------------------------------------------------------------------------------------------------
-def completion_logprobs(model, input_ids, attention_mask, num_completion_tokens: int, temperature: float, entropy: bool = False):
-    """log π(y_t | x, y_<t) (B, T) of the last T tokens of `input_ids` (the completion) under softmax(logits / temperature).
+def completion_logprobs(
+    model, input_ids, attention_mask, num_completion_tokens: int, temperature: float, entropy: bool = False
+):
+    """log π(y_t | x, y_<t), (B, T), of the last T tokens of `input_ids` (the completion) under
+    softmax(logits / temperature).
 
     Only the T completion positions get logits (`logits_to_keep`), and the log-prob of the sampled token is
     logit - logsumexp: the (B, T, V) log-softmax is never materialized. With `entropy=True`, also returns the detached
@@ -153,9 +198,9 @@ def completion_logprobs(model, input_ids, attention_mask, num_completion_tokens:
     left-padded prompt gets the same positions here as when it was sampled.
     """
     position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
-    logits = model(
-        input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, logits_to_keep=num_completion_tokens + 1
-    ).logits[:, :-1].float() / temperature  # (B, T, V): position t predicts completion token t
+    kept = num_completion_tokens + 1  # the last prompt position predicts the first completion token
+    output = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, logits_to_keep=kept)
+    logits = output.logits[:, :-1].float() / temperature  # (B, T, V): position t predicts completion token t
     targets = input_ids[:, -num_completion_tokens:]
     logsumexp = logits.logsumexp(-1)
     logprobs = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - logsumexp
@@ -167,13 +212,14 @@ def completion_logprobs(model, input_ids, attention_mask, num_completion_tokens:
     return logprobs, token_entropy
 
 
-
 def end_of_completion(completion_ids: torch.Tensor, end_ids: int | list[int]) -> tuple[torch.Tensor, torch.Tensor]:
     """A completion ends at its first end token (kept). Returns its mask (B, T), 1 up to and including that token, and
     is_truncated (B,): True where no end token came within max_completion_length."""
     is_end = torch.isin(completion_ids, torch.tensor(end_ids, device=completion_ids.device))
     first_end = torch.where(is_end.any(1), is_end.int().argmax(1), completion_ids.shape[1])
-    completion_mask = (torch.arange(completion_ids.shape[1], device=completion_ids.device)[None] <= first_end[:, None]).long()
+    completion_mask = (
+        torch.arange(completion_ids.shape[1], device=completion_ids.device)[None] <= first_end[:, None]
+    ).long()
     return completion_mask, ~is_end.any(1)
 
 
@@ -183,7 +229,14 @@ def per_token_kl(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: 
     return log_ratio if estimator == "k1" else torch.exp(-log_ratio) + log_ratio - 1
 
 
-def reinforce_advantages(shaped_rewards: torch.Tensor, baseline: str, reward_sum: float, reward_count: int, batch_rewards: torch.Tensor | None = None) -> torch.Tensor:
+def reinforce_advantages(
+    shaped_rewards: torch.Tensor,
+    *,
+    baseline: str,
+    reward_sum: float,
+    reward_count: int,
+    batch_rewards: torch.Tensor | None = None,
+) -> torch.Tensor:
     """A_i = R_i − b. none: b = 0; moving_average: b = reward_sum / reward_count, the mean of every R of the previous
     steps (0 before the first); reinforce_pp: (R_i − mean R) / (std R + 1e-4) over batch_rewards, the R of the whole
     batch (default: these R; with several processes, every process's). (B,) -> (B,)
@@ -198,7 +251,17 @@ def reinforce_advantages(shaped_rewards: torch.Tensor, baseline: str, reward_sum
     return advantages.nan_to_num(0.0)
 
 
-def reinforce_loss(logprobs, old_logprobs, completion_mask, advantages, loss_mask, epsilon: float, epsilon_high: float, batch_size: int):
+def reinforce_loss(
+    logprobs,
+    old_logprobs,
+    completion_mask,
+    advantages,
+    loss_mask,
+    *,
+    epsilon: float,
+    epsilon_high: float,
+    batch_size: int,
+):
     """−1/B Σ_i min(ρ_i A_i, clip(ρ_i, 1−ε, 1+ε_high) A_i) over this micro-batch, with ρ_i the sequence ratio.
     Returns the loss and ρ (B_mb,)."""
     seq_logprobs = (logprobs * completion_mask).sum(1)
@@ -218,22 +281,32 @@ def main(args: Args):
     my_prompts = common.shard(accelerator, args.prompts_per_step, "--prompts_per_step")  # this process's prompts
     local_batch_size = batch_size // accelerator.num_processes
     micro_batch_size = args.micro_batch_size or local_batch_size
-    require(local_batch_size % micro_batch_size == 0, f"--micro_batch_size: {micro_batch_size} does not divide the {local_batch_size} completions of each of the {accelerator.num_processes} processes")
+    require(
+        local_batch_size % micro_batch_size == 0,
+        f"--micro_batch_size: {micro_batch_size} does not divide the {local_batch_size} completions of each of the "
+        f"{accelerator.num_processes} processes",
+    )
     common.check_backend(accelerator, micro_batch_size == local_batch_size)
     epsilon_high = args.epsilon if args.epsilon_high is None else args.epsilon_high
 
-    # ---- data: prompts, and every other column for the reward functions ----
+    # ---- plumbing: data (prompts, and every other column for the reward functions) ----
     builtin = {"arithmetic": common.arithmetic_dataset}
     train_dataset = common.load_split(args.dataset_name, args.dataset_train_split, builtin)
-    require(train_dataset is not None, f"--dataset_train_split: {args.dataset_name} has no split {args.dataset_train_split!r}")
+    require(
+        train_dataset is not None,
+        f"--dataset_train_split: {args.dataset_name} has no split {args.dataset_train_split!r}",
+    )
     common.check_prompt_column(train_dataset)
-    require(len(train_dataset) >= args.prompts_per_step, f"--prompts_per_step: {args.prompts_per_step} exceeds the {len(train_dataset)} training prompts")
+    require(
+        len(train_dataset) >= args.prompts_per_step,
+        f"--prompts_per_step: {args.prompts_per_step} exceeds the {len(train_dataset)} training prompts",
+    )
     eval_dataset = common.load_split(args.dataset_name, args.dataset_test_split, builtin)
     if eval_dataset is None or "ground_truth" not in eval_dataset.column_names:
         print(f"no held-out split {args.dataset_test_split!r} with a ground_truth column: evaluation is skipped")
         eval_dataset = None
 
-    # ---- models: policy, reference (only when β > 0), reward functions ----
+    # ---- plumbing: models: policy, reference (only when β > 0), reward functions ----
     checkpoint = common.resolve_checkpoint(args.resume_from_checkpoint, args.output_dir)
     tokenizer = common.load_tokenizer(args.model_name_or_path)
     model = common.load_causal_lm(args.model_name_or_path)  # a resumed run gets its weights from the checkpoint below
@@ -261,7 +334,12 @@ def main(args: Args):
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=args.learning_rate, weight_decay=args.weight_decay)
     total_updates = args.max_steps * args.num_iterations
-    scheduler = get_scheduler(args.lr_scheduler_type, optimizer, num_warmup_steps=int(args.warmup_ratio * total_updates), num_training_steps=total_updates)
+    scheduler = get_scheduler(
+        args.lr_scheduler_type,
+        optimizer,
+        num_warmup_steps=int(args.warmup_ratio * total_updates),
+        num_training_steps=total_updates,
+    )
     model, optimizer = accelerator.prepare(model, optimizer)  # DDP / DeepSpeed / FSDP wrapping, device placement
     accelerator.register_for_checkpointing(scheduler)  # saved and restored, but stepped once per update by us
     start_step, num_tokens = 0, 0
@@ -276,12 +354,14 @@ def main(args: Args):
 
         vllm = VLLMGenerator(accelerator, args, tokenizer, model)
     common.claim_output_dir(accelerator, args)  # every check is done: from here on, this run writes
-    logger = common.MetricsLogger(args.output_dir, args.report_to, asdict(args), resume_step=start_step, enabled=accelerator.is_main_process)
+    logger = common.MetricsLogger(
+        args.output_dir, args.report_to, asdict(args), resume_step=start_step, enabled=accelerator.is_main_process
+    )
     eval_rewards = {"accuracy": accuracy_reward, "format": format_reward}
 
     def reference_logprobs(input_ids, attention_mask, T):
         policy = accelerator.unwrap_model(model)
-        with torch.no_grad(), accelerator.autocast(), (policy.disable_adapter() if args.use_peft else nullcontext()):
+        with torch.no_grad(), accelerator.autocast(), policy.disable_adapter() if args.use_peft else nullcontext():
             return completion_logprobs(ref_model or policy, input_ids, attention_mask, T, args.temperature)
 
     def run_eval(step: int) -> dict:
@@ -293,43 +373,46 @@ def main(args: Args):
         return metrics
 
     first_eval = run_eval(0) if start_step == 0 else {}
-    steps_per_epoch = len(train_dataset) // args.prompts_per_step
     columns = [c for c in train_dataset.column_names if c != "prompt"]
 
-    # ---- training loop ----
+    # ==== the training loop: the algorithm in numbered phases (1-6), then the plumbing (7-8) ====
     step, steps_without_signal = start_step, 0
     progress = tqdm(total=args.max_steps, initial=start_step, desc="reinforce", disable=not accelerator.is_main_process)
     with common.graceful_interrupt() as interrupted:
         while step < args.max_steps and not common.any_process(accelerator, interrupted.is_set()):
             step_start = time.perf_counter()
 
-            # 1. sample prompts; the data position is a function of the step, so a resumed run sees the same prompts
-            epoch, position = divmod(step, steps_per_epoch)
-            order = torch.randperm(len(train_dataset), generator=torch.Generator().manual_seed(args.seed + epoch))
-            rows = train_dataset.select(order[position * args.prompts_per_step:(position + 1) * args.prompts_per_step][my_prompts].tolist())
+            # ==== 1. rollout: G completions per prompt, each ended at its first end token ====
+            rows = common.rows_of_step(train_dataset, step, args.prompts_per_step, args.seed, my_prompts)
             prompts = [p for p in rows["prompt"] for _ in range(G)]  # each prompt's G completions are contiguous
             row_columns = {c: [v for v in rows[c] for _ in range(G)] for c in columns}
-
-            # 2. generate G completions per prompt
             texts = [common.prompt_text(tokenizer, p) for p in prompts]
             rollout = common.sample_completions(accelerator, model, tokenizer, texts, generation_config, vllm)
             completion_mask, is_truncated = end_of_completion(rollout["completion_ids"], generation_config.eos_token_id)
-            completion_ids = rollout["completion_ids"].masked_fill(completion_mask == 0, tokenizer.pad_token_id)  # (B, T)
+            # (B, T), padding after each completion's end
+            completion_ids = rollout["completion_ids"].masked_fill(completion_mask == 0, tokenizer.pad_token_id)
             input_ids = torch.cat([rollout["prompt_ids"], completion_ids], 1)
             attention_mask = torch.cat([rollout["prompt_mask"], completion_mask], 1)
             T = completion_ids.shape[1]
 
-            # 3. score: r(x, y_i), the weighted sum of the reward functions
+            # ==== 2. score: r(x, y_i), the weighted sum of the reward functions ====
             completion_texts = common.decode_completions(tokenizer, completion_ids)
             completion_id_lists = [ids[mask.bool()].tolist() for ids, mask in zip(completion_ids, completion_mask)]
-            rewards, rewards_per_func = compute_rewards(reward_funcs, weights, prompts, completion_texts, completion_id_lists, row_columns)
+            rewards, rewards_per_func = compute_rewards(
+                reward_funcs, weights, prompts, completion_texts, completion_id_lists, row_columns
+            )
             if args.reward_clip_range is not None:
                 rewards = rewards.clamp(*args.reward_clip_range)
             rewards = rewards.to(device)
-            loss_mask = (~is_truncated).float() if args.mask_truncated_completions else torch.ones(local_batch_size, device=device)
+            loss_mask = (
+                (~is_truncated).float()
+                if args.mask_truncated_completions
+                else torch.ones(local_batch_size, device=device)
+            )
 
-            # 4-6. per micro-batch: log-probs → KL-shaped reward → baseline → loss. The moving average is known before
-            # the batch; REINFORCE++ whitens over the whole batch, so with several micro-batches its R_i come first.
+            # ==== 3-6. per micro-batch: log-probs → KL-shaped reward → advantage → loss; update ====
+            # The moving average is known before the batch; REINFORCE++ whitens over the whole batch, so with several
+            # micro-batches its R_i come first.
             # Each process takes the mean over its own completions; DDP averages the gradients over the processes,
             # which is the mean over the whole batch because every process holds the same number of completions.
             old_logprobs = torch.zeros(local_batch_size, T, device=device)
@@ -342,33 +425,63 @@ def main(args: Args):
                 for mb in micro_batches:
                     if args.beta > 0:  # the one extra (no-grad) pass: every R_i before the first loss
                         with torch.no_grad(), accelerator.autocast():
-                            sampling_logprobs = completion_logprobs(model, input_ids[mb], attention_mask[mb], T, args.temperature)
+                            sampling_logprobs = completion_logprobs(
+                                model, input_ids[mb], attention_mask[mb], T, args.temperature
+                            )
                         ref_logprobs = reference_logprobs(input_ids[mb], attention_mask[mb], T)
                         kl[mb] = per_token_kl(sampling_logprobs, ref_logprobs, args.kl_estimator) * completion_mask[mb]
                 shaped_rewards = rewards - args.beta * kl.sum(1)
-                advantages = reinforce_advantages(shaped_rewards, args.baseline, reward_sum, reward_count, accelerator.gather(shaped_rewards))
+                advantages = reinforce_advantages(
+                    shaped_rewards,
+                    baseline=args.baseline,
+                    reward_sum=reward_sum,
+                    reward_count=reward_count,
+                    batch_rewards=accelerator.gather(shaped_rewards),
+                )
             clip_low, clip_high, losses, grad_norms = [], [], [], []
             for iteration in range(args.num_iterations):
                 loss_sum = 0.0
                 for k, mb in enumerate(micro_batches):
                     # one all-reduce per update: all but the last micro-batch run forward and backward under no_sync
                     with nullcontext() if k == len(micro_batches) - 1 else accelerator.no_sync(model):
-                        if iteration == 0 and args.beta > 0 and not whole_batch_first:  # first: its activations never meet the policy's
+                        # the reference pass first, so that its activations never coexist with the policy's
+                        if iteration == 0 and args.beta > 0 and not whole_batch_first:
                             ref_logprobs = reference_logprobs(input_ids[mb], attention_mask[mb], T)
                         with accelerator.autocast():
-                            logprobs, token_entropy = completion_logprobs(model, input_ids[mb], attention_mask[mb], T, args.temperature, entropy=True)
+                            logprobs, token_entropy = completion_logprobs(
+                                model, input_ids[mb], attention_mask[mb], T, args.temperature, entropy=True
+                            )
                         mask = completion_mask[mb]
                         if iteration == 0:
-                            old_logprobs[mb] = logprobs.detach()  # π_θ_old = the sampling policy = π_θ before this batch's first update
+                            # π_θ_old = the sampling policy = π_θ before this batch's first update
+                            old_logprobs[mb] = logprobs.detach()
                             entropy[mb] = token_entropy
                             if not whole_batch_first:
                                 if args.beta > 0:
                                     kl[mb] = per_token_kl(old_logprobs[mb], ref_logprobs, args.kl_estimator) * mask
                                 shaped_rewards = rewards[mb] - args.beta * kl[mb].sum(1)  # R_i = r_i − β Σ_t kl_t
-                                batch_rewards = accelerator.gather(shaped_rewards) if args.baseline == "reinforce_pp" else None  # mb: all of this process's
-                                advantages[mb] = reinforce_advantages(shaped_rewards, args.baseline, reward_sum, reward_count, batch_rewards)
+                                # mb: all of this process's
+                                batch_rewards = (
+                                    accelerator.gather(shaped_rewards) if args.baseline == "reinforce_pp" else None
+                                )
+                                advantages[mb] = reinforce_advantages(
+                                    shaped_rewards,
+                                    baseline=args.baseline,
+                                    reward_sum=reward_sum,
+                                    reward_count=reward_count,
+                                    batch_rewards=batch_rewards,
+                                )
                         A = advantages[mb]
-                        loss, ratio = reinforce_loss(logprobs, old_logprobs[mb], mask, A, loss_mask[mb], args.epsilon, epsilon_high, local_batch_size)
+                        loss, ratio = reinforce_loss(
+                            logprobs,
+                            old_logprobs[mb],
+                            mask,
+                            A,
+                            loss_mask[mb],
+                            epsilon=args.epsilon,
+                            epsilon_high=epsilon_high,
+                            batch_size=local_batch_size,
+                        )
                         accelerator.backward(loss)
                     loss_sum += loss.item()
                     clip_low.append(((ratio < 1 - args.epsilon) & (A < 0)).float().mean().item())
@@ -381,10 +494,16 @@ def main(args: Args):
             if vllm is not None:
                 vllm.sync_weights(accelerator, model)  # the next step samples from the updated policy
             all_shaped_rewards = accelerator.gather(rewards - args.beta * kl.sum(1))  # the whole batch's R_i, (B,)
-            baseline = {"none": 0.0, "moving_average": reward_sum / max(reward_count, 1), "reinforce_pp": all_shaped_rewards.nanmean().item()}[args.baseline]
-            reward_sum += all_shaped_rewards.nansum().item()  # this batch joins the moving average only after its own update
+            baseline = {
+                "none": 0.0,
+                "moving_average": reward_sum / max(reward_count, 1),
+                "reinforce_pp": all_shaped_rewards.nanmean().item(),
+            }[args.baseline]
+            # this batch joins the moving average only after its own update
+            reward_sum += all_shaped_rewards.nansum().item()
             reward_count += (~all_shaped_rewards.isnan()).sum().item()  # the same sum and count on every process
-            no_signal = not (common.nanstd(accelerator.gather(rewards)) > 1e-6)  # every completion of the batch scored the same
+            # every completion of the batch scored the same
+            no_signal = not (common.nanstd(accelerator.gather(rewards)) > 1e-6)
             steps_without_signal = steps_without_signal + 1 if no_signal else 0
             if steps_without_signal == common.NO_SIGNAL_STEPS:
                 common.warn_no_reward_signal(accelerator, reward_funcs, args)
@@ -392,22 +511,30 @@ def main(args: Args):
             progress.update()
             num_tokens += accelerator.reduce(attention_mask.sum(), "sum").item()
 
-            # 7. log: statistics over the whole batch, gathered from every process
+            # ==== 7-8. plumbing: log (statistics over the whole batch, from every process), evaluate, save ====
             if step % args.logging_steps == 0 or step == args.max_steps:
-                everywhere = lambda x: accelerator.gather(x.to(device))  # noqa: E731  (B_local, ...) -> (B, ...)
+                everywhere = lambda x: accelerator.gather(x.to(device))  # (B_local, ...) -> (B, ...)
                 all_rewards, all_rewards_per_func = everywhere(rewards), everywhere(rewards_per_func)
                 lengths = everywhere(completion_mask.sum(1).float())
                 truncated = everywhere(is_truncated)
-                terminated = lengths[~truncated]
                 token_count = lengths.sum().clamp(min=1)
                 clip_low_all, clip_high_all = everywhere(torch.tensor(clip_low)), everywhere(torch.tensor(clip_high))
                 metrics = {
                     "reward": all_rewards.nanmean().item(),
                     "reward_std": common.nanstd(all_rewards).item(),
-                    **({"frac_reward_zero_std": (~(common.nanstd(all_rewards.view(-1, G), 1) > 1e-6)).float().mean().item()} if G > 1 else {}),
-                    **{f"rewards/{name}/mean": all_rewards_per_func[:, j].nanmean().item() for j, name in enumerate(reward_funcs)},
-                    **{f"rewards/{name}/std": common.nanstd(all_rewards_per_func[:, j]).item() for j, name in enumerate(reward_funcs)},
-                    **({"kl": (everywhere(kl.sum(1)).sum() / token_count).item()} if args.beta > 0 else {}),  # no reference: no KL
+                    **(
+                        {
+                            "frac_reward_zero_std": (~(common.nanstd(all_rewards.view(-1, G), 1) > 1e-6))
+                            .float()
+                            .mean()
+                            .item()
+                        }
+                        if G > 1
+                        else {}
+                    ),
+                    **common.reward_metrics(all_rewards_per_func, reward_funcs),
+                    # no reference: no KL
+                    **({"kl": (everywhere(kl.sum(1)).sum() / token_count).item()} if args.beta > 0 else {}),
                     "baseline": baseline,
                     "entropy": (everywhere((entropy * completion_mask).sum(1)).sum() / token_count).item(),
                     "clip_ratio/low_mean": clip_low_all.mean().item(),
@@ -415,13 +542,7 @@ def main(args: Args):
                     "clip_ratio/high_mean": clip_high_all.mean().item(),
                     "clip_ratio/high_max": clip_high_all.max().item(),
                     "clip_ratio/region_mean": (clip_low_all + clip_high_all).mean().item(),
-                    "completions/mean_length": lengths.mean().item(),
-                    "completions/min_length": lengths.min().item(),
-                    "completions/max_length": lengths.max().item(),
-                    "completions/clipped_ratio": truncated.float().mean().item(),
-                    "completions/mean_terminated_length": terminated.mean().item() if len(terminated) else 0.0,
-                    "completions/min_terminated_length": terminated.min().item() if len(terminated) else 0.0,
-                    "completions/max_terminated_length": terminated.max().item() if len(terminated) else 0.0,
+                    **common.completion_metrics(lengths, truncated),
                     "loss": accelerator.reduce(torch.tensor(sum(losses) / len(losses), device=device), "mean").item(),
                     "grad_norm": sum(grad_norms) / len(grad_norms),
                     "learning_rate": scheduler.get_last_lr()[0],
@@ -432,16 +553,31 @@ def main(args: Args):
                 progress.set_postfix(reward=f"{metrics['reward']:.3f}", kl=f"{metrics.get('kl', 0.0):.4f}")
                 if args.log_completions and accelerator.is_main_process:
                     for i in range(min(args.num_completions_to_print, local_batch_size)):
-                        tqdm.write(f"[step {step}] {prompts[i]!r} → {completion_texts[i]!r}  reward {rewards[i].item():.3f}")
+                        tqdm.write(
+                            f"[step {step}] {prompts[i]!r} → {completion_texts[i]!r}  reward {rewards[i].item():.3f}"
+                        )
 
-            # 8. evaluate and save
             if args.eval_steps and step % args.eval_steps == 0 and step != args.max_steps:
                 run_eval(step)
             if args.save_steps and step % args.save_steps == 0:
-                common.save_checkpoint(accelerator, args.output_dir, step, model, tokenizer, {"num_tokens": num_tokens, "reward_sum": reward_sum, "reward_count": reward_count})
+                common.save_checkpoint(
+                    accelerator,
+                    args.output_dir,
+                    step,
+                    model,
+                    tokenizer,
+                    {"num_tokens": num_tokens, "reward_sum": reward_sum, "reward_count": reward_count},
+                )
     progress.close()
     if step < args.max_steps:  # stopped early: Ctrl-C or SIGTERM on any process, or a reward function that failed
-        path = common.save_checkpoint(accelerator, args.output_dir, step, model, tokenizer, {"num_tokens": num_tokens, "reward_sum": reward_sum, "reward_count": reward_count})
+        path = common.save_checkpoint(
+            accelerator,
+            args.output_dir,
+            step,
+            model,
+            tokenizer,
+            {"num_tokens": num_tokens, "reward_sum": reward_sum, "reward_count": reward_count},
+        )
         logger.close()
         common.stop_early(accelerator, interrupted, step, path)
 
@@ -451,8 +587,11 @@ def main(args: Args):
     logger.close()
     accelerator.end_training()
     if first_eval and last_eval:
-        accelerator.print(f"held-out accuracy (sampled, T={args.temperature}): {first_eval['eval/accuracy']:.3f} → {last_eval['eval/accuracy']:.3f}; "
-              f"greedy: {first_eval['eval/accuracy_greedy']:.3f} → {last_eval['eval/accuracy_greedy']:.3f}")
+        accelerator.print(
+            f"held-out accuracy (sampled, T={args.temperature}): {first_eval['eval/accuracy']:.3f} → "
+            f"{last_eval['eval/accuracy']:.3f}; "
+            f"greedy: {first_eval['eval/accuracy_greedy']:.3f} → {last_eval['eval/accuracy_greedy']:.3f}"
+        )
     accelerator.print(f"saved the model to {args.output_dir}")
 
 

@@ -21,9 +21,53 @@ from pathlib import Path
 
 import torch
 from accelerate import PartialState
+from accelerate.utils import reduce
 
-from common import ConfigError, TrainingError, any_process, as_completion, first_line, is_conversational, split_list
 
+# ----------------------------------------------------------------------------------------------------------------------
+# Errors and conventions. This file imports nothing from the project, so that it can be copied alone; common.py
+# imports these from here.
+# ----------------------------------------------------------------------------------------------------------------------
+class ConfigError(Exception):
+    """Bad user input. Scripts report it as one line that names the flag or field, and exit with status 2."""
+
+
+class TrainingError(ConfigError):
+    """A mistake that shows only during training (a reward function that raises or returns the wrong thing): the
+    training loop ends (`graceful_interrupt` catches it), the script saves a checkpoint, then reports it as one line."""
+
+
+def first_line(error: Exception) -> str:
+    """The first line of an exception's message, or its type when the message is empty."""
+    lines = str(error).strip().splitlines()
+    return lines[0] if lines else type(error).__name__
+
+
+def split_list(text: str | None, cast=str) -> list:
+    """'accuracy, format' -> ['accuracy', 'format']; empty or None -> []."""
+    return [cast(item.strip()) for item in (text or "").split(",") if item.strip()]
+
+
+def is_conversational(prompt) -> bool:
+    return isinstance(prompt, list) and all(isinstance(m, dict) and "role" in m for m in prompt)
+
+
+def as_completion(prompt, text: str):
+    """TRL's convention: conversational prompts get completions as a message list, standard ones as plain text."""
+    return [{"role": "assistant", "content": text}] if is_conversational(prompt) else text
+
+
+def failed_on_any_process(failed: bool) -> bool:
+    """True on every process when `failed` is True on any (under `accelerate launch`): all of them stop at one step."""
+    state = PartialState()
+    if state.num_processes == 1:
+        return failed
+    return bool(reduce(torch.tensor(float(failed), device=state.device), "sum").item() > 0)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Reward functions
+# ----------------------------------------------------------------------------------------------------------------------
 ANSWER = re.compile(r"<answer>\s*(.*?)\s*</answer>", flags=re.DOTALL)
 FORMAT = re.compile(r".*<answer>\s*[-+]?[0-9]+(?:\.[0-9]+)?\s*</answer>\s*$", flags=re.DOTALL)
 
@@ -41,7 +85,10 @@ def extract_answer(text: str) -> str | None:
 
 def accuracy_reward(completions, ground_truth, **kwargs) -> list[float]:
     """1.0 when the extracted answer equals the ground truth, else 0.0."""
-    return [1.0 if extract_answer(completion_text(c)) == str(answer) else 0.0 for c, answer in zip(completions, ground_truth)]
+    return [
+        1.0 if extract_answer(completion_text(c)) == str(answer) else 0.0
+        for c, answer in zip(completions, ground_truth)
+    ]
 
 
 def format_reward(completions, **kwargs) -> list[float]:
@@ -90,8 +137,9 @@ def reward_model_function(path: str, device, batch_size: int = 32):
         tokenizer = AutoTokenizer.from_pretrained(path)
         model = AutoModelForSequenceClassification.from_pretrained(path, num_labels=1).to(device).eval()
     except (OSError, ValueError) as error:
-        raise ConfigError(f"--reward_model_path: cannot load a reward model from {path!r}: "
-                          f"{first_line(error)}") from None
+        raise ConfigError(
+            f"--reward_model_path: cannot load a reward model from {path!r}: {first_line(error)}"
+        ) from None
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     model.config.pad_token_id = tokenizer.pad_token_id
@@ -102,7 +150,9 @@ def reward_model_function(path: str, device, batch_size: int = 32):
         texts = [reward_model_text(tokenizer, p, c) for p, c in zip(prompts, completions)]
         scores = []
         for start in range(0, len(texts), batch_size):
-            enc = tokenizer(texts[start:start + batch_size], return_tensors="pt", padding=True, padding_side="right").to(device)
+            enc = tokenizer(
+                texts[start : start + batch_size], return_tensors="pt", padding=True, padding_side="right"
+            ).to(device)
             scores += model(**enc).logits[:, 0].float().tolist()
         return scores
 
@@ -122,7 +172,10 @@ def load_reward_funcs(reward_funcs: str, reward_model_path: str | None = None, d
         elif ":" in spec:
             function = import_function(spec)
         else:
-            raise ConfigError(f"--reward_funcs: unknown reward function {spec!r} (built-in: {', '.join(BUILTIN_REWARDS)}; or module:function)")
+            raise ConfigError(
+                f"--reward_funcs: unknown reward function {spec!r} (built-in: {', '.join(BUILTIN_REWARDS)}; or "
+                "module:function)"
+            )
         functions[function.__name__] = function
     if reward_model_path:
         function = reward_model_function(reward_model_path, device)
@@ -139,7 +192,10 @@ def reward_weights(weights: str, reward_funcs: dict) -> torch.Tensor:
     except ValueError:
         raise ConfigError(f"--reward_weights: expected comma-separated numbers, got {weights!r}") from None
     if len(values) != len(reward_funcs):
-        raise ConfigError(f"--reward_weights: {len(values)} weights for {len(reward_funcs)} reward functions ({', '.join(reward_funcs)})")
+        raise ConfigError(
+            f"--reward_weights: {len(values)} weights for {len(reward_funcs)} reward functions "
+            f"({', '.join(reward_funcs)})"
+        )
     if not all(math.isfinite(value) for value in values):
         raise ConfigError(f"--reward_weights: expected finite numbers, got {weights!r}")
     return torch.tensor(values)
@@ -153,8 +209,11 @@ def required_columns(function) -> list[str]:
     prompts, completions and completion_ids: `accuracy_reward(completions, ground_truth, **kwargs)` needs
     ground_truth."""
     parameters = inspect.signature(function).parameters.values()
-    return [p.name for p in parameters if p.default is p.empty and p.name not in TRL_ARGUMENTS
-            and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    return [
+        p.name
+        for p in parameters
+        if p.default is p.empty and p.name not in TRL_ARGUMENTS and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+    ]
 
 
 def check_columns(reward_funcs: dict, dataset, flag: str = "--dataset_name"):
@@ -162,11 +221,20 @@ def check_columns(reward_funcs: dict, dataset, flag: str = "--dataset_name"):
     for name, function in reward_funcs.items():
         for column in required_columns(function):
             if column not in dataset.column_names:
-                raise ConfigError(f"{flag}: the dataset has no {column!r} column, which reward function {name} needs "
-                                  f"(columns: {dataset.column_names})")
+                raise ConfigError(
+                    f"{flag}: the dataset has no {column!r} column, which reward function {name} needs "
+                    f"(columns: {dataset.column_names})"
+                )
 
 
-def compute_rewards(reward_funcs: dict, weights: torch.Tensor, prompts: list, completion_texts: list[str], completion_ids: list[list[int]], columns: dict):
+def compute_rewards(
+    reward_funcs: dict,
+    weights: torch.Tensor,
+    prompts: list,
+    completion_texts: list[str],
+    completion_ids: list[list[int]],
+    columns: dict,
+):
     """Each function's rewards (B, F), with NaN where a function returned None, and their weighted sum (B,) over the
     functions that apply. A completion no function applies to is unscorable: its reward is NaN (not 0), which the
     scripts leave out of baselines and statistics and give advantage 0, as TRL does.
@@ -188,6 +256,7 @@ def compute_rewards(reward_funcs: dict, weights: torch.Tensor, prompts: list, co
             except Exception as error:  # the user's code: kept, to be reported with the function's name
                 results[name] = error
     if pending:
+
         async def run_all():
             return await asyncio.gather(*(function(**kwargs) for function in pending.values()), return_exceptions=True)
 
@@ -210,13 +279,14 @@ def compute_rewards(reward_funcs: dict, weights: torch.Tensor, prompts: list, co
             if value is None:
                 continue
             if not isinstance(value, (int, float)) or not math.isfinite(value):
-                problem = (f"reward function {name}: returned {value!r} for completion {i} (expected a finite number "
-                           "or None)")
+                problem = (
+                    f"reward function {name}: returned {value!r} for completion {i} (expected a finite number or None)"
+                )
                 break
             per_func[i, j] = float(value)
         if problem:
             break
-    if any_process(PartialState(), problem is not None):  # every process stops at the same step
+    if failed_on_any_process(problem is not None):  # every process stops at the same step
         raise TrainingError(problem or "a reward function failed on another process (its line is there)")
     rewards = (per_func * weights).nansum(1)
     rewards[per_func.isnan().all(1)] = math.nan  # unscorable

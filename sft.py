@@ -32,28 +32,37 @@ from tqdm.auto import tqdm
 from transformers import get_scheduler
 
 import common
-from common import ConfigError, arg, require
+from common import arg, require
 from rewards import accuracy_reward, format_reward
 
 
 @dataclass
 class Args:
-    model_name_or_path: str = arg(common.EMBEDDED_MODEL, "model to fine-tune: a hub id or a local folder (ignored with --from_scratch)")
+    model_name_or_path: str = arg(
+        common.EMBEDDED_MODEL, "model to fine-tune: a hub id or a local folder (ignored with --from_scratch)"
+    )
     from_scratch: bool = arg(False, "build a new tokenizer and a tiny Qwen2 model instead of loading one")
     hidden_size: int = arg(128, "--from_scratch: hidden size")
     num_hidden_layers: int = arg(4, "--from_scratch: transformer layers")
     vocab_size: int = arg(384, "--from_scratch: BPE vocabulary size, special tokens included")
-    dataset_name: str = arg("arithmetic", "'arithmetic' (built in), a hub dataset, or a local data file/folder with prompt and completion columns")
+    dataset_name: str = arg(
+        "arithmetic",
+        "'arithmetic' (built in), a hub dataset, or a local data file/folder with prompt and completion columns",
+    )
     dataset_train_split: str = arg("train", "split to train on")
     dataset_test_split: str = arg("test", "split to evaluate on (needs a ground_truth column); skipped when absent")
-    label_noise: float = arg(0.5, "arithmetic: probability that the demonstrator guesses (off by ±1 or ±2) instead of working it out")
+    label_noise: float = arg(
+        0.5, "arithmetic: probability that the demonstrator guesses (off by ±1 or ±2) instead of working it out"
+    )
     samples_per_problem: int = arg(200, "arithmetic: demonstrations per training problem")
     learning_rate: float = arg(3e-3, "AdamW learning rate")
     lr_scheduler_type: str = arg("cosine", "transformers scheduler name: constant, linear, cosine, ...")
     warmup_ratio: float = arg(0.05, "fraction of steps spent warming the learning rate up")
     weight_decay: float = arg(0.0, "AdamW weight decay")
     max_grad_norm: float = arg(1.0, "gradient clipping norm")
-    train_batch_size: int = arg(64, "sequences per optimizer step over all processes, each taking an equal share (TRL: per_device × processes)")
+    train_batch_size: int = arg(
+        64, "sequences per optimizer step over all processes, each taking an equal share (TRL: per_device × processes)"
+    )
     max_steps: int = arg(1500, "optimizer steps")
     max_length: int = arg(128, "sequences are truncated to this many tokens")
     seed: int = arg(0, "random seed")
@@ -89,8 +98,9 @@ CHATML = (
 
 def arithmetic_sft_dataset(split: str, label_noise: float, samples_per_problem: int, seed: int):
     """Demonstrations from the noisy demonstrator: prompt, completion, and the true answer as ground_truth."""
-    from datasets import Dataset
     import random
+
+    from datasets import Dataset
 
     rng = random.Random(seed)
     rows = []
@@ -104,7 +114,13 @@ def arithmetic_sft_dataset(split: str, label_noise: float, samples_per_problem: 
                 content = f"<answer>{answer + rng.choice([-2, -1, 1, 2])}</answer>"
             else:  # shows its work, and is right
                 content = f"{a} {op} {b} = {answer} <answer>{answer}</answer>"
-            rows.append({"prompt": prompt, "completion": [{"role": "assistant", "content": content}], "ground_truth": str(answer)})
+            rows.append(
+                {
+                    "prompt": prompt,
+                    "completion": [{"role": "assistant", "content": content}],
+                    "ground_truth": str(answer),
+                }
+            )
     return Dataset.from_list(rows)
 
 
@@ -114,9 +130,14 @@ def build_tiny_model(args, dataset):
 
     renderer = Qwen2Tokenizer()
     renderer.chat_template = CHATML
-    corpus = [renderer.apply_chat_template(row["prompt"] + row["completion"], tokenize=False) for row in dataset.select(range(min(len(dataset), 5000)))]
+    corpus = [
+        renderer.apply_chat_template(row["prompt"] + row["completion"], tokenize=False)
+        for row in dataset.select(range(min(len(dataset), 5000)))
+    ]
     corpus += [str(n) for n in range(-100, 100)] + [" +-×÷=<>/.,:;?!()[]{}'\"\n\t abcdefghijklmnopqrstuvwxyz"]
-    tokenizer = renderer.train_new_from_iterator(corpus, vocab_size=args.vocab_size, new_special_tokens=["<|im_start|>", "<|im_end|>"])
+    tokenizer = renderer.train_new_from_iterator(
+        corpus, vocab_size=args.vocab_size, new_special_tokens=["<|im_start|>", "<|im_end|>"]
+    )
     tokenizer.eos_token = "<|im_end|>"
     tokenizer.pad_token = "<|endoftext|>"
     tokenizer.chat_template = CHATML
@@ -146,13 +167,18 @@ def tokenize(tokenizer, dataset, max_length: int) -> list[dict]:
     rows = []
     for prompt, completion in zip(prompt_ids, completion_ids):
         completion = completion + [tokenizer.eos_token_id]
-        rows.append({"input_ids": (prompt + completion)[:max_length], "labels": ([-100] * len(prompt) + completion)[:max_length]})
+        rows.append(
+            {
+                "input_ids": (prompt + completion)[:max_length],
+                "labels": ([-100] * len(prompt) + completion)[:max_length],
+            }
+        )
     return rows
 
 
 def collate(rows: list[dict], pad_token_id: int, device) -> dict:
     length = max(len(r["input_ids"]) for r in rows)
-    pad = lambda seq, value: seq + [value] * (length - len(seq))  # noqa: E731
+    pad = lambda seq, value: seq + [value] * (length - len(seq))
     return {
         "input_ids": torch.tensor([pad(r["input_ids"], pad_token_id) for r in rows], device=device),
         "attention_mask": torch.tensor([pad([1] * len(r["input_ids"]), 0) for r in rows], device=device),
@@ -167,8 +193,10 @@ def check_args(args: Args):
     require(0.0 <= args.label_noise <= 1.0, f"--label_noise: must be in [0, 1], got {args.label_noise}")
     require(args.samples_per_problem > 0, f"--samples_per_problem: must be positive, got {args.samples_per_problem}")
     if args.from_scratch:
-        require(args.hidden_size > 0 and args.hidden_size % 8 == 0,
-                f"--hidden_size: must be a multiple of 8 (4 attention heads of even size), got {args.hidden_size}")
+        require(
+            args.hidden_size > 0 and args.hidden_size % 8 == 0,
+            f"--hidden_size: must be a multiple of 8 (4 attention heads of even size), got {args.hidden_size}",
+        )
         require(args.num_hidden_layers > 0, f"--num_hidden_layers: must be positive, got {args.num_hidden_layers}")
         require(args.vocab_size > 0, f"--vocab_size: must be positive, got {args.vocab_size}")
 
@@ -176,22 +204,33 @@ def check_args(args: Args):
 def main(args: Args):
     check_args(args)
     accelerator = common.make_accelerator(args)  # one process, or N under `accelerate launch`
-    common.seed_everything(args.seed)  # the same on every process: training samples nothing, and a new model starts alike
+    # the same on every process: training samples nothing, and a new model starts alike
+    common.seed_everything(args.seed)
     device = accelerator.device
     my_rows = common.shard(accelerator, args.train_batch_size, "--train_batch_size")  # this process's share of a batch
     common.check_backend(accelerator, one_backward_per_update=True)
 
     # ---- data ----
-    builtin = {"arithmetic": lambda split: arithmetic_sft_dataset(split, args.label_noise, args.samples_per_problem, args.seed)}
+    builtin = {
+        "arithmetic": lambda split: arithmetic_sft_dataset(split, args.label_noise, args.samples_per_problem, args.seed)
+    }
     train_dataset = common.load_split(args.dataset_name, args.dataset_train_split, builtin)
-    require(train_dataset is not None, f"--dataset_train_split: {args.dataset_name} has no split {args.dataset_train_split!r}")
+    require(
+        train_dataset is not None,
+        f"--dataset_train_split: {args.dataset_name} has no split {args.dataset_train_split!r}",
+    )
     for column in ("prompt", "completion"):
-        require(column in train_dataset.column_names, f"--dataset_name: the dataset has no {column!r} column (columns: {train_dataset.column_names})")
+        require(
+            column in train_dataset.column_names,
+            f"--dataset_name: the dataset has no {column!r} column (columns: {train_dataset.column_names})",
+        )
     eval_dataset = common.load_split(args.dataset_name, args.dataset_test_split, builtin)
     if eval_dataset is not None and "ground_truth" not in eval_dataset.column_names:
         eval_dataset = None
     if eval_dataset is not None:
-        eval_dataset = eval_dataset.remove_columns([c for c in eval_dataset.column_names if c not in ("prompt", "ground_truth")])
+        eval_dataset = eval_dataset.remove_columns(
+            [c for c in eval_dataset.column_names if c not in ("prompt", "ground_truth")]
+        )
 
     # ---- model ----
     checkpoint = common.resolve_checkpoint(args.resume_from_checkpoint, args.output_dir)
@@ -202,7 +241,8 @@ def main(args: Args):
             model = common.load_causal_lm(str(checkpoint), "--resume_from_checkpoint")
     else:
         tokenizer = common.load_tokenizer(args.model_name_or_path)
-        model = common.load_causal_lm(args.model_name_or_path)  # a resumed run gets its weights from the checkpoint below
+        # a resumed run gets its weights from the checkpoint below
+        model = common.load_causal_lm(args.model_name_or_path)
     if args.use_peft:
         from peft import get_peft_model
 
@@ -219,15 +259,24 @@ def main(args: Args):
     rows = tokenize(tokenizer, train_dataset, args.max_length)
     batches_per_epoch = len(rows) // args.train_batch_size
     require(batches_per_epoch > 0, f"--train_batch_size: {args.train_batch_size} exceeds the {len(rows)} training rows")
-    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=args.learning_rate, weight_decay=args.weight_decay)
-    scheduler = get_scheduler(args.lr_scheduler_type, optimizer, num_warmup_steps=int(args.warmup_ratio * args.max_steps), num_training_steps=args.max_steps)
+    optimizer = torch.optim.AdamW(
+        [p for p in model.parameters() if p.requires_grad], lr=args.learning_rate, weight_decay=args.weight_decay
+    )
+    scheduler = get_scheduler(
+        args.lr_scheduler_type,
+        optimizer,
+        num_warmup_steps=int(args.warmup_ratio * args.max_steps),
+        num_training_steps=args.max_steps,
+    )
     model, optimizer = accelerator.prepare(model, optimizer)  # DDP / DeepSpeed / FSDP wrapping, device placement
     accelerator.register_for_checkpointing(scheduler)  # saved and restored, but stepped once per update by us
     start_step = 0
     if checkpoint is not None:
         start_step = common.load_training_state(accelerator, checkpoint)["step"]
     common.claim_output_dir(accelerator, args)  # every check is done: from here on, this run writes
-    logger = common.MetricsLogger(args.output_dir, args.report_to, asdict(args), resume_step=start_step, enabled=accelerator.is_main_process)
+    logger = common.MetricsLogger(
+        args.output_dir, args.report_to, asdict(args), resume_step=start_step, enabled=accelerator.is_main_process
+    )
     eval_rewards = {"accuracy": accuracy_reward, "format": format_reward}
 
     def run_eval(step):
@@ -248,15 +297,20 @@ def main(args: Args):
             start = time.perf_counter()
             epoch, position = divmod(step, batches_per_epoch)  # the data position is a function of the step
             order = torch.randperm(len(rows), generator=torch.Generator().manual_seed(args.seed + epoch))
-            index = order[position * args.train_batch_size:(position + 1) * args.train_batch_size][my_rows]
+            index = order[position * args.train_batch_size : (position + 1) * args.train_batch_size][my_rows]
             batch = collate([rows[i] for i in index.tolist()], tokenizer.pad_token_id, device)
             with accelerator.autocast():
-                logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits[:, :-1].float()
+                logits = (
+                    model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits[:, :-1].float()
+                )
             labels = batch["labels"][:, 1:]
-            # The mean over the completion tokens of the whole batch. DDP averages the gradients over the P processes, so
+            # The mean over the completion tokens of the whole batch. DDP averages the gradients over the P
+            # processes, so
             # each process divides its token sum by N / P, N the batch's completion tokens summed over the processes.
             num_label_tokens = accelerator.reduce((labels != -100).sum(), "sum").clamp(min=1)  # N
-            token_loss_sum = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=-100, reduction="sum")
+            token_loss_sum = torch.nn.functional.cross_entropy(
+                logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=-100, reduction="sum"
+            )
             loss = token_loss_sum / num_label_tokens * accelerator.num_processes
             accelerator.backward(loss)
             grad_norm = float(accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm))
@@ -290,10 +344,17 @@ def main(args: Args):
     logger.close()
     accelerator.end_training()
     if first_eval and last_eval:
-        accelerator.print(f"held-out accuracy (sampled, T={args.temperature}) {first_eval['eval/accuracy']:.3f} → {last_eval['eval/accuracy']:.3f}; "
-                          f"greedy {first_eval['eval/accuracy_greedy']:.3f} → {last_eval['eval/accuracy_greedy']:.3f}; format {last_eval['eval/format']:.3f}")
+        accelerator.print(
+            f"held-out accuracy (sampled, T={args.temperature}) {first_eval['eval/accuracy']:.3f} → "
+            f"{last_eval['eval/accuracy']:.3f}; "
+            f"greedy {first_eval['eval/accuracy_greedy']:.3f} → {last_eval['eval/accuracy_greedy']:.3f}; format "
+            f"{last_eval['eval/format']:.3f}"
+        )
     elif last_eval:
-        accelerator.print(f"held-out accuracy (sampled) {last_eval['eval/accuracy']:.3f}, greedy {last_eval['eval/accuracy_greedy']:.3f}, format {last_eval['eval/format']:.3f}")
+        accelerator.print(
+            f"held-out accuracy (sampled) {last_eval['eval/accuracy']:.3f}, greedy "
+            f"{last_eval['eval/accuracy_greedy']:.3f}, format {last_eval['eval/format']:.3f}"
+        )
     accelerator.print(f"saved the model to {args.output_dir}")
 
 

@@ -21,13 +21,25 @@ class VLLMGenerator:
         try:
             import vllm
         except ImportError:
-            raise common.ConfigError("--use_vllm: the vllm package is not installed (pip install vllm); without the flag, transformers generates") from None
-        common.require(0 < args.vllm_gpu_memory_utilization <= 1, f"--vllm_gpu_memory_utilization: expected a fraction in (0, 1], got {args.vllm_gpu_memory_utilization}")
+            raise common.ConfigError(
+                "--use_vllm: the vllm package is not installed (pip install vllm); without the flag, transformers "
+                "generates"
+            ) from None
+        common.require(
+            0 < args.vllm_gpu_memory_utilization <= 1,
+            f"--vllm_gpu_memory_utilization: expected a fraction in (0, 1], got {args.vllm_gpu_memory_utilization}",
+        )
         # vLLM's "external_launcher" joins the process group that `accelerate launch` (or a single process) describes
-        for key, value in {"RANK": accelerator.process_index, "LOCAL_RANK": accelerator.local_process_index,
-                           "WORLD_SIZE": accelerator.num_processes, "MASTER_ADDR": "localhost", "MASTER_PORT": 29511}.items():
+        for key, value in {
+            "RANK": accelerator.process_index,
+            "LOCAL_RANK": accelerator.local_process_index,
+            "WORLD_SIZE": accelerator.num_processes,
+            "MASTER_ADDR": "localhost",
+            "MASTER_PORT": 29511,
+        }.items():
             os.environ.setdefault(key, str(value))
-        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine lives in this process: weights set in place
+        # the engine lives in this process: weights set in place
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         self.llm = vllm.LLM(
             model=args.model_name_or_path,
             gpu_memory_utilization=args.vllm_gpu_memory_utilization,
@@ -37,11 +49,21 @@ class VLLMGenerator:
             max_model_len=args.vllm_max_model_length,
             generation_config="vllm",  # the checkpoint's generation_config.json sets no sampling defaults
         )
-        self.end_ids = end_ids or [tokenizer.eos_token_id]  # a completion ends at any of these (EOS, or PPO's --stop_token)
+        self.end_ids = end_ids or [
+            tokenizer.eos_token_id
+        ]  # a completion ends at any of these (EOS, or PPO's --stop_token)
         self.sampling_params = vllm.SamplingParams(  # softmax(logits / temperature), as sampling_config: no penalties
-            n=1, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k or -1, min_p=0.0,
-            repetition_penalty=1.0, presence_penalty=0.0, frequency_penalty=0.0, min_tokens=0,
-            max_tokens=args.max_completion_length, stop_token_ids=self.end_ids,
+            n=1,
+            temperature=args.temperature,
+            top_p=args.top_p,
+            top_k=args.top_k or -1,
+            min_p=0.0,
+            repetition_penalty=1.0,
+            presence_penalty=0.0,
+            frequency_penalty=0.0,
+            min_tokens=0,
+            max_tokens=args.max_completion_length,
+            stop_token_ids=self.end_ids,
         )
         self.tokenizer = tokenizer
         self.sync_weights(accelerator, model)
@@ -54,7 +76,8 @@ class VLLMGenerator:
                 policy.merge_adapter()
                 weights = {  # peft's names back to the base model's; the adapters themselves are not copied
                     name.removeprefix("base_model.model.").replace(".base_layer", ""): value
-                    for name, value in policy.state_dict().items() if "lora_" not in name
+                    for name, value in policy.state_dict().items()
+                    if "lora_" not in name
                 }
                 self._engine_model().load_weights(weights.items())
                 policy.unmerge_adapter()
@@ -67,9 +90,17 @@ class VLLMGenerator:
 
     def generate(self, texts: list[str], device) -> dict:
         """Sample one completion per text; the same tensors as `generate`."""
-        enc = self.tokenizer(texts, return_tensors="pt", padding=True, padding_side="left", add_special_tokens=False).to(device)
-        prompts = [{"prompt_token_ids": ids[mask.bool()].tolist()} for ids, mask in zip(enc.input_ids, enc.attention_mask)]
+        enc = self.tokenizer(
+            texts, return_tensors="pt", padding=True, padding_side="left", add_special_tokens=False
+        ).to(device)
+        prompts = [
+            {"prompt_token_ids": ids[mask.bool()].tolist()} for ids, mask in zip(enc.input_ids, enc.attention_mask)
+        ]
         outputs = [out.outputs[0] for out in self.llm.generate(prompts, self.sampling_params, use_tqdm=False)]
         T = max(len(out.token_ids) for out in outputs)
         padded = [list(out.token_ids) + [self.tokenizer.pad_token_id] * (T - len(out.token_ids)) for out in outputs]
-        return {"prompt_ids": enc.input_ids, "prompt_mask": enc.attention_mask, "completion_ids": torch.tensor(padded, device=device)}
+        return {
+            "prompt_ids": enc.input_ids,
+            "prompt_mask": enc.attention_mask,
+            "completion_ids": torch.tensor(padded, device=device),
+        }

@@ -26,11 +26,16 @@ def fixed_generate(model, tokenizer, texts, generation_config):
         k = seen[text] = seen.get(text, -1) + 1
         padding = " so" * (len(text) % 3)  # lengths differ between prompts, so processes hold different token counts
         words = f"{k}{padding} = <answer>{k + len(text) % 5}</answer>" if k % 2 else f"{k} {len(text) % 5}{padding}"
-        completion_lists.append(tokenizer(words, add_special_tokens=False).input_ids[: generation_config.max_new_tokens - 1] + [tokenizer.eos_token_id])
+        completion_lists.append(
+            tokenizer(words, add_special_tokens=False).input_ids[: generation_config.max_new_tokens - 1]
+            + [tokenizer.eos_token_id]
+        )
     device = next(model.parameters()).device
     enc = tokenizer(texts, return_tensors="pt", padding=True, padding_side="left", add_special_tokens=False).to(device)
     T = max(map(len, completion_lists))
-    completion_ids = torch.tensor([ids + [tokenizer.pad_token_id] * (T - len(ids)) for ids in completion_lists], device=device)
+    completion_ids = torch.tensor(
+        [ids + [tokenizer.pad_token_id] * (T - len(ids)) for ids in completion_lists], device=device
+    )
     return {"prompt_ids": enc.input_ids, "prompt_mask": enc.attention_mask, "completion_ids": completion_ids}
 
 

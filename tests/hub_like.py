@@ -1,8 +1,8 @@
 """A checkpoint folder shaped like the ones people download, made by the tests (nothing is shipped or fetched).
 
 It differs from the embedded Qwen2 model in every way that has broken RL scripts on real checkpoints: another
-architecture (Llama), its own BPE tokenizer with no pad token and another end token (`</s>`), a chat template that adds a
-system turn, dropout in the attention (the embedded model has none), and a generation_config.json that sets what
+architecture (Llama), its own BPE tokenizer with no pad token and another end token (`</s>`), a chat template that
+adds a system turn, dropout in the attention (the embedded model has none), and a generation_config.json that sets what
 chat checkpoints ship (temperature, top-k/top-p, repetition penalty, min_new_tokens, suppressed and banned tokens, a
 second end token). A script that lets any of that leak into sampling, or keeps dropout on between two passes that must
 agree, fails the tests that run on it.
@@ -11,7 +11,7 @@ agree, fails the tests that run on it.
 from pathlib import Path
 
 import torch
-from tokenizers import Tokenizer, models, pre_tokenizers, trainers, decoders
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 import common
@@ -29,8 +29,13 @@ def make_tokenizer() -> PreTrainedTokenizerFast:
     bpe = Tokenizer(models.BPE(unk_token="<unk>"))
     bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     bpe.decoder = decoders.ByteLevel()
-    corpus = [common.arithmetic_question(a, op, b) + f" <answer>{answer}</answer>" for a, op, b, answer in common.arithmetic_problems()]
-    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=SPECIAL, initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    corpus = [
+        common.arithmetic_question(a, op, b) + f" <answer>{answer}</answer>"
+        for a, op, b, answer in common.arithmetic_problems()
+    ]
+    trainer = trainers.BpeTrainer(
+        vocab_size=400, special_tokens=SPECIAL, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
     bpe.train_from_iterator(corpus + ["You are a careful calculator."], trainer)
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=bpe, bos_token="<s>", eos_token="</s>", unk_token="<unk>")
     tokenizer.chat_template = CHAT_TEMPLATE
@@ -41,16 +46,35 @@ def make_hub_like_checkpoint(folder: Path) -> Path:
     tokenizer = make_tokenizer()
     torch.manual_seed(0)
     config = LlamaConfig(
-        vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=512, attention_dropout=0.1, tie_word_embeddings=False,
-        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=None,
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        attention_dropout=0.1,
+        tie_word_embeddings=False,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=None,
     )
     model = LlamaForCausalLM(config)
     digit = tokenizer.convert_tokens_to_ids("7")
     model.generation_config = GenerationConfig(  # what chat checkpoints ship (Qwen2.5-Instruct-like, and then some)
-        do_sample=True, temperature=0.7, top_k=20, top_p=0.8, repetition_penalty=1.3, no_repeat_ngram_size=2,
-        min_new_tokens=4, min_p=0.05, typical_p=0.9, bad_words_ids=[[digit]], suppress_tokens=[tokenizer.unk_token_id],
-        bos_token_id=tokenizer.bos_token_id, eos_token_id=[tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<|user|>")],
+        do_sample=True,
+        temperature=0.7,
+        top_k=20,
+        top_p=0.8,
+        repetition_penalty=1.3,
+        no_repeat_ngram_size=2,
+        min_new_tokens=4,
+        min_p=0.05,
+        typical_p=0.9,
+        bad_words_ids=[[digit]],
+        suppress_tokens=[tokenizer.unk_token_id],
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=[tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<|user|>")],
     )
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)

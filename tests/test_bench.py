@@ -13,21 +13,48 @@ ENV = {**os.environ, "HF_HUB_OFFLINE": "1"}
 
 
 def bench(*flags):
-    return subprocess.run([sys.executable, "bench.py", *flags], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "bench.py", *flags], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300
+    )
 
 
 def test_tiny_bench_prints_a_table_and_writes_positive_figures(tmp_path):
     output_json = tmp_path / "bench.json"
-    result = bench("--algorithms", "rloo,reinforce", "--configs", "embedded", "--steps", "3", "--warmup_steps", "1",
-                   "--completions_per_step", "8", "--work_dir", str(tmp_path / "work"), "--output_json", str(output_json))
+    result = bench(
+        "--algorithms",
+        "rloo,reinforce",
+        "--configs",
+        "embedded",
+        "--steps",
+        "3",
+        "--warmup_steps",
+        "1",
+        "--completions_per_step",
+        "8",
+        "--work_dir",
+        str(tmp_path / "work"),
+        "--output_json",
+        str(output_json),
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     table = [line for line in result.stdout.splitlines() if line.startswith("| embedded |")]
     assert [line.split(" | ")[1] for line in table] == ["rloo", "reinforce"]
     report = json.loads(output_json.read_text())
-    assert [(row["config"], row["algorithm"]) for row in report["summary"]] == [("embedded", "rloo"), ("embedded", "reinforce")]
+    assert [(row["config"], row["algorithm"]) for row in report["summary"]] == [
+        ("embedded", "rloo"),
+        ("embedded", "reinforce"),
+    ]
     for row in report["summary"]:
-        for name in ["median_step_time_s", "median_step_cpu_time_s", "completions_per_s", "generated_tokens_per_s", "mean_completion_length",
-                     "peak_rss_mb", "baseline_rss_mb", "rss_above_baseline_mb"]:
+        for name in [
+            "median_step_time_s",
+            "median_step_cpu_time_s",
+            "completions_per_s",
+            "generated_tokens_per_s",
+            "mean_completion_length",
+            "peak_rss_mb",
+            "baseline_rss_mb",
+            "rss_above_baseline_mb",
+        ]:
             assert row[name] > 0, (row["algorithm"], name)
         assert row["peak_rss_mb"] > row["baseline_rss_mb"]
         assert row["parameters"] > 0 and row["repeats"] == 1
@@ -43,8 +70,14 @@ def test_tiny_bench_prints_a_table_and_writes_positive_figures(tmp_path):
         (["--algorithms", "sft"], "error: --algorithms: unknown algorithm 'sft'"),
         (["--configs", "huge"], "error: --configs: unknown config 'huge'"),
         (["--steps", "2", "--warmup_steps", "2"], "error: --steps: 2 leaves no measured step after --warmup_steps 2"),
-        (["--completions_per_step", "30"], "error: --completions_per_step: 30 is not a multiple of --num_generations 4"),
-        (["--algorithms", "trl_rloo", "--trl_python", "/nonexistent/python"], "error: --trl_python: /nonexistent/python cannot import trl"),
+        (
+            ["--completions_per_step", "30"],
+            "error: --completions_per_step: 30 is not a multiple of --num_generations 4",
+        ),
+        (
+            ["--algorithms", "trl_rloo", "--trl_python", "/nonexistent/python"],
+            "error: --trl_python: /nonexistent/python cannot import trl",
+        ),
     ],
 )
 def test_bad_input_prints_one_line_and_exits_2(tmp_path, flags, message):

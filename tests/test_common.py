@@ -18,7 +18,13 @@ from common import ConfigError
 
 def test_shipped_model_loads_like_a_hub_model_and_is_small():
     files = {p.name for p in Path(common.EMBEDDED_MODEL).iterdir()}
-    assert {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "chat_template.jinja"} <= files
+    assert {
+        "config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "chat_template.jinja",
+    } <= files
     assert sum(p.stat().st_size for p in Path(common.EMBEDDED_MODEL).iterdir()) <= 10 * 2**20
     model = AutoModelForCausalLM.from_pretrained(common.EMBEDDED_MODEL)
     assert 0.5e6 < sum(p.numel() for p in model.parameters()) < 2e6
@@ -32,14 +38,19 @@ def test_tokenizer_round_trip_survives_save_and_reload(tmp_path):
 
     tokenizer = AutoTokenizer.from_pretrained(common.EMBEDDED_MODEL)
     messages = [{"role": "user", "content": "Compute  7 × 8.\n\nAnswer in the form <answer>N</answer>.\t(two  spaces)"}]
-    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True) + "<answer>56</answer><|im_end|>\n"
+    text = (
+        tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        + "<answer>56</answer><|im_end|>\n"
+    )
     assert "\n" in text and "  " in text
     raw = Tokenizer.from_file(str(Path(common.EMBEDDED_MODEL) / "tokenizer.json"))
     for reloaded in (tokenizer, _save_and_reload(tokenizer, tmp_path)):
         ids = reloaded(text, add_special_tokens=False).input_ids
         assert ids == raw.encode(text, add_special_tokens=False).ids
         assert reloaded.decode(ids) == text
-        assert reloaded.decode(ids, skip_special_tokens=True) == text.replace("<|im_start|>", "").replace("<|im_end|>", "")
+        assert reloaded.decode(ids, skip_special_tokens=True) == text.replace("<|im_start|>", "").replace(
+            "<|im_end|>", ""
+        )
     assert tokenizer.eos_token == "<|im_end|>" and tokenizer.pad_token == "<|endoftext|>"
     assert type(tokenizer).__name__ == "Qwen2Tokenizer"
 
@@ -69,7 +80,9 @@ def test_load_split_standard_and_conversational_files(tmp_path):
     folder = tmp_path / "conv"
     folder.mkdir()
     for split in ("train", "test"):
-        (folder / f"{split}.jsonl").write_text(json.dumps({"prompt": [{"role": "user", "content": split}], "ground_truth": "1"}) + "\n")
+        (folder / f"{split}.jsonl").write_text(
+            json.dumps({"prompt": [{"role": "user", "content": split}], "ground_truth": "1"}) + "\n"
+        )
     assert common.load_split(str(folder), "test")["prompt"] == [[{"role": "user", "content": "test"}]]
     csv = tmp_path / "data.csv"
     csv.write_text("prompt,answer\nhello,1\n")
@@ -98,7 +111,10 @@ def test_end_of_completion_masks_everything_after_the_first_end_token(tiny_model
     class Args:
         temperature, top_p, top_k, max_completion_length = 1.0, 1.0, 0, 12
 
-    texts = [common.prompt_text(tiny_tokenizer, [{"role": "user", "content": common.arithmetic_question(a, "+", 1)}]) for a in range(6)]
+    texts = [
+        common.prompt_text(tiny_tokenizer, [{"role": "user", "content": common.arithmetic_question(a, "+", 1)}])
+        for a in range(6)
+    ]
     out = common.generate(tiny_model, tiny_tokenizer, texts, common.sampling_config(tiny_tokenizer, Args))
     eos = tiny_tokenizer.eos_token_id
     completion_mask, is_truncated = script.end_of_completion(out["completion_ids"], eos)
@@ -106,7 +122,7 @@ def test_end_of_completion_masks_everything_after_the_first_end_token(tiny_model
         n = int(mask.sum())
         assert mask[:n].all() and not mask[n:].any()
         assert (ids[n - 1] == eos) != bool(truncated)
-        assert (ids[:n - 1] != eos).all()
+        assert (ids[: n - 1] != eos).all()
 
 
 def test_the_scripts_share_the_log_prob_and_end_of_completion_text():
@@ -117,7 +133,10 @@ def test_the_scripts_share_the_log_prob_and_end_of_completion_text():
 
 
 def test_completion_logprobs_match_a_full_log_softmax_and_ignore_left_padding(tiny_model, tiny_tokenizer):
-    texts = ["<|im_start|>user\nCompute 1 + 1.<|im_end|>\n<|im_start|>assistant\n", "<|im_start|>user\nx<|im_end|>\n<|im_start|>assistant\n"]
+    texts = [
+        "<|im_start|>user\nCompute 1 + 1.<|im_end|>\n<|im_start|>assistant\n",
+        "<|im_start|>user\nx<|im_end|>\n<|im_start|>assistant\n",
+    ]
     completion = tiny_tokenizer("<answer>2</answer><|im_end|>", add_special_tokens=False, return_tensors="pt").input_ids
     enc = tiny_tokenizer(texts, return_tensors="pt", padding=True, padding_side="left", add_special_tokens=False)
     input_ids = torch.cat([enc.input_ids, completion.repeat(2, 1)], 1)
@@ -126,7 +145,7 @@ def test_completion_logprobs_match_a_full_log_softmax_and_ignore_left_padding(ti
     batched, entropy = rloo.completion_logprobs(tiny_model, input_ids, attention_mask, T, 0.7, entropy=True)
     # reference: the unpadded second sequence alone, full log-softmax
     alone = input_ids[1:, attention_mask[1].bool()]
-    logits = tiny_model(alone).logits[:, -T - 1:-1] / 0.7
+    logits = tiny_model(alone).logits[:, -T - 1 : -1] / 0.7
     expected = torch.log_softmax(logits, -1).gather(-1, alone[:, -T:, None]).squeeze(-1)
     assert torch.allclose(batched[1:], expected, atol=1e-5)
     probs = torch.softmax(logits, -1)
@@ -184,9 +203,17 @@ def test_sampling_config_samples_from_the_distribution_the_logprobs_assume(tiny_
 
     def processors(config):
         config, _ = tiny_model._prepare_generation_config(config)
-        return [type(p).__name__ for p in tiny_model._get_logits_processor(
-            generation_config=config, input_ids_seq_length=4, encoder_input_ids=torch.zeros(1, 4, dtype=torch.long),
-            prefix_allowed_tokens_fn=None, logits_processor=None, device="cpu")]
+        return [
+            type(p).__name__
+            for p in tiny_model._get_logits_processor(
+                generation_config=config,
+                input_ids_seq_length=4,
+                encoder_input_ids=torch.zeros(1, 4, dtype=torch.long),
+                prefix_allowed_tokens_fn=None,
+                logits_processor=None,
+                device="cpu",
+            )
+        ]
 
     assert processors(common.sampling_config(tiny_tokenizer, Args)) == ["TemperatureLogitsWarper"]
     Args.top_k = 5

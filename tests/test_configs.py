@@ -16,12 +16,18 @@ CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
 @pytest.mark.parametrize(
     "name, distributed_type",
-    [("multi_gpu", DistributedType.MULTI_GPU), ("deepspeed_zero2", DistributedType.DEEPSPEED),
-     ("deepspeed_zero3", DistributedType.DEEPSPEED), ("fsdp", DistributedType.FSDP)],
+    [
+        ("multi_gpu", DistributedType.MULTI_GPU),
+        ("deepspeed_zero2", DistributedType.DEEPSPEED),
+        ("deepspeed_zero3", DistributedType.DEEPSPEED),
+        ("fsdp", DistributedType.FSDP),
+    ],
 )
 def test_config_files_load(name, distributed_type):
     config = load_config_from_file(str(CONFIGS / f"{name}.yaml"))
-    assert config.distributed_type == distributed_type and config.mixed_precision == "bf16" and config.num_processes == 8
+    assert (
+        config.distributed_type == distributed_type and config.mixed_precision == "bf16" and config.num_processes == 8
+    )
     if distributed_type == DistributedType.DEEPSPEED:
         assert config.deepspeed_config["zero_stage"] == int(name[-1])
     if distributed_type == DistributedType.FSDP:
@@ -34,4 +40,6 @@ def test_deepspeed_constraints_are_one_line_each():
         common.check_backend(deepspeed, one_backward_per_update=False)
     with pytest.raises(ConfigError, match="^--normalize_advantages: not available under DeepSpeed"):
         common.check_backend(deepspeed, one_backward_per_update=True, rescales_gradients=True)
-    common.check_backend(types.SimpleNamespace(distributed_type=DistributedType.MULTI_GPU), False, True)  # DDP: anything goes
+    common.check_backend(
+        types.SimpleNamespace(distributed_type=DistributedType.MULTI_GPU), False, True
+    )  # DDP: anything goes

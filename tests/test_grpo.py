@@ -1,5 +1,6 @@
 """grpo.py: the group-relative advantage, the loss_type normalizers (also split over processes), k3, clip-higher and
-dynamic sampling against hand computations; then end to end: bad inputs, micro-batch invariance, resume equality, and a run that learns."""
+dynamic sampling against hand computations; then end to end: bad inputs, micro-batch invariance, resume equality,
+and a run that learns."""
 
 import dataclasses
 import math
@@ -14,7 +15,15 @@ from common import ConfigError
 from grpo import dynamic_sampling, group_relative_advantages, grpo_loss, loss_token_weights, per_token_kl
 from rloo import leave_one_out_advantages
 
-FAST = dict(prompts_per_step=4, num_generations=4, max_steps=2, eval_steps=0, logging_steps=1, save_steps=0, num_generations_eval=1)
+FAST = dict(
+    prompts_per_step=4,
+    num_generations=4,
+    max_steps=2,
+    eval_steps=0,
+    logging_steps=1,
+    save_steps=0,
+    num_generations_eval=1,
+)
 
 
 def args(tmp_path, **overrides) -> grpo.Args:
@@ -33,7 +42,9 @@ def test_worked_example_rewards_10_8_4_2():
     # RLOO's leave-one-out advantage is the same direction, scaled by G/(G−1)
     assert leave_one_out_advantages(rewards, 4).tolist() == pytest.approx((4 / 3 * centered).tolist())
     std = math.sqrt((16 + 4 + 4 + 16) / 3)  # the unbiased std of the group, as TRL
-    assert group_relative_advantages(rewards, 4, "group").tolist() == pytest.approx([a / (std + 1e-4) for a in (4, 2, -2, -4)])
+    assert group_relative_advantages(rewards, 4, "group").tolist() == pytest.approx(
+        [a / (std + 1e-4) for a in (4, 2, -2, -4)]
+    )
 
 
 def test_group_batch_and_no_std_scaling():
@@ -41,12 +52,18 @@ def test_group_batch_and_no_std_scaling():
     centered = torch.tensor([4.0, 2.0, -2.0, -4.0, 0.5, -0.5, 0.5, -0.5])
     assert group_relative_advantages(rewards, 4, "none").tolist() == centered.tolist()
     group_std = torch.tensor([math.sqrt(40 / 3)] * 4 + [math.sqrt(1 / 3)] * 4)
-    assert group_relative_advantages(rewards, 4, "group").tolist() == pytest.approx((centered / (group_std + 1e-4)).tolist())
+    assert group_relative_advantages(rewards, 4, "group").tolist() == pytest.approx(
+        (centered / (group_std + 1e-4)).tolist()
+    )
     # "batch": the centering stays per group, the scale is the std of all eight rewards
-    assert group_relative_advantages(rewards, 4, "batch").tolist() == pytest.approx((centered / (rewards.std() + 1e-4)).tolist())
+    assert group_relative_advantages(rewards, 4, "batch").tolist() == pytest.approx(
+        (centered / (rewards.std() + 1e-4)).tolist()
+    )
     # each group's advantages sum to zero, whatever the scaling
     for scale in ("group", "batch", "none"):
-        assert group_relative_advantages(rewards, 4, scale).view(2, 4).sum(1).tolist() == pytest.approx([0.0, 0.0], abs=1e-5)
+        assert group_relative_advantages(rewards, 4, scale).view(2, 4).sum(1).tolist() == pytest.approx(
+            [0.0, 0.0], abs=1e-5
+        )
 
 
 def test_equal_rewards_give_zero_advantages():
@@ -71,7 +88,9 @@ TOY_ADVANTAGES = torch.tensor([2.0, -1.0])
 def test_each_loss_type_on_a_toy_batch(loss_type, expected):
     logprobs = torch.tensor([[-1.0, -2.0, -0.5, -9.0], [-0.3, -9.0, -9.0, -9.0]], requires_grad=True)
     weights = loss_token_weights(TOY_MASK, loss_type, max_completion_length=4)
-    loss, policy_loss, ratio = grpo_loss(logprobs, logprobs.detach(), torch.zeros(2, 4), TOY_ADVANTAGES, weights, 0.0, 0.2, 0.2)
+    loss, policy_loss, ratio = grpo_loss(
+        logprobs, logprobs.detach(), torch.zeros(2, 4), TOY_ADVANTAGES, weights, beta=0.0, epsilon=0.2, epsilon_high=0.2
+    )
     assert loss.item() == pytest.approx(expected) and policy_loss.item() == pytest.approx(expected)
     assert ratio.tolist() == [[1.0] * 4] * 2
     loss.backward()
@@ -87,7 +106,9 @@ def test_grpo_normalizer_skips_sequences_without_loss():
     assert weights.sum(1).tolist() == pytest.approx([0.5, 0.0, 0.5])
     assert loss_token_weights(mask, "dapo", 4).sum().item() == pytest.approx(1.0)
     assert loss_token_weights(mask, "dapo", 4)[0, 0].item() == pytest.approx(1 / 5)
-    assert loss_token_weights(mask, "dr_grpo", 4)[0, 0].item() == pytest.approx(1 / 12)  # a constant, masked rows included
+    assert loss_token_weights(mask, "dr_grpo", 4)[0, 0].item() == pytest.approx(
+        1 / 12
+    )  # a constant, masked rows included
     assert loss_token_weights(torch.zeros(2, 3), "dapo", 3).sum().item() == 0.0  # nothing to learn from: no NaN
 
 
@@ -96,7 +117,8 @@ def test_each_process_gets_its_rows_of_the_whole_batch_weights(loss_type):
     """Under accelerate each process holds some rows and the normalizer adds every process's count to its own: the
     shards' weights are the one-process weights of their rows, also when the processes hold different numbers of tokens
     (6 and 7 here; the script then multiplies each process's loss by N, as DDP averages the N gradients). Each process
-    normalizing by its own count, then averaged by DDP, would not be the one-process loss (but for dr_grpo's constant)."""
+    normalizing by its own count, then averaged by DDP, would not be the one-process loss (but for dr_grpo's
+    constant)."""
     mask = torch.tensor([[1, 1, 1, 0], [0, 0, 0, 0], [1, 1, 0, 0], [1, 1, 1, 1], [1, 0, 0, 0], [1, 1, 0, 0]])
     shards = (mask[:3], mask[3:])
 
@@ -106,7 +128,10 @@ def test_each_process_gets_its_rows_of_the_whole_batch_weights(loss_type):
         return counts[0]
 
     whole = loss_token_weights(mask, loss_type, 4)
-    sharded = [loss_token_weights(shard, loss_type, 4, lambda c, other=other: c + count(other)) for shard, other in zip(shards, shards[::-1])]
+    sharded = [
+        loss_token_weights(shard, loss_type, 4, lambda c, other=other: c + count(other))
+        for shard, other in zip(shards, shards[::-1])
+    ]
     assert torch.allclose(torch.cat(sharded), whole)
     own_counts = torch.cat([loss_token_weights(shard, loss_type, 4) for shard in shards]) / len(shards)
     assert torch.allclose(own_counts, whole) == (loss_type == "dr_grpo")
@@ -131,7 +156,9 @@ def test_micro_batches_give_the_whole_batch_loss_and_gradient(loss_type):
         logprobs = base.clone().requires_grad_()
         total = 0.0
         for mb in torch.arange(B).split(micro_batch_size):
-            loss, _, _ = grpo_loss(logprobs[mb], old[mb], ref[mb], advantages[mb], weights[mb], 0.04, 0.2, 0.28)
+            loss, _, _ = grpo_loss(
+                logprobs[mb], old[mb], ref[mb], advantages[mb], weights[mb], beta=0.04, epsilon=0.2, epsilon_high=0.28
+            )
             loss.backward()
             total += loss.item()
         return total, logprobs.grad
@@ -149,7 +176,9 @@ def test_k3_values_and_gradient():
     logprobs = torch.tensor([math.log(0.5), -1.3], requires_grad=True)
     ref_logprobs = torch.tensor([math.log(0.25), -1.3])
     kl = per_token_kl(logprobs, ref_logprobs)
-    assert kl.tolist() == pytest.approx([0.5 + math.log(2) - 1, 0.0])  # exp(ref − logp) − (ref − logp) − 1; 0 when equal
+    assert kl.tolist() == pytest.approx(
+        [0.5 + math.log(2) - 1, 0.0]
+    )  # exp(ref − logp) − (ref − logp) − 1; 0 when equal
     kl.sum().backward()
     assert logprobs.grad.tolist() == pytest.approx([1 - 0.5, 0.0])  # ∂k3/∂logp = 1 − exp(ref − logp)
     assert (per_token_kl(torch.randn(100), torch.randn(100)) >= 0).all()
@@ -159,7 +188,16 @@ def test_kl_term_in_the_loss_has_weight_beta():
     logprobs = torch.tensor([[math.log(0.5), 0.0]], requires_grad=True)
     ref_logprobs = torch.tensor([[math.log(0.25), 0.0]])
     weights = loss_token_weights(torch.tensor([[1, 0]]), "dapo", 2)
-    loss, policy_loss, _ = grpo_loss(logprobs, logprobs.detach(), ref_logprobs, torch.tensor([0.0]), weights, 0.04, 0.2, 0.2)
+    loss, policy_loss, _ = grpo_loss(
+        logprobs,
+        logprobs.detach(),
+        ref_logprobs,
+        torch.tensor([0.0]),
+        weights,
+        beta=0.04,
+        epsilon=0.2,
+        epsilon_high=0.2,
+    )
     assert policy_loss.item() == 0.0
     assert loss.item() == pytest.approx(0.04 * (0.5 + math.log(2) - 1))
     loss.backward()
@@ -173,7 +211,9 @@ def test_clip_higher_lets_positive_advantage_tokens_grow_further():
     weights = torch.ones(1, 1)
     for epsilon_high, expected_grad, expected_loss in ((0.2, 0.0, -1.2), (0.28, -1.25, -1.25)):
         logprobs = torch.tensor([[math.log(1.25)]], requires_grad=True)
-        loss, _, _ = grpo_loss(logprobs, old, old, torch.tensor([1.0]), weights, 0.0, 0.2, epsilon_high)
+        loss, _, _ = grpo_loss(
+            logprobs, old, old, torch.tensor([1.0]), weights, beta=0.0, epsilon=0.2, epsilon_high=epsilon_high
+        )
         loss.backward()
         assert loss.item() == pytest.approx(expected_loss)
         assert logprobs.grad.item() == pytest.approx(expected_grad)  # d(−ρA)/dlogp = −ρA
@@ -183,7 +223,16 @@ def test_lower_clip_is_unchanged_and_negative_advantages_are_never_clipped_above
     old = torch.zeros(2, 1)
     for epsilon_high in (0.2, 0.28):
         logprobs = torch.tensor([[math.log(0.75)], [math.log(1.25)]], requires_grad=True)
-        loss, _, _ = grpo_loss(logprobs, old, old, torch.tensor([-1.0, -1.0]), torch.ones(2, 1), 0.0, 0.2, epsilon_high)
+        loss, _, _ = grpo_loss(
+            logprobs,
+            old,
+            old,
+            torch.tensor([-1.0, -1.0]),
+            torch.ones(2, 1),
+            beta=0.0,
+            epsilon=0.2,
+            epsilon_high=epsilon_high,
+        )
         loss.backward()
         # ρ = 0.75 < 1 − ε with A < 0: clipped at 0.8, no gradient; ρ = 1.25 with A < 0: the unclipped (worse) term
         assert logprobs.grad[:, 0].tolist() == pytest.approx([0.0, 1.25])
@@ -218,7 +267,9 @@ def test_dynamic_sampling_drops_equal_reward_groups_and_refills():
         2: fake_sample([1, 0, 1, 0, 1, 0, 1, 0], prompt_width=3, completion_width=2, tag="c"),
     }
     calls = []
-    batch, dropped_frac = dynamic_sampling(lambda r: calls.append(r) or rounds[r], num_prompts=4, num_generations=2, max_resample_rounds=3, pad_token_id=0)
+    batch, dropped_frac = dynamic_sampling(
+        lambda r: calls.append(r) or rounds[r], num_prompts=4, num_generations=2, max_resample_rounds=3, pad_token_id=0
+    )
     assert calls == [0, 1]  # enough groups after one extra round
     assert batch["prompts"] == ["a1", "a1", "a3", "a3", "b0", "b0", "b2", "b2"]
     assert batch["rewards"].tolist() == [0, 1, 1, 0, 1, 0, 0, 1]
@@ -233,7 +284,9 @@ def test_dynamic_sampling_drops_equal_reward_groups_and_refills():
 
 def test_dynamic_sampling_fills_up_with_dropped_groups_when_rounds_run_out():
     sample = fake_sample([1, 1, 0, 1, 0, 0, 1, 1], prompt_width=3, completion_width=2, tag="a")
-    batch, dropped_frac = dynamic_sampling(lambda r: sample, num_prompts=4, num_generations=2, max_resample_rounds=0, pad_token_id=0)
+    batch, dropped_frac = dynamic_sampling(
+        lambda r: sample, num_prompts=4, num_generations=2, max_resample_rounds=0, pad_token_id=0
+    )
     assert batch["prompts"] == ["a1", "a1", "a0", "a0", "a2", "a2", "a3", "a3"]  # the informative group first
     assert dropped_frac == 3 / 4
 
@@ -270,8 +323,15 @@ def test_micro_batching_does_not_change_the_update(tmp_path, recorded_gradients)
     grpo.main(args(tmp_path, max_steps=1, save_steps=1, output_dir=str(tmp_path / "start"), **setup))
     gradients = recorded_gradients
     for loss_type in grpo.LOSS_TYPES:
-        whole = args(tmp_path, max_steps=2, loss_type=loss_type, beta=0.1, resume_from_checkpoint=str(tmp_path / "start" / "checkpoint-1"),
-                     output_dir=str(tmp_path / f"whole-{loss_type}"), **setup)
+        whole = args(
+            tmp_path,
+            max_steps=2,
+            loss_type=loss_type,
+            beta=0.1,
+            resume_from_checkpoint=str(tmp_path / "start" / "checkpoint-1"),
+            output_dir=str(tmp_path / f"whole-{loss_type}"),
+            **setup,
+        )
         grpo.main(whole)
         grpo.main(dataclasses.replace(whole, micro_batch_size=6, output_dir=str(tmp_path / f"micro-{loss_type}")))
         one_batch, micro_batches = gradients[-2:]
@@ -286,7 +346,9 @@ def test_micro_batching_does_not_change_the_update(tmp_path, recorded_gradients)
 def test_resume_reproduces_the_uninterrupted_run(tmp_path):
     full = args(tmp_path, max_steps=4, save_steps=2, beta=0.1, num_iterations=2, dynamic_sampling=True)
     grpo.main(full)
-    resumed = dataclasses.replace(full, output_dir=str(tmp_path / "resumed"), resume_from_checkpoint=str(tmp_path / "out" / "checkpoint-2"))
+    resumed = dataclasses.replace(
+        full, output_dir=str(tmp_path / "resumed"), resume_from_checkpoint=str(tmp_path / "out" / "checkpoint-2")
+    )
     grpo.main(resumed)
     uninterrupted = training_records(tmp_path / "out")
     assert [r["step"] for r in uninterrupted] == [1, 2, 3, 4]
@@ -317,13 +379,40 @@ def test_beta_zero_loads_no_reference_model_and_logs_no_kl(tmp_path, monkeypatch
 
 
 def test_metrics_use_trl_names(tmp_path):
-    grpo.main(args(tmp_path, max_steps=1, reward_funcs="accuracy,format", reward_weights="1.0,0.2", eval_steps=1, num_generations_eval=2))
+    grpo.main(
+        args(
+            tmp_path,
+            max_steps=1,
+            reward_funcs="accuracy,format",
+            reward_weights="1.0,0.2",
+            eval_steps=1,
+            num_generations_eval=2,
+        )
+    )
     records = common.read_metrics(tmp_path / "out")
     (train,) = training_records(tmp_path / "out")
-    for key in ("reward", "reward_std", "frac_reward_zero_std", "rewards/accuracy_reward/mean", "rewards/format_reward/std", "entropy",
-                "clip_ratio/low_mean", "clip_ratio/low_min", "clip_ratio/high_mean", "clip_ratio/high_max", "clip_ratio/region_mean",
-                "completions/mean_length", "completions/clipped_ratio", "completions/mean_terminated_length", "loss", "policy_loss",
-                "grad_norm", "learning_rate", "num_tokens", "step_time"):
+    for key in (
+        "reward",
+        "reward_std",
+        "frac_reward_zero_std",
+        "rewards/accuracy_reward/mean",
+        "rewards/format_reward/std",
+        "entropy",
+        "clip_ratio/low_mean",
+        "clip_ratio/low_min",
+        "clip_ratio/high_mean",
+        "clip_ratio/high_max",
+        "clip_ratio/region_mean",
+        "completions/mean_length",
+        "completions/clipped_ratio",
+        "completions/mean_terminated_length",
+        "loss",
+        "policy_loss",
+        "grad_norm",
+        "learning_rate",
+        "num_tokens",
+        "step_time",
+    ):
         assert key in records[1] or key in train, key
     assert train["grad_norm"] > 0 or train["frac_reward_zero_std"] == 1.0  # the loss sits near 0; the update does not
     assert [r["step"] for r in records if "eval/accuracy" in r] == [0, 1]

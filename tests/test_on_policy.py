@@ -21,12 +21,19 @@ from reinforce import reinforce_advantages
 from rewards import compute_rewards
 from rloo import leave_one_out_advantages
 
-TWO_STEPS = dict(max_steps=2, eval_steps=0, logging_steps=1, save_steps=0, num_generations_eval=1, max_completion_length=8)
-RL_SCRIPTS = {rloo: dict(prompts_per_step=2, num_generations=2), grpo: dict(prompts_per_step=2, num_generations=2),
-              reinforce: dict(prompts_per_step=4), ppo: dict(prompts_per_step=4, num_ppo_epochs=1)}
+TWO_STEPS = dict(
+    max_steps=2, eval_steps=0, logging_steps=1, save_steps=0, num_generations_eval=1, max_completion_length=8
+)
+RL_SCRIPTS = {
+    rloo: dict(prompts_per_step=2, num_generations=2),
+    grpo: dict(prompts_per_step=2, num_generations=2),
+    reinforce: dict(prompts_per_step=4),
+    ppo: dict(prompts_per_step=4, num_ppo_epochs=1),
+}
 
 
-# ---- 1. the sampled distribution is the one the log-probs assume ------------------------------------------------------
+# ---- 1. the sampled distribution is the one the log-probs assume
+# ------------------------------------------------------
 def sampled_and_computed_logprobs(model, tokenizer, monkeypatch, **sampling):
     """Sample through common.generate while recording the scores generate sampled from; return the sampler's
     log-probs of the sampled tokens and completion_logprobs of the same tokens, both (B, T), and the mask."""
@@ -42,8 +49,13 @@ def sampled_and_computed_logprobs(model, tokenizer, monkeypatch, **sampling):
 
     monkeypatch.setattr(model, "generate", generate_recording_scores)
     args = type("Args", (), {"temperature": 0.9, "top_p": 1.0, "top_k": 0, "max_completion_length": 12, **sampling})
-    prompts = [[{"role": "user", "content": common.arithmetic_question(a, op, b)}] for a, op, b, _ in common.arithmetic_split("train")[:8]]
-    out = common.generate(model, tokenizer, [common.prompt_text(tokenizer, p) for p in prompts], common.sampling_config(tokenizer, args))
+    prompts = [
+        [{"role": "user", "content": common.arithmetic_question(a, op, b)}]
+        for a, op, b, _ in common.arithmetic_split("train")[:8]
+    ]
+    out = common.generate(
+        model, tokenizer, [common.prompt_text(tokenizer, p) for p in prompts], common.sampling_config(tokenizer, args)
+    )
     T = out["completion_ids"].shape[1]
     completion_mask, _ = rloo.end_of_completion(out["completion_ids"], tokenizer.eos_token_id)
     sampler = torch.log_softmax(recorded[0].float(), -1).gather(-1, out["completion_ids"][..., None]).squeeze(-1)
@@ -61,7 +73,9 @@ def test_a_hub_generation_config_cannot_change_what_is_sampled(hub_model, monkey
     sampler, computed, mask = sampled_and_computed_logprobs(model, tokenizer, monkeypatch)
     assert mask.sum() > 20
     torch.testing.assert_close(sampler[mask], computed[mask], atol=1e-4, rtol=0)
-    assert model.generation_config.repetition_penalty == 1.3  # the checkpoint's own config is left as it was (saved as is)
+    assert (
+        model.generation_config.repetition_penalty == 1.3
+    )  # the checkpoint's own config is left as it was (saved as is)
 
 
 def test_top_k_makes_sampling_off_policy_as_documented(hub_model, monkeypatch):
@@ -72,11 +86,14 @@ def test_top_k_makes_sampling_off_policy_as_documented(hub_model, monkeypatch):
     assert (sampler[mask] > computed[mask] + 1e-3).all()  # renormalized over 3 tokens: every sampled token gains
 
 
-# ---- 2. no dropout in passes that must agree --------------------------------------------------------------------------
+# ---- 2. no dropout in passes that must agree
+# --------------------------------------------------------------------------
 def test_disable_dropout_covers_attention_and_lora_dropout(hub_model):
     from peft import LoraConfig, get_peft_model
 
-    model = get_peft_model(common.load_causal_lm(hub_model), LoraConfig(r=4, lora_dropout=0.5, target_modules="all-linear"))
+    model = get_peft_model(
+        common.load_causal_lm(hub_model), LoraConfig(r=4, lora_dropout=0.5, target_modules="all-linear")
+    )
     model.train()
     ids = torch.randint(5, 300, (2, 16))
     torch.manual_seed(0)
@@ -88,18 +105,30 @@ def test_disable_dropout_covers_attention_and_lora_dropout(hub_model):
 def test_ppo_with_lora_starts_every_update_at_ratio_one(tmp_path, hub_model):
     """One PPO epoch over one mini-batch: the update pass sees the rollout pass's function, so ρ ≡ 1 and nothing is
     clipped. With LoRA's dropout on (the old behaviour) tokens left the clip range before any update."""
-    ppo.main(ppo.Args(output_dir=str(tmp_path), model_name_or_path=hub_model, use_peft=True, lora_dropout=0.3,
-                      **{**TWO_STEPS, **RL_SCRIPTS[ppo]}, num_mini_batches=1, cliprange=0.01))
+    ppo.main(
+        ppo.Args(
+            output_dir=str(tmp_path),
+            model_name_or_path=hub_model,
+            use_peft=True,
+            lora_dropout=0.3,
+            **{**TWO_STEPS, **RL_SCRIPTS[ppo]},
+            num_mini_batches=1,
+            cliprange=0.01,
+        )
+    )
     for record in [r for r in common.read_metrics(tmp_path) if "policy/approxkl_avg" in r]:
         assert record["policy/approxkl_avg"] == 0 and record["policy/clipfrac_avg"] == 0
 
 
-# ---- 3. "not applicable" rewards, as TRL ------------------------------------------------------------------------------
+# ---- 3. "not applicable" rewards, as TRL
+# ------------------------------------------------------------------------------
 def none_rewards():
     """Two reward functions returning [1, None, 0, 3] and [None, None, 1, None]: completion 1 is unscorable."""
-    first = lambda completions, **kwargs: [1.0, None, 0.0, 3.0]  # noqa: E731
-    second = lambda completions, **kwargs: [None, None, 1.0, None]  # noqa: E731
-    rewards, per_func = compute_rewards({"first": first, "second": second}, torch.ones(2), ["p"] * 4, ["c"] * 4, [[1]] * 4, {})
+    first = lambda completions, **kwargs: [1.0, None, 0.0, 3.0]
+    second = lambda completions, **kwargs: [None, None, 1.0, None]
+    rewards, per_func = compute_rewards(
+        {"first": first, "second": second}, torch.ones(2), ["p"] * 4, ["c"] * 4, [[1]] * 4, {}
+    )
     return rewards, per_func
 
 
@@ -120,8 +149,13 @@ def test_unscorable_completions_stay_out_of_baselines_and_get_advantage_zero():
     torch.testing.assert_close(group_relative_advantages(rewards, 4, "group"), expected)
     torch.testing.assert_close(group_relative_advantages(rewards, 4, "batch"), expected)
     # REINFORCE: moving average and REINFORCE++ skip it, and it gets A = 0
-    assert reinforce_advantages(rewards, "moving_average", 2.0, 4, None).tolist() == [0.5, 0.0, 0.5, 2.5]
-    torch.testing.assert_close(reinforce_advantages(rewards, "reinforce_pp", 0.0, 0, None), expected)
+    assert reinforce_advantages(
+        rewards, baseline="moving_average", reward_sum=2.0, reward_count=4, batch_rewards=None
+    ).tolist() == [0.5, 0.0, 0.5, 2.5]
+    torch.testing.assert_close(
+        reinforce_advantages(rewards, baseline="reinforce_pp", reward_sum=0.0, reward_count=0, batch_rewards=None),
+        expected,
+    )
 
 
 @pytest.mark.parametrize("script", list(RL_SCRIPTS), ids=lambda m: m.__name__)
@@ -129,9 +163,23 @@ def test_a_batch_no_reward_applies_to_teaches_nothing(tmp_path, script):
     """Every completion unscorable: the logged reward is NaN (null), not 0, and the policy gets no gradient."""
     module = tmp_path / "never.py"
     module.write_text("def never(completions, **kwargs):\n    return [None] * len(completions)\n")
-    script.main(script.Args(output_dir=str(tmp_path / "out"), reward_funcs=f"{module}:never", beta=0.0, **TWO_STEPS, **RL_SCRIPTS[script])
-                if script is not ppo else
-                ppo.Args(output_dir=str(tmp_path / "out"), reward_funcs=f"{module}:never", kl_coef=0.0, **TWO_STEPS, **RL_SCRIPTS[ppo]))
+    script.main(
+        script.Args(
+            output_dir=str(tmp_path / "out"),
+            reward_funcs=f"{module}:never",
+            beta=0.0,
+            **TWO_STEPS,
+            **RL_SCRIPTS[script],
+        )
+        if script is not ppo
+        else ppo.Args(
+            output_dir=str(tmp_path / "out"),
+            reward_funcs=f"{module}:never",
+            kl_coef=0.0,
+            **TWO_STEPS,
+            **RL_SCRIPTS[ppo],
+        )
+    )
     records = [r for r in common.read_metrics(tmp_path / "out") if "grad_norm" in r]
     assert len(records) == 2
     for record in records:
@@ -139,23 +187,39 @@ def test_a_batch_no_reward_applies_to_teaches_nothing(tmp_path, script):
         assert record.get("reward", record.get("objective/scores")) is None
 
 
-# ---- 4. PPO evaluates with its training end tokens --------------------------------------------------------------------
+# ---- 4. PPO evaluates with its training end tokens
+# --------------------------------------------------------------------
 def test_ppo_evaluation_ends_completions_where_training_does(tmp_path, monkeypatch):
     ends = []
     generate = common.generate
-    monkeypatch.setattr(common, "generate", lambda model, tokenizer, texts, config: ends.append(config.eos_token_id) or generate(model, tokenizer, texts, config))
+    monkeypatch.setattr(
+        common,
+        "generate",
+        lambda model, tokenizer, texts, config: (
+            ends.append(config.eos_token_id) or generate(model, tokenizer, texts, config)
+        ),
+    )
     tokenizer = common.load_tokenizer(common.EMBEDDED_MODEL)
     stop_id = tokenizer.encode("<", add_special_tokens=False)[0]
     ppo.main(ppo.Args(output_dir=str(tmp_path), stop_token="<", **{**TWO_STEPS, "max_steps": 1}, **RL_SCRIPTS[ppo]))
     assert len(ends) >= 2 and all(stop_id in e and tokenizer.eos_token_id in e for e in ends)
 
 
-# ---- 5. a run that cannot learn says so; evaluation can be switched off -----------------------------------------------
+# ---- 5. a run that cannot learn says so; evaluation can be switched off
+# -----------------------------------------------
 def test_a_run_without_reward_signal_says_so_once(tmp_path, capsys):
     module = tmp_path / "zero.py"
     module.write_text("def zero(completions, **kwargs):\n    return [0.0] * len(completions)\n")
-    rloo.main(rloo.Args(output_dir=str(tmp_path / "out"), reward_funcs=f"accuracy,{module}:zero", reward_weights="0,1",
-                        eval_strategy="no", **{**TWO_STEPS, "max_steps": common.NO_SIGNAL_STEPS + 2}, **RL_SCRIPTS[rloo]))
+    rloo.main(
+        rloo.Args(
+            output_dir=str(tmp_path / "out"),
+            reward_funcs=f"accuracy,{module}:zero",
+            reward_weights="0,1",
+            eval_strategy="no",
+            **{**TWO_STEPS, "max_steps": common.NO_SIGNAL_STEPS + 2},
+            **RL_SCRIPTS[rloo],
+        )
+    )
     err = capsys.readouterr().err
     assert err.count("no reward signal") == 1 and "accuracy_reward, zero" in err
     assert not any(key.startswith("eval/") for r in common.read_metrics(tmp_path / "out") for key in r)
@@ -170,11 +234,14 @@ def test_eval_strategy_no_never_evaluates(tmp_path, script, monkeypatch):
     assert not any(key.startswith("eval/") for r in common.read_metrics(tmp_path) for key in r)
 
 
-# ---- 6. every script runs on the hub-like checkpoint ------------------------------------------------------------------
+# ---- 6. every script runs on the hub-like checkpoint
+# ------------------------------------------------------------------
 @pytest.mark.parametrize("script", [rloo, grpo, reinforce, ppo, sft, reward_model], ids=lambda m: m.__name__)
 def test_every_script_trains_two_steps_on_a_hub_like_checkpoint(tmp_path, hub_model, script):
     fields = {f.name for f in dataclasses.fields(script.Args)}
-    overrides = {k: v for k, v in {**TWO_STEPS, **RL_SCRIPTS.get(script, {}), "train_batch_size": 8}.items() if k in fields}
+    overrides = {
+        k: v for k, v in {**TWO_STEPS, **RL_SCRIPTS.get(script, {}), "train_batch_size": 8}.items() if k in fields
+    }
     script.main(script.Args(model_name_or_path=hub_model, output_dir=str(tmp_path), **overrides))
     assert [r["step"] for r in common.read_metrics(tmp_path) if "learning_rate" in r] == [1, 2]
     assert (tmp_path / "config.json").is_file()

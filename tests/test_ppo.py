@@ -6,7 +6,6 @@ import math
 import os
 import subprocess
 import sys
-import types
 from pathlib import Path
 
 import pytest
@@ -16,12 +15,31 @@ from safetensors.torch import load_file
 import common
 import ppo
 from common import ConfigError
-from ppo import (adaptive_kl_coef, ends_with, gae_advantages, masked_whiten, per_token_kl, per_token_rewards, policy_loss,
-                 value_loss)
+from ppo import (
+    adaptive_kl_coef,
+    ends_with,
+    gae_advantages,
+    masked_whiten,
+    per_token_kl,
+    per_token_rewards,
+    policy_loss,
+    value_loss,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
-FAST = dict(prompts_per_step=4, num_ppo_epochs=2, max_steps=2, eval_steps=0, logging_steps=1, save_steps=0, num_generations_eval=1, max_completion_length=16)
-VANILLA_PG = dict(lam=1.0, gamma=1.0, num_ppo_epochs=1, num_mini_batches=1, whiten_advantages=False)  # the documented flags
+FAST = dict(
+    prompts_per_step=4,
+    num_ppo_epochs=2,
+    max_steps=2,
+    eval_steps=0,
+    logging_steps=1,
+    save_steps=0,
+    num_generations_eval=1,
+    max_completion_length=16,
+)
+VANILLA_PG = dict(
+    lam=1.0, gamma=1.0, num_ppo_epochs=1, num_mini_batches=1, whiten_advantages=False
+)  # the documented flags
 
 
 def args(tmp_path, **overrides) -> ppo.Args:
@@ -29,7 +47,11 @@ def args(tmp_path, **overrides) -> ppo.Args:
 
 
 def training_records(output_dir):
-    return [{k: v for k, v in r.items() if k != "step_time"} for r in common.read_metrics(output_dir) if "objective/scores" in r]
+    return [
+        {k: v for k, v in r.items() if k != "step_time"}
+        for r in common.read_metrics(output_dir)
+        if "objective/scores" in r
+    ]
 
 
 # ---- GAE ------------------------------------------------------------------------------------------------------------
@@ -39,7 +61,8 @@ FULL = torch.ones(1, 3)
 
 
 def test_gae_hand_computed_example():
-    # δ = (0 + 0.6 − 0.5, 0 + 0.7 − 0.6, 1 + 0 − 0.7) = (0.1, 0.1, 0.3); A_2 = 0.3, A_1 = 0.1 + 0.95·0.3, A_0 = 0.1 + 0.95·A_1
+    # δ = (0 + 0.6 − 0.5, 0 + 0.7 − 0.6, 1 + 0 − 0.7) = (0.1, 0.1, 0.3); A_2 = 0.3, A_1 = 0.1 + 0.95·0.3, A_0 = 0.1 +
+    # 0.95·A_1
     advantages, returns = gae_advantages(REWARDS, VALUES, FULL, gamma=1.0, lam=0.95)
     assert advantages.tolist()[0] == pytest.approx([0.46575, 0.385, 0.3])
     assert returns.tolist()[0] == pytest.approx([0.96575, 0.985, 1.0])
@@ -78,7 +101,9 @@ def test_gae_ignores_padding_and_bootstraps_zero_after_the_last_real_token():
 def test_score_lands_on_the_last_real_token():
     mask = torch.tensor([[1, 1, 1, 0], [1, 0, 0, 0], [1, 1, 1, 1]])
     rewards = per_token_rewards(torch.tensor([1.0, 2.0, 3.0]), torch.ones(3, 4) * mask, mask, kl_coef=0.1)
-    torch.testing.assert_close(rewards, torch.tensor([[-0.1, -0.1, 0.9, 0.0], [1.9, 0.0, 0.0, 0.0], [-0.1, -0.1, -0.1, 2.9]]))
+    torch.testing.assert_close(
+        rewards, torch.tensor([[-0.1, -0.1, 0.9, 0.0], [1.9, 0.0, 0.0, 0.0], [-0.1, -0.1, -0.1, 2.9]])
+    )
 
 
 def cut(ids: torch.Tensor, end_ids: list[int], pad: int):
@@ -131,7 +156,8 @@ def test_missing_eos_penalty_checks_the_configured_stop_token(tmp_path):
     assert record["objective/scores"] == pytest.approx(record["rewards/accuracy_reward/mean"] - truncated)
 
 
-# ---- whitening, KL, losses --------------------------------------------------------------------------------------------
+# ---- whitening, KL, losses
+# --------------------------------------------------------------------------------------------
 def test_masked_whitening_uses_only_real_tokens():
     values = torch.tensor([[1.0, 2.0, 100.0], [3.0, 4.0, -50.0]])  # 100 and −50 are padding
     mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 0.0]])
@@ -141,7 +167,9 @@ def test_masked_whitening_uses_only_real_tokens():
     assert whitened[:, 2].tolist() == [0.0, 0.0]
     assert torch.allclose(whitened, masked_whiten(values.masked_fill(mask == 0, 7.0), mask))
     scaled = masked_whiten(values, mask, shift_mean=False)  # --whiten_rewards: the scale changes, the mean stays
-    assert scaled[mask.bool()].mean().item() == pytest.approx(2.5) and scaled[mask.bool()].std().item() == pytest.approx(1.0, abs=1e-4)
+    assert scaled[mask.bool()].mean().item() == pytest.approx(2.5) and scaled[
+        mask.bool()
+    ].std().item() == pytest.approx(1.0, abs=1e-4)
 
 
 def test_kl_estimators_on_known_values():
@@ -155,9 +183,13 @@ def test_policy_clipping_stops_the_gradient_outside_the_trust_region():
     old = torch.zeros(2, 2)
     logprobs = torch.tensor([[0.5, 0.0], [-0.5, 0.0]], requires_grad=True)  # ρ ≈ 1.65 and 0.61 on the first token
     mask = torch.tensor([[1.0, 0.0], [1.0, 0.0]])
-    loss, ratio, clipped = policy_loss(logprobs, old, torch.tensor([[1.0, 3.0], [-1.0, 3.0]]), mask, 0.2, num_tokens=2)
+    loss, ratio, clipped = policy_loss(
+        logprobs, old, torch.tensor([[1.0, 3.0], [-1.0, 3.0]]), mask, cliprange=0.2, num_tokens=2
+    )
     loss.backward()
-    assert logprobs.grad.abs().sum().item() == 0.0  # A > 0 with ρ > 1.2 and A < 0 with ρ < 0.8: both clipped; padding none
+    assert (
+        logprobs.grad.abs().sum().item() == 0.0
+    )  # A > 0 with ρ > 1.2 and A < 0 with ρ < 0.8: both clipped; padding none
     assert loss.item() == pytest.approx(-(1.2 * 1.0 + 0.8 * -1.0) / 2)
     assert clipped[:, 0].tolist() == [True, True]
 
@@ -168,20 +200,26 @@ def test_value_clipping():
     returns = torch.tensor([1.0, 0.4, 0.0])
     loss, clipped = value_loss(values, old, returns, torch.ones(3), cliprange_value=0.2, num_tokens=3)
     loss.backward()
-    # V = 0.5 is clipped to 0.2: (0.2 − 1)² = 0.64 > (0.5 − 1)²; (0.2 − 0.4)² = 0.04 > (0.5 − 0.4)²; −0.1 is inside the range
+    # V = 0.5 is clipped to 0.2: (0.2 − 1)² = 0.64 > (0.5 − 1)²; (0.2 − 0.4)² = 0.04 > (0.5 − 0.4)²; −0.1 is inside
+    # the range
     assert loss.item() == pytest.approx(0.5 * (0.64 + 0.04 + 0.01) / 3)
     assert clipped.tolist() == [True, True, False]
     assert values.grad.tolist() == pytest.approx([0.0, 0.0, 0.5 * 2 * -0.1 / 3])
 
 
 def test_adaptive_kl_controller():
-    assert adaptive_kl_coef(0.1, kl=12.0, kl_target=6.0, kl_horizon=10000, batch_size=1000) == pytest.approx(0.1 * 1.02)  # error clipped to +0.2
-    assert adaptive_kl_coef(0.1, kl=3.0, kl_target=6.0, kl_horizon=10000, batch_size=1000) == pytest.approx(0.1 * 0.98)  # and to −0.2
+    assert adaptive_kl_coef(0.1, kl=12.0, kl_target=6.0, kl_horizon=10000, batch_size=1000) == pytest.approx(
+        0.1 * 1.02
+    )  # error clipped to +0.2
+    assert adaptive_kl_coef(0.1, kl=3.0, kl_target=6.0, kl_horizon=10000, batch_size=1000) == pytest.approx(
+        0.1 * 0.98
+    )  # and to −0.2
     assert adaptive_kl_coef(0.1, kl=6.6, kl_target=6.0, kl_horizon=10000, batch_size=1000) == pytest.approx(0.1 * 1.01)
     assert adaptive_kl_coef(0.1, kl=6.0, kl_target=6.0, kl_horizon=10000, batch_size=1000) == pytest.approx(0.1)
 
 
-# ---- Vanilla PG ---------------------------------------------------------------------------------------------------------
+# ---- Vanilla PG
+# ---------------------------------------------------------------------------------------------------------
 def return_to_go(rewards: list[float]) -> list[float]:
     return [sum(rewards[t:]) for t in range(len(rewards))]
 
@@ -196,8 +234,10 @@ def test_vanilla_pg_flags_give_the_return_to_go_minus_value_gradient_on_log_prob
     loss, ratio, _ = policy_loss(logprobs, logprobs.detach(), advantages, mask, cliprange=0.2, num_tokens=5)
     loss.backward()
     # by hand: r = (−0.1, 0.05, 1 − 0.15) and (−0.25, −0.05); G_t − V_t, and ∂L/∂log π_t = −(G_t − V_t) / N
-    expected = [[-(g - v) / 5 for g, v in zip(return_to_go([-0.1, 0.05, 0.85]), [0.1, 0.3, 0.2])],
-                [-(g - v) / 5 for g, v in zip(return_to_go([-0.25, -0.05]), [0.4, -0.2])] + [0.0]]
+    expected = [
+        [-(g - v) / 5 for g, v in zip(return_to_go([-0.1, 0.05, 0.85]), [0.1, 0.3, 0.2])],
+        [-(g - v) / 5 for g, v in zip(return_to_go([-0.25, -0.05]), [0.4, -0.2])] + [0.0],
+    ]
     assert ratio.tolist() == [[1.0] * 3] * 2
     torch.testing.assert_close(logprobs.grad, torch.tensor(expected))
 
@@ -218,8 +258,10 @@ def test_vanilla_pg_gradient_on_the_model_equals_the_hand_computed_one(tiny_mode
     values = torch.linspace(0.1, 0.6, 2 * T).view(2, T)
 
     logprobs = ppo.completion_logprobs(model, enc.input_ids, enc.attention_mask, T, 1.0)
-    advantages, _ = gae_advantages(per_token_rewards(scores, kl, mask, 0.05), values, mask, **{k: VANILLA_PG[k] for k in ("gamma", "lam")})
-    loss, _, _ = policy_loss(logprobs, logprobs.detach(), advantages, mask, 0.2, num_tokens=int(mask.sum()))
+    advantages, _ = gae_advantages(
+        per_token_rewards(scores, kl, mask, 0.05), values, mask, **{k: VANILLA_PG[k] for k in ("gamma", "lam")}
+    )
+    loss, _, _ = policy_loss(logprobs, logprobs.detach(), advantages, mask, cliprange=0.2, num_tokens=int(mask.sum()))
     ppo_grads = torch.autograd.grad(loss, list(model.parameters()))
 
     logprobs = ppo.completion_logprobs(model, enc.input_ids, enc.attention_mask, T, 1.0)
@@ -239,7 +281,8 @@ def test_vanilla_pg_run_has_no_ratio_and_no_clipping(tmp_path):
     assert record["policy/clipfrac_avg"] == 0.0 and record["val/clipfrac_avg"] == 0.0
 
 
-# ---- value model ----------------------------------------------------------------------------------------------------------
+# ---- value model
+# ----------------------------------------------------------------------------------------------------------
 def test_value_model_from_a_causal_lm_starts_at_zero_and_reads_every_position(tiny_tokenizer):
     value_model = ppo.load_value_model(common.EMBEDDED_MODEL, "--model_name_or_path")
     assert value_model.score.weight.abs().sum().item() == 0.0
@@ -257,12 +300,16 @@ def test_value_model_errors_name_the_flag(tmp_path):
         ppo.main(args(tmp_path, value_model_path="/no/such/model"))
 
 
-# ---- end to end -------------------------------------------------------------------------------------------------------
+# ---- end to end
+# -------------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize(
     "overrides, message",
     [
         (dict(prompts_per_step=6, num_mini_batches=4), "--num_mini_batches: 4 does not divide the batch of 6"),
-        (dict(prompts_per_step=8, num_mini_batches=2, micro_batch_size=3), "--micro_batch_size: 3 does not divide the mini-batch of 4"),
+        (
+            dict(prompts_per_step=8, num_mini_batches=2, micro_batch_size=3),
+            "--micro_batch_size: 3 does not divide the mini-batch of 4",
+        ),
         (dict(learning_rate=0.0), "--learning_rate: must be positive"),
         (dict(lr_scheduler_type="bogus"), "--lr_scheduler_type: unknown scheduler 'bogus'"),
         (dict(num_ppo_epochs=0), "--num_ppo_epochs: must be ≥ 1"),
@@ -291,7 +338,10 @@ def test_bad_input_is_a_config_error_naming_the_flag(tmp_path, overrides, messag
 def test_cli_bad_input_prints_one_line_and_exits_2(tmp_path):
     result = subprocess.run(
         [sys.executable, str(ROOT / "ppo.py"), "--lam", "2", "--output_dir", str(tmp_path / "out")],
-        capture_output=True, text=True, cwd=tmp_path, env={**os.environ, "HF_HUB_OFFLINE": "1"},
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
     )
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == ["error: --lam: must be in [0, 1], got 2.0"]
@@ -300,7 +350,9 @@ def test_cli_bad_input_prints_one_line_and_exits_2(tmp_path):
 def test_resume_reproduces_the_uninterrupted_run(tmp_path):
     full = args(tmp_path, max_steps=4, save_steps=2, adaptive_kl=True, kl_target=0.01, kl_horizon=10)
     ppo.main(full)
-    resumed = dataclasses.replace(full, output_dir=str(tmp_path / "resumed"), resume_from_checkpoint=str(tmp_path / "out" / "checkpoint-2"))
+    resumed = dataclasses.replace(
+        full, output_dir=str(tmp_path / "resumed"), resume_from_checkpoint=str(tmp_path / "out" / "checkpoint-2")
+    )
     ppo.main(resumed)
     uninterrupted = training_records(tmp_path / "out")
     assert [r["step"] for r in uninterrupted] == [1, 2, 3, 4]
@@ -333,17 +385,50 @@ def test_kl_coef_zero_loads_no_reference_model(tmp_path, monkeypatch):
 
 
 def test_metrics_use_trl_names_and_are_masked(tmp_path):
-    ppo.main(args(tmp_path, max_steps=1, kl_estimator="k3", num_mini_batches=2, reward_funcs="accuracy,format", reward_weights="1.0,0.2",
-                  eval_steps=1, num_generations_eval=1))
+    ppo.main(
+        args(
+            tmp_path,
+            max_steps=1,
+            kl_estimator="k3",
+            num_mini_batches=2,
+            reward_funcs="accuracy,format",
+            reward_weights="1.0,0.2",
+            eval_steps=1,
+            num_generations_eval=1,
+        )
+    )
     records = common.read_metrics(tmp_path / "out")
     (train,) = training_records(tmp_path / "out")
-    for key in ("objective/scores", "objective/rlhf_reward", "objective/kl", "objective/non_score_reward", "objective/entropy",
-                "policy/approxkl_avg", "policy/clipfrac_avg", "policy/entropy_avg", "loss/policy_avg", "loss/value_avg",
-                "val/clipfrac_avg", "val/ratio", "val/ratio_var", "val/num_eos_tokens", "learning_rate", "rewards/format_reward/mean",
-                "completions/mean_length", "completions/clipped_ratio", "grad_norm", "num_tokens", "step_time"):
+    for key in (
+        "objective/scores",
+        "objective/rlhf_reward",
+        "objective/kl",
+        "objective/non_score_reward",
+        "objective/entropy",
+        "policy/approxkl_avg",
+        "policy/clipfrac_avg",
+        "policy/entropy_avg",
+        "loss/policy_avg",
+        "loss/value_avg",
+        "val/clipfrac_avg",
+        "val/ratio",
+        "val/ratio_var",
+        "val/num_eos_tokens",
+        "learning_rate",
+        "rewards/format_reward/mean",
+        "completions/mean_length",
+        "completions/clipped_ratio",
+        "grad_norm",
+        "num_tokens",
+        "step_time",
+    ):
         assert key in records[1], key
-    assert train["objective/entropy"] > 0 and train["policy/entropy_avg"] > 0 and train["objective/kl"] >= 0  # k3 ≥ 0; no padding
-    assert train["objective/rlhf_reward"] == pytest.approx(train["objective/scores"] + train["objective/non_score_reward"])
+    assert (
+        train["objective/entropy"] > 0 and train["policy/entropy_avg"] > 0 and train["objective/kl"] >= 0
+    )  # k3 ≥ 0; no padding
+    assert train["objective/rlhf_reward"] == pytest.approx(
+        train["objective/scores"] + train["objective/non_score_reward"]
+    )
     assert train["completions/max_length"] <= 16
     assert [r["step"] for r in records if "eval/accuracy" in r] == [0, 1]
 
@@ -351,14 +436,34 @@ def test_metrics_use_trl_names_and_are_masked(tmp_path):
 def test_lora_trains_adapters_and_resumes(tmp_path):
     from transformers import AutoModelForCausalLM
 
-    ppo.main(args(tmp_path, use_peft=True, lora_r=4, learning_rate=1e-3, save_merged_model=True, save_steps=1, max_completion_length=24))
+    ppo.main(
+        args(
+            tmp_path,
+            use_peft=True,
+            lora_r=4,
+            learning_rate=1e-3,
+            save_merged_model=True,
+            save_steps=1,
+            max_completion_length=24,
+        )
+    )
     out = tmp_path / "out"
     assert (out / "adapter_config.json").exists() and not (out / "model.safetensors").exists()
     assert (out / "value_model" / "adapter_config.json").exists()
     merged = AutoModelForCausalLM.from_pretrained(out / "merged")
     base = AutoModelForCausalLM.from_pretrained(common.EMBEDDED_MODEL)
     assert any(not torch.equal(p, q) for p, q in zip(merged.parameters(), base.parameters()))
-    ppo.main(args(tmp_path, use_peft=True, lora_r=4, learning_rate=1e-3, max_steps=3, resume_from_checkpoint="latest", max_completion_length=24))
+    ppo.main(
+        args(
+            tmp_path,
+            use_peft=True,
+            lora_r=4,
+            learning_rate=1e-3,
+            max_steps=3,
+            resume_from_checkpoint="latest",
+            max_completion_length=24,
+        )
+    )
     assert [r["step"] for r in training_records(out)] == [1, 2, 3]
 
 
@@ -366,35 +471,52 @@ def test_ctrl_c_saves_a_checkpoint_and_exits_cleanly(tmp_path, interrupt_run):
     checkpoint = interrupt_run("ppo.py", tmp_path / "out", "objective/scores")
     state = torch.load(checkpoint / "training_state.pt", weights_only=False)
     assert state["step"] == int(checkpoint.name.split("-")[1]) and "kl_coef" in state
-    assert (checkpoint / "accelerator_state" / "model_1.safetensors").is_file()  # the value model, saved with the policy
+    assert (
+        checkpoint / "accelerator_state" / "model_1.safetensors"
+    ).is_file()  # the value model, saved with the policy
 
 
 def test_reward_model_as_the_reward_and_the_value_model_start(tmp_path):
-    import reward_model
     from transformers import AutoModelForSequenceClassification
+
+    import reward_model
 
     rm_dir = tmp_path / "rm"
     reward_model.main(reward_model.Args(output_dir=str(rm_dir), max_steps=2, eval_steps=0, pairs_per_problem=1))
     value_model = ppo.load_value_model(str(rm_dir), "--reward_model_path")
-    assert torch.equal(value_model.score.weight, AutoModelForSequenceClassification.from_pretrained(rm_dir).score.weight)
+    assert torch.equal(
+        value_model.score.weight, AutoModelForSequenceClassification.from_pretrained(rm_dir).score.weight
+    )
     ppo.main(args(tmp_path, max_steps=1, reward_funcs="none", reward_model_path=str(rm_dir)))
     (record,) = training_records(tmp_path / "out")
     assert "rewards/rm/mean" in record and record["objective/scores"] == pytest.approx(record["rewards/rm/mean"])
 
 
 def test_a_lora_reward_model_starts_the_value_model_merged(tmp_path):
-    import reward_model
     from transformers import AutoModelForSequenceClassification
 
+    import reward_model
+
     rm_dir = tmp_path / "rm"
-    reward_model.main(reward_model.Args(output_dir=str(rm_dir), use_peft=True, lora_r=4, save_merged_model=True, max_steps=2, eval_steps=0, pairs_per_problem=1))
+    reward_model.main(
+        reward_model.Args(
+            output_dir=str(rm_dir),
+            use_peft=True,
+            lora_r=4,
+            save_merged_model=True,
+            max_steps=2,
+            eval_steps=0,
+            pairs_per_problem=1,
+        )
+    )
     value_model = ppo.load_value_model(str(rm_dir), "--reward_model_path")
     merged = AutoModelForSequenceClassification.from_pretrained(rm_dir / "merged")
     assert value_model.score.weight.abs().sum().item() > 0
     assert all(torch.allclose(p, q, atol=1e-6) for p, q in zip(value_model.parameters(), merged.parameters()))
 
 
-# ---- learning (slow) ----------------------------------------------------------------------------------------------------
+# ---- learning (slow)
+# ----------------------------------------------------------------------------------------------------
 @pytest.mark.slow
 def test_default_run_learns(tmp_path):
     """`python ppo.py` (the defaults) raises held-out sampled accuracy."""
@@ -417,6 +539,10 @@ def test_pipeline_reward_model_then_ppo_learns(tmp_path):
     import reward_model
 
     reward_model.main(reward_model.Args(output_dir=str(tmp_path / "rm")))
-    ppo.main(ppo.Args(output_dir=str(tmp_path / "out"), reward_model_path=str(tmp_path / "rm"), reward_funcs="none", eval_steps=0))
+    ppo.main(
+        ppo.Args(
+            output_dir=str(tmp_path / "out"), reward_model_path=str(tmp_path / "rm"), reward_funcs="none", eval_steps=0
+        )
+    )
     evals = [r for r in common.read_metrics(tmp_path / "out") if "eval/accuracy" in r]
     assert evals[-1]["eval/accuracy"] - evals[0]["eval/accuracy"] >= 0.1

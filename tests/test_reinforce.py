@@ -32,41 +32,60 @@ def training_state(checkpoint):
 # ---- baselines ----
 def test_moving_average_baseline_over_several_steps_by_hand():
     """b for a batch is the mean of every reward of the steps before it (Eq. 8), 0 before the first step."""
-    batches = [torch.tensor([1.0, 0.0, 1.0, 1.0]), torch.tensor([0.0, 0.0, 1.0, 0.0]), torch.tensor([1.0, 1.0, 1.0, 1.0])]
+    batches = [
+        torch.tensor([1.0, 0.0, 1.0, 1.0]),
+        torch.tensor([0.0, 0.0, 1.0, 0.0]),
+        torch.tensor([1.0, 1.0, 1.0, 1.0]),
+    ]
     expected = [[1.0, 0.0, 1.0, 1.0], [-0.75, -0.75, 0.25, -0.75], [0.5, 0.5, 0.5, 0.5]]  # b = 0, 3/4, 4/8
     reward_sum, reward_count = 0.0, 0
     for rewards, advantages in zip(batches, expected):
-        assert reinforce_advantages(rewards, "moving_average", reward_sum, reward_count).tolist() == pytest.approx(advantages)
+        assert reinforce_advantages(
+            rewards, baseline="moving_average", reward_sum=reward_sum, reward_count=reward_count
+        ).tolist() == pytest.approx(advantages)
         reward_sum, reward_count = reward_sum + rewards.sum().item(), reward_count + len(rewards)
     # a running mean of everything seen, not an exponential moving average: step 4's b = 8/12
-    assert reinforce_advantages(torch.tensor([1.0]), "moving_average", reward_sum, reward_count).item() == pytest.approx(1 - 8 / 12)
+    assert reinforce_advantages(
+        torch.tensor([1.0]), baseline="moving_average", reward_sum=reward_sum, reward_count=reward_count
+    ).item() == pytest.approx(1 - 8 / 12)
 
 
 def test_reinforce_pp_whitens_over_the_batch():
     rewards = torch.tensor([1.0, 0.0, 1.0, 1.0])  # mean 0.75, unbiased std 0.5
-    advantages = reinforce_advantages(rewards, "reinforce_pp", 123.0, 7)  # the running mean plays no part
+    advantages = reinforce_advantages(
+        rewards, baseline="reinforce_pp", reward_sum=123.0, reward_count=7
+    )  # the running mean plays no part
     assert advantages.tolist() == pytest.approx([0.25 / 0.5001, -0.75 / 0.5001, 0.25 / 0.5001, 0.25 / 0.5001])
     assert advantages.mean().item() == pytest.approx(0.0, abs=1e-6)
-    assert reinforce_advantages(torch.ones(4), "reinforce_pp", 0.0, 0).tolist() == [0.0] * 4
+    assert (
+        reinforce_advantages(torch.ones(4), baseline="reinforce_pp", reward_sum=0.0, reward_count=0).tolist()
+        == [0.0] * 4
+    )
 
 
 def test_reinforce_pp_on_one_process_of_several_whitens_with_the_whole_batch():
     """Under accelerate a process holds some of the batch's R; whitened with every process's R (gathered), its
     advantages are its rows of the one-process advantages."""
     rewards = torch.tensor([1.0, 0.0, 1.0, 1.0, 0.0, 0.5])
-    whole = reinforce_advantages(rewards, "reinforce_pp", 0.0, 0)
-    assert reinforce_advantages(rewards[:2], "reinforce_pp", 0.0, 0, batch_rewards=rewards).tolist() == pytest.approx(whole[:2].tolist())
-    assert reinforce_advantages(rewards[:2], "reinforce_pp", 0.0, 0).tolist() == pytest.approx([0.5 / (0.5 ** 0.5 + 1e-4), -0.5 / (0.5 ** 0.5 + 1e-4)])  # its own R only: std 1/√2
+    whole = reinforce_advantages(rewards, baseline="reinforce_pp", reward_sum=0.0, reward_count=0)
+    assert reinforce_advantages(
+        rewards[:2], baseline="reinforce_pp", reward_sum=0.0, reward_count=0, batch_rewards=rewards
+    ).tolist() == pytest.approx(whole[:2].tolist())
+    assert reinforce_advantages(
+        rewards[:2], baseline="reinforce_pp", reward_sum=0.0, reward_count=0
+    ).tolist() == pytest.approx([0.5 / (0.5**0.5 + 1e-4), -0.5 / (0.5**0.5 + 1e-4)])  # its own R only: std 1/√2
 
 
 def test_no_baseline_is_the_reward_and_its_gradient_is_reinforce():
     """∇L = −1/B Σ_i R_i ∇ Σ_t log π(y_i,t) (Eq. 6), padding excluded."""
     rewards = torch.tensor([1.0, 0.0, 0.5])
-    advantages = reinforce_advantages(rewards, "none", 10.0, 4)
+    advantages = reinforce_advantages(rewards, baseline="none", reward_sum=10.0, reward_count=4)
     assert advantages.tolist() == rewards.tolist()
     logprobs = torch.tensor([[-1.0, -2.0], [-0.5, -0.1], [-3.0, -0.2]], requires_grad=True)
     mask = torch.tensor([[1, 1], [1, 0], [1, 1]])
-    loss, ratio = reinforce_loss(logprobs, logprobs.detach(), mask, advantages, torch.ones(3), 0.2, 0.2, batch_size=3)
+    loss, ratio = reinforce_loss(
+        logprobs, logprobs.detach(), mask, advantages, torch.ones(3), epsilon=0.2, epsilon_high=0.2, batch_size=3
+    )
     loss.backward()
     assert ratio.tolist() == [1.0] * 3
     assert torch.allclose(logprobs.grad, -(rewards[:, None] * mask) / 3)
@@ -76,7 +95,16 @@ def test_no_baseline_is_the_reward_and_its_gradient_is_reinforce():
 def test_sequence_ratio_is_clipped():
     old = torch.zeros(2, 1)
     logprobs = torch.tensor([[0.5], [-0.5]], requires_grad=True)  # ρ = e^0.5 ≈ 1.65 and e^−0.5 ≈ 0.61
-    loss, _ = reinforce_loss(logprobs, old, torch.ones(2, 1), torch.tensor([1.0, -1.0]), torch.ones(2), 0.2, 0.28, batch_size=2)
+    loss, _ = reinforce_loss(
+        logprobs,
+        old,
+        torch.ones(2, 1),
+        torch.tensor([1.0, -1.0]),
+        torch.ones(2),
+        epsilon=0.2,
+        epsilon_high=0.28,
+        batch_size=2,
+    )
     loss.backward()
     assert logprobs.grad.abs().sum().item() == 0.0
     assert loss.item() == pytest.approx(-(1.28 * 1.0 + 0.8 * -1.0) / 2)
@@ -91,7 +119,9 @@ def test_kl_estimators_and_the_kl_shaped_reward():
     assert k3.tolist()[0] == pytest.approx([0.5 + math.log(2) - 1, 0.0])
     # Eq. 3: R = r − β Σ_t kl_t, then the baseline
     shaped = torch.tensor([1.0]) - 0.1 * k1.sum(1)
-    assert reinforce_advantages(shaped, "moving_average", 1.0, 4).item() == pytest.approx(1 - 0.1 * math.log(2) - 0.25)
+    assert reinforce_advantages(
+        shaped, baseline="moving_average", reward_sum=1.0, reward_count=4
+    ).item() == pytest.approx(1 - 0.1 * math.log(2) - 0.25)
 
 
 # ---- end to end ----
@@ -100,7 +130,10 @@ def test_kl_estimators_and_the_kl_shaped_reward():
     [
         (dict(num_generations=0), "--num_generations: must be ≥ 1"),
         (dict(baseline="ema"), "--baseline: expected one of none, moving_average, reinforce_pp"),
-        (dict(baseline="reinforce_pp", prompts_per_step=1), "--baseline: reinforce_pp whitens over the batch and needs at least 2"),
+        (
+            dict(baseline="reinforce_pp", prompts_per_step=1),
+            "--baseline: reinforce_pp whitens over the batch and needs at least 2",
+        ),
         (dict(prompts_per_step=6, micro_batch_size=4), "--micro_batch_size: 4 does not divide the batch of 6"),
         (dict(kl_estimator="k2"), "--kl_estimator: expected k1 or k3"),
         (dict(learning_rate=0.0), "--learning_rate: must be positive"),
@@ -141,7 +174,9 @@ def test_the_moving_average_holds_the_kl_shaped_reward(tmp_path):
 def test_resume_reproduces_the_uninterrupted_run_and_its_running_mean(tmp_path):
     full = args(tmp_path, max_steps=4, save_steps=2, beta=0.1, num_iterations=2, num_generations=2, prompts_per_step=4)
     reinforce.main(full)
-    resumed = dataclasses.replace(full, output_dir=str(tmp_path / "resumed"), resume_from_checkpoint=str(tmp_path / "out" / "checkpoint-2"))
+    resumed = dataclasses.replace(
+        full, output_dir=str(tmp_path / "resumed"), resume_from_checkpoint=str(tmp_path / "out" / "checkpoint-2")
+    )
     reinforce.main(resumed)
     uninterrupted = training_records(tmp_path / "out")
     assert [r["step"] for r in uninterrupted] == [1, 2, 3, 4]
@@ -160,8 +195,14 @@ def test_micro_batching_does_not_change_the_update(tmp_path, recorded_gradients,
     reinforce.main(args(tmp_path, max_steps=1, save_steps=1, output_dir=str(tmp_path / "start")))
     gradients = recorded_gradients
     gradients.clear()  # from here on: the two runs compared
-    whole = args(tmp_path, max_steps=2, baseline=baseline, beta=0.5, resume_from_checkpoint=str(tmp_path / "start" / "checkpoint-1"),
-                 output_dir=str(tmp_path / "whole"))
+    whole = args(
+        tmp_path,
+        max_steps=2,
+        baseline=baseline,
+        beta=0.5,
+        resume_from_checkpoint=str(tmp_path / "start" / "checkpoint-1"),
+        output_dir=str(tmp_path / "whole"),
+    )
     reinforce.main(whole)
     reinforce.main(dataclasses.replace(whole, micro_batch_size=2, output_dir=str(tmp_path / "micro")))
     one_batch, micro_batches = gradients

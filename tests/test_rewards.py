@@ -1,4 +1,4 @@
-"""Reward helpers: the seed's extract_answer / accuracy_reward / format_reward, and how rewards combine."""
+"""Reward helpers: extract_answer / accuracy_reward / format_reward, and how rewards combine."""
 
 import math
 import time
@@ -25,12 +25,23 @@ def test_extract_answer():
 
 
 def test_accuracy_reward_compares_the_extracted_answer():
-    completions = ["<answer>84</answer>", "<answer>85</answer>", "84", [{"role": "assistant", "content": "<answer>7</answer>"}]]
+    completions = [
+        "<answer>84</answer>",
+        "<answer>85</answer>",
+        "84",
+        [{"role": "assistant", "content": "<answer>7</answer>"}],
+    ]
     assert accuracy_reward(completions, ground_truth=["84", "84", "84", 7]) == [1.0, 0.0, 0.0, 1.0]
 
 
 def test_format_reward_requires_a_numeric_answer_at_the_end():
-    completions = ["<answer>84</answer>", "think... <answer>-1.5</answer>\n", "<answer>cat</answer>", "<answer>3</answer> more", "84"]
+    completions = [
+        "<answer>84</answer>",
+        "think... <answer>-1.5</answer>\n",
+        "<answer>cat</answer>",
+        "<answer>3</answer> more",
+        "84",
+    ]
     assert format_reward(completions) == [1.0, 1.0, 0.0, 0.0, 0.0]
 
 
@@ -38,7 +49,14 @@ def test_seed_weighting_example():
     """Seed 000 §23: correct and well-formed gives 1×1.0 + 1×0.2 = 1.2; only well-formed gives 0.2."""
     funcs = load_reward_funcs("accuracy,format")
     weights = reward_weights("1.0,0.2", funcs)
-    rewards, per_func = compute_rewards(funcs, weights, ["q", "q"], ["<answer>84</answer>", "<answer>83</answer>"], [[1], [1]], {"ground_truth": ["84", "84"]})
+    rewards, per_func = compute_rewards(
+        funcs,
+        weights,
+        ["q", "q"],
+        ["<answer>84</answer>", "<answer>83</answer>"],
+        [[1], [1]],
+        {"ground_truth": ["84", "84"]},
+    )
     assert rewards.tolist() == pytest.approx([1.2, 0.2])
     assert per_func.tolist() == [[1.0, 1.0], [0.0, 1.0]]
 
@@ -47,7 +65,14 @@ def test_none_means_not_applicable_and_is_skipped():
     def only_even(completions, **kwargs):
         return [1.0 if i % 2 == 0 else None for i in range(len(completions))]
 
-    rewards, per_func = compute_rewards({"only_even": only_even, "format_reward": format_reward}, torch.tensor([2.0, 1.0]), ["a", "b"], ["<answer>1</answer>", "x"], [[], []], {})
+    rewards, per_func = compute_rewards(
+        {"only_even": only_even, "format_reward": format_reward},
+        torch.tensor([2.0, 1.0]),
+        ["a", "b"],
+        ["<answer>1</answer>", "x"],
+        [[], []],
+        {},
+    )
     assert math.isnan(per_func[1, 0])
     assert rewards.tolist() == [3.0, 0.0]
 
@@ -121,7 +146,14 @@ def test_reward_model_scores_prompt_and_completion(tmp_path, tiny_tokenizer):
     score = reward_model_function(str(tmp_path / "rm"), "cpu")
     assert score.__name__ == "rm"
     prompt = [{"role": "user", "content": "Compute 1 + 1."}]
-    values = score(prompts=[prompt, prompt, "plain"], completions=[[{"role": "assistant", "content": "<answer>2</answer>"}], [{"role": "assistant", "content": "<answer>3</answer>"}], " text"])
+    values = score(
+        prompts=[prompt, prompt, "plain"],
+        completions=[
+            [{"role": "assistant", "content": "<answer>2</answer>"}],
+            [{"role": "assistant", "content": "<answer>3</answer>"}],
+            " text",
+        ],
+    )
     assert len(values) == 3 and all(math.isfinite(v) for v in values) and values[0] != values[1]
     # batching and padding do not change a score
     alone = score(prompts=[prompt], completions=[[{"role": "assistant", "content": "<answer>3</answer>"}]])

@@ -16,7 +16,15 @@ import rloo
 from common import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
-FAST = dict(prompts_per_step=4, num_generations=2, max_steps=2, eval_steps=0, logging_steps=1, save_steps=0, num_generations_eval=1)
+FAST = dict(
+    prompts_per_step=4,
+    num_generations=2,
+    max_steps=2,
+    eval_steps=0,
+    logging_steps=1,
+    save_steps=0,
+    num_generations_eval=1,
+)
 
 
 def args(tmp_path, **overrides) -> rloo.Args:
@@ -43,7 +51,10 @@ def training_records(output_dir):
         (dict(reward_funcs="accuracy,bogus"), "--reward_funcs: unknown reward function 'bogus'"),
         (dict(reward_weights="1,2"), "--reward_weights: 2 weights for 1 reward functions"),
         (dict(resume_from_checkpoint="latest"), "--resume_from_checkpoint latest: no checkpoint"),
-        (dict(resume_from_checkpoint="/no/such/checkpoint-3"), "--resume_from_checkpoint: /no/such/checkpoint-3 is not a checkpoint"),
+        (
+            dict(resume_from_checkpoint="/no/such/checkpoint-3"),
+            "--resume_from_checkpoint: /no/such/checkpoint-3 is not a checkpoint",
+        ),
     ],
 )
 def test_bad_input_is_a_config_error_naming_the_flag(tmp_path, overrides, message):
@@ -61,7 +72,10 @@ def test_dataset_without_prompt_column(tmp_path):
 
 def test_reward_function_errors_name_the_function(tmp_path):
     module = tmp_path / "bad_rewards.py"
-    module.write_text("def short(completions, **kw):\n    return [1.0]\n\ndef nan(completions, **kw):\n    return [float('nan')] * len(completions)\n")
+    module.write_text(
+        "def short(completions, **kw):\n    return [1.0]\n\ndef nan(completions, **kw):\n    return [float('nan')] * "
+        "len(completions)\n"
+    )
     with pytest.raises(ConfigError, match="reward function short: returned 1 values for 8 completions"):
         rloo.main(args(tmp_path, reward_funcs=f"{module}:short", output_dir=str(tmp_path / "short")))
     with pytest.raises(ConfigError, match="reward function nan: returned nan"):
@@ -71,17 +85,24 @@ def test_reward_function_errors_name_the_function(tmp_path):
 def test_cli_bad_input_prints_one_line_and_exits_2(tmp_path):
     result = subprocess.run(
         [sys.executable, str(ROOT / "rloo.py"), "--num_generations", "1", "--output_dir", str(tmp_path / "out")],
-        capture_output=True, text=True, cwd=tmp_path, env={**os.environ, "HF_HUB_OFFLINE": "1"},
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
     )
     assert result.returncode == 2
-    assert result.stderr.strip().splitlines() == ["error: --num_generations: the leave-one-out baseline needs at least 2 completions per prompt, got 1"]
+    assert result.stderr.strip().splitlines() == [
+        "error: --num_generations: the leave-one-out baseline needs at least 2 completions per prompt, got 1"
+    ]
     assert not (tmp_path / "out").exists()
 
 
 def test_resume_reproduces_the_uninterrupted_run(tmp_path):
     full = args(tmp_path, max_steps=4, save_steps=2, beta=0.1, num_iterations=2)
     rloo.main(full)
-    resumed = dataclasses.replace(full, output_dir=str(tmp_path / "resumed"), resume_from_checkpoint=str(tmp_path / "out" / "checkpoint-2"))
+    resumed = dataclasses.replace(
+        full, output_dir=str(tmp_path / "resumed"), resume_from_checkpoint=str(tmp_path / "out" / "checkpoint-2")
+    )
     rloo.main(resumed)
     uninterrupted = training_records(tmp_path / "out")
     assert [r["step"] for r in uninterrupted] == [1, 2, 3, 4]
@@ -95,7 +116,9 @@ def test_micro_batching_does_not_change_the_update(tmp_path, recorded_gradients)
     """Groups stay whole inside a micro-batch, so accumulating over micro-batches gives the one-batch gradient,
     including the batch-wide normalization of the advantages."""
     gradients = recorded_gradients
-    whole = args(tmp_path, max_steps=1, num_generations=4, normalize_advantages=True, output_dir=str(tmp_path / "whole"))
+    whole = args(
+        tmp_path, max_steps=1, num_generations=4, normalize_advantages=True, output_dir=str(tmp_path / "whole")
+    )
     rloo.main(whole)
     rloo.main(dataclasses.replace(whole, micro_batch_size=4, output_dir=str(tmp_path / "micro")))
     one_batch, micro_batches = gradients
@@ -117,13 +140,41 @@ def test_beta_zero_loads_no_reference_model(tmp_path, monkeypatch):
 
 
 def test_metrics_use_trl_names_and_are_masked(tmp_path):
-    rloo.main(args(tmp_path, max_steps=1, kl_estimator="k3", reward_funcs="accuracy,format", reward_weights="1.0,0.2", eval_steps=1, num_generations_eval=2))
+    rloo.main(
+        args(
+            tmp_path,
+            max_steps=1,
+            kl_estimator="k3",
+            reward_funcs="accuracy,format",
+            reward_weights="1.0,0.2",
+            eval_steps=1,
+            num_generations_eval=2,
+        )
+    )
     records = common.read_metrics(tmp_path / "out")
     (train,) = training_records(tmp_path / "out")
-    for key in ("reward", "reward_std", "frac_reward_zero_std", "rewards/accuracy_reward/mean", "rewards/format_reward/std", "kl", "entropy",
-                "clip_ratio/low_mean", "clip_ratio/low_min", "clip_ratio/high_mean", "clip_ratio/high_max", "clip_ratio/region_mean",
-                "completions/mean_length", "completions/clipped_ratio", "completions/mean_terminated_length", "loss", "grad_norm",
-                "learning_rate", "num_tokens", "step_time"):
+    for key in (
+        "reward",
+        "reward_std",
+        "frac_reward_zero_std",
+        "rewards/accuracy_reward/mean",
+        "rewards/format_reward/std",
+        "kl",
+        "entropy",
+        "clip_ratio/low_mean",
+        "clip_ratio/low_min",
+        "clip_ratio/high_mean",
+        "clip_ratio/high_max",
+        "clip_ratio/region_mean",
+        "completions/mean_length",
+        "completions/clipped_ratio",
+        "completions/mean_terminated_length",
+        "loss",
+        "grad_norm",
+        "learning_rate",
+        "num_tokens",
+        "step_time",
+    ):
         assert key in records[1] or key in train, key
     assert train["entropy"] > 0 and train["kl"] >= 0  # k3 is non-negative; padding never enters
     assert train["completions/max_length"] <= 24
@@ -145,12 +196,20 @@ def test_lora_trains_an_adapter_and_saves_a_merged_model(tmp_path):
 
 def test_ctrl_c_saves_a_checkpoint_and_exits_cleanly(tmp_path, interrupt_run):
     checkpoint = interrupt_run("rloo.py", tmp_path / "out", "reward")
-    assert torch.load(checkpoint / "training_state.pt", weights_only=False)["step"] == int(checkpoint.name.split("-")[1])
+    assert torch.load(checkpoint / "training_state.pt", weights_only=False)["step"] == int(
+        checkpoint.name.split("-")[1]
+    )
 
 
 def test_standard_prompts_from_a_file_and_reward_columns(tmp_path):
     data = tmp_path / "data.jsonl"
-    rows = [{"prompt": f"<|im_start|>user\n{common.arithmetic_question(a, '+', 2)}<|im_end|>\n<|im_start|>assistant\n", "ground_truth": str(a + 2)} for a in range(8)]
+    rows = [
+        {
+            "prompt": f"<|im_start|>user\n{common.arithmetic_question(a, '+', 2)}<|im_end|>\n<|im_start|>assistant\n",
+            "ground_truth": str(a + 2),
+        }
+        for a in range(8)
+    ]
     data.write_text("\n".join(json.dumps(r) for r in rows))
     rloo.main(args(tmp_path, dataset_name=str(data), max_steps=1))
     (record,) = training_records(tmp_path / "out")

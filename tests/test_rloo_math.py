@@ -1,4 +1,4 @@
-"""RLOO's estimator pieces, against the worked examples of seed 000 and the Back to Basics notes (seed 004)."""
+"""RLOO's estimator pieces, against worked examples computed by hand (rloo.py's docstring and the README)."""
 
 import math
 
@@ -8,7 +8,7 @@ import torch
 from rloo import leave_one_out_advantages, per_token_kl, rloo_loss
 
 
-def test_seed_worked_example_rewards_10_8_4_2():
+def test_worked_example_rewards_10_8_4_2():
     advantages = leave_one_out_advantages(torch.tensor([10.0, 8.0, 4.0, 2.0]), 4)
     # baselines 4.67, 5.33, 6.67, 7.33 → advantages +5.33, +2.67, −2.67, −5.33, summing to 0
     assert advantages.tolist() == pytest.approx([16 / 3, 8 / 3, -8 / 3, -16 / 3])
@@ -64,7 +64,9 @@ def test_first_iteration_loss_is_reinforce_with_the_leave_one_out_baseline():
     logprobs = torch.tensor([[-1.0, -2.0], [-0.5, -0.1], [-3.0, -0.2], [-1.0, -1.0]], requires_grad=True)
     mask = torch.tensor([[1, 1], [1, 0], [1, 1], [1, 1]])
     advantages = leave_one_out_advantages(torch.tensor([1.0, 0.0, 1.0, 1.0]), 2)
-    loss, ratio = rloo_loss(logprobs, logprobs.detach(), mask, advantages, torch.ones(4), 0.2, 0.2, batch_size=4)
+    loss, ratio = rloo_loss(
+        logprobs, logprobs.detach(), mask, advantages, torch.ones(4), epsilon=0.2, epsilon_high=0.2, batch_size=4
+    )
     loss.backward()
     assert ratio.tolist() == [1.0] * 4
     expected = -(advantages[:, None] * mask) / 4  # d(−1/B Σ A_i Σ_t m_t logp_t)/d logp
@@ -75,7 +77,16 @@ def test_first_iteration_loss_is_reinforce_with_the_leave_one_out_baseline():
 def test_clipping_stops_the_gradient_outside_the_trust_region():
     old = torch.zeros(2, 1)
     logprobs = torch.tensor([[0.5], [-0.5]], requires_grad=True)  # ρ = e^0.5 ≈ 1.65 and e^−0.5 ≈ 0.61
-    loss, ratio = rloo_loss(logprobs, old, torch.ones(2, 1), torch.tensor([1.0, -1.0]), torch.ones(2), 0.2, 0.28, batch_size=2)
+    loss, ratio = rloo_loss(
+        logprobs,
+        old,
+        torch.ones(2, 1),
+        torch.tensor([1.0, -1.0]),
+        torch.ones(2),
+        epsilon=0.2,
+        epsilon_high=0.28,
+        batch_size=2,
+    )
     loss.backward()
     # A > 0 with ρ > 1 + ε_high, and A < 0 with ρ < 1 − ε: both clipped, no gradient
     assert logprobs.grad.abs().sum().item() == 0.0
@@ -84,7 +95,16 @@ def test_clipping_stops_the_gradient_outside_the_trust_region():
 
 def test_masked_rows_get_no_loss():
     logprobs = torch.tensor([[-1.0], [-2.0]], requires_grad=True)
-    loss, _ = rloo_loss(logprobs, logprobs.detach(), torch.ones(2, 1), torch.tensor([1.0, -1.0]), torch.tensor([1.0, 0.0]), 0.2, 0.2, 2)
+    loss, _ = rloo_loss(
+        logprobs,
+        logprobs.detach(),
+        torch.ones(2, 1),
+        torch.tensor([1.0, -1.0]),
+        torch.tensor([1.0, 0.0]),
+        epsilon=0.2,
+        epsilon_high=0.2,
+        batch_size=2,
+    )
     loss.backward()
     assert logprobs.grad[1].item() == 0.0 and logprobs.grad[0].item() == pytest.approx(-0.5)
 
@@ -110,7 +130,9 @@ def test_loss_gradient_raises_the_probability_of_positive_advantage_completions(
     before = sequence_logprobs().detach()
     logprobs = rloo.completion_logprobs(model, enc.input_ids, enc.attention_mask, T, 1.0)
     advantages = leave_one_out_advantages(torch.tensor([1.0, 0.0]), 2)  # +1, −1
-    loss, _ = rloo_loss(logprobs, logprobs.detach(), mask, advantages, torch.ones(2), 0.2, 0.2, 2)
+    loss, _ = rloo_loss(
+        logprobs, logprobs.detach(), mask, advantages, torch.ones(2), epsilon=0.2, epsilon_high=0.2, batch_size=2
+    )
     loss.backward()
     torch.optim.SGD(model.parameters(), lr=1e-3).step()
     after = sequence_logprobs().detach()

@@ -28,7 +28,9 @@ def test_noisy_demonstrator_guesses_half_the_time_and_is_right_when_it_works():
     dataset = sft.arithmetic_sft_dataset("train", label_noise=0.5, samples_per_problem=20, seed=0)
     assert len(dataset) == 20 * len(common.arithmetic_problems())
     texts = [row["completion"][0]["content"] for row in dataset]
-    guessed = [int(extract_answer(t)) - int(row["ground_truth"]) for t, row in zip(texts, dataset) if t.startswith("<answer>")]
+    guessed = [
+        int(extract_answer(t)) - int(row["ground_truth"]) for t, row in zip(texts, dataset) if t.startswith("<answer>")
+    ]
     worked = [(t, row["ground_truth"]) for t, row in zip(texts, dataset) if not t.startswith("<answer>")]
     assert set(guessed) == {-2, -1, 1, 2}
     assert 0.45 < len(guessed) / len(dataset) < 0.55
@@ -38,19 +40,44 @@ def test_noisy_demonstrator_guesses_half_the_time_and_is_right_when_it_works():
 
 def test_short_sft_on_a_standard_format_file(tmp_path):
     data = tmp_path / "pairs.jsonl"
-    data.write_text("\n".join(json.dumps({"prompt": f"{a} + 1 = ", "completion": f"<answer>{a + 1}</answer>"}) for a in range(16)))
+    data.write_text(
+        "\n".join(json.dumps({"prompt": f"{a} + 1 = ", "completion": f"<answer>{a + 1}</answer>"}) for a in range(16))
+    )
     out = tmp_path / "out"
-    sft.main(sft.Args(dataset_name=str(data), output_dir=str(out), max_steps=3, train_batch_size=8, logging_steps=1, learning_rate=1e-3))
+    sft.main(
+        sft.Args(
+            dataset_name=str(data),
+            output_dir=str(out),
+            max_steps=3,
+            train_batch_size=8,
+            logging_steps=1,
+            learning_rate=1e-3,
+        )
+    )
     assert [r["step"] for r in common.read_metrics(out)] == [1, 2, 3]
     assert AutoModelForCausalLM.from_pretrained(out) is not None
 
 
 def test_from_scratch_builds_a_reloadable_model(tmp_path):
     out = tmp_path / "tiny"
-    sft.main(sft.Args(from_scratch=True, output_dir=str(out), hidden_size=32, num_hidden_layers=1, vocab_size=300,
-                      samples_per_problem=2, max_steps=2, train_batch_size=8, eval_steps=0, num_generations_eval=1))
+    sft.main(
+        sft.Args(
+            from_scratch=True,
+            output_dir=str(out),
+            hidden_size=32,
+            num_hidden_layers=1,
+            vocab_size=300,
+            samples_per_problem=2,
+            max_steps=2,
+            train_batch_size=8,
+            eval_steps=0,
+            num_generations_eval=1,
+        )
+    )
     tokenizer = AutoTokenizer.from_pretrained(out)
-    text = tokenizer.apply_chat_template([{"role": "user", "content": "Compute 12 ÷ 4.\n  spaced"}], tokenize=False, add_generation_prompt=True)
+    text = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "Compute 12 ÷ 4.\n  spaced"}], tokenize=False, add_generation_prompt=True
+    )
     assert tokenizer.decode(tokenizer(text, add_special_tokens=False).input_ids) == text
     assert AutoModelForCausalLM.from_pretrained(out).config.vocab_size == len(tokenizer)
 

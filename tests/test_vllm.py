@@ -31,19 +31,28 @@ class FakeLLM:
         self.kwargs, self.loads, self.calls = kwargs, [], 0
         self.tokenizer = common.load_tokenizer(model)
         FakeLLM.instances.append(self)
-        engine_model = types.SimpleNamespace(load_weights=lambda weights: self.loads.append({k: v.clone() for k, v in weights}))
+        engine_model = types.SimpleNamespace(
+            load_weights=lambda weights: self.loads.append({k: v.clone() for k, v in weights})
+        )
         worker = types.SimpleNamespace(model_runner=types.SimpleNamespace(model=engine_model))
-        self.llm_engine = types.SimpleNamespace(model_executor=types.SimpleNamespace(driver_worker=types.SimpleNamespace(worker=worker)))
+        self.llm_engine = types.SimpleNamespace(
+            model_executor=types.SimpleNamespace(driver_worker=types.SimpleNamespace(worker=worker))
+        )
 
     def reset_prefix_cache(self):
         pass
 
     def generate(self, prompts, sampling_params, use_tqdm):
         self.calls += 1
-        answer = self.tokenizer("<answer>5</answer>", add_special_tokens=False).input_ids + [self.tokenizer.eos_token_id]
+        answer = self.tokenizer("<answer>5</answer>", add_special_tokens=False).input_ids + [
+            self.tokenizer.eos_token_id
+        ]
         outputs = []
         for i, prompt in enumerate(prompts):
-            assert isinstance(prompt["prompt_token_ids"], list) and self.tokenizer.pad_token_id not in prompt["prompt_token_ids"][:1]
+            assert (
+                isinstance(prompt["prompt_token_ids"], list)
+                and self.tokenizer.pad_token_id not in prompt["prompt_token_ids"][:1]
+            )
             ids = [answer[0]] * sampling_params.max_tokens if i % 3 == 2 else answer
             outputs.append(types.SimpleNamespace(outputs=[types.SimpleNamespace(token_ids=ids)]))
         return outputs
@@ -64,8 +73,19 @@ def fake_vllm(monkeypatch):
 
 def args(tmp_path, script=rloo, **overrides):
     group = {} if script is ppo else {"num_generations": 2}  # PPO: one completion per prompt, so 8 prompts
-    base = script.Args(max_steps=2, prompts_per_step=8 if script is ppo else 4, max_completion_length=12, eval_steps=0, num_generations_eval=1,
-                       save_steps=0, logging_steps=1, use_vllm=True, reward_funcs="format", output_dir=str(tmp_path / "out"), **group)
+    base = script.Args(
+        max_steps=2,
+        prompts_per_step=8 if script is ppo else 4,
+        max_completion_length=12,
+        eval_steps=0,
+        num_generations_eval=1,
+        save_steps=0,
+        logging_steps=1,
+        use_vllm=True,
+        reward_funcs="format",
+        output_dir=str(tmp_path / "out"),
+        **group,
+    )
     return dataclasses.replace(base, **overrides)
 
 
@@ -89,10 +109,23 @@ def test_vllm_samples_softmax_over_temperature_whatever_the_checkpoint_ships(tmp
     vLLM draws from the distribution the log-probs describe, as transformers does (tests/test_on_policy.py)."""
     from vllm_colocate import VLLMGenerator
 
-    vllm = VLLMGenerator(common.make_accelerator(args(tmp_path)), args(tmp_path, temperature=0.8), common.load_tokenizer(common.EMBEDDED_MODEL),
-                                common.load_causal_lm(common.EMBEDDED_MODEL))
+    vllm = VLLMGenerator(
+        common.make_accelerator(args(tmp_path)),
+        args(tmp_path, temperature=0.8),
+        common.load_tokenizer(common.EMBEDDED_MODEL),
+        common.load_causal_lm(common.EMBEDDED_MODEL),
+    )
     assert vllm.llm.kwargs["generation_config"] == "vllm"
-    neutral = dict(temperature=0.8, top_p=1.0, top_k=-1, min_p=0.0, repetition_penalty=1.0, presence_penalty=0.0, frequency_penalty=0.0, min_tokens=0)
+    neutral = dict(
+        temperature=0.8,
+        top_p=1.0,
+        top_k=-1,
+        min_p=0.0,
+        repetition_penalty=1.0,
+        presence_penalty=0.0,
+        frequency_penalty=0.0,
+        min_tokens=0,
+    )
     assert {key: getattr(vllm.sampling_params, key) for key in neutral} == neutral
 
 
