@@ -464,7 +464,8 @@ def main(args: Args):
     first_eval = run_eval(0) if start_step == 0 else {}
     columns = [c for c in train_dataset.column_names if c != "prompt"]
 
-    def generate_and_score(rows) -> dict:
+    def rollout_and_score(rows) -> dict:
+        """Phases 1 and 2 for this process's prompts `rows`: the tensors and texts of the rollout, and the rewards."""
         # ==== 1. rollout: G completions per prompt, each ended at its first end token ====
         prompts = [p for p in rows["prompt"] for _ in range(G)]  # each prompt's G completions are contiguous
         texts = [common.prompt_text(tokenizer, p) for p in prompts]
@@ -498,44 +499,33 @@ def main(args: Args):
         while step < args.max_steps and not common.any_process(accelerator, interrupted.is_set()):
             step_start = time.perf_counter()
 
-            # ==== 1-2. rollout and score (generate_and_score, above) ====
-            # Dynamic sampling drops the groups whose rewards are all equal and draws more prompts at random, seeded by
-            # (seed, step, round) so that a resumed run draws the same.
+            # ==== 1-2. rollout and score (rollout_and_score, above) ====
             rows = common.rows_of_step(train_dataset, step, args.prompts_per_step, args.seed, my_prompts)
-            # Each process refills its own share, from its share of each round's draw.
+            batch = rollout_and_score(rows)
             if args.dynamic_sampling:
-
-                def sample_round(round_index, rows=rows, step=step):
+                # Drop the groups whose rewards are all equal and draw more prompts at random, seeded by (seed, step,
+                # round) so that a resumed run draws the same; each process refills its own share.
+                def sample_round(round_index, batch=batch, step=step):
                     if round_index == 0:
-                        return generate_and_score(rows)
+                        return batch
                     generator = torch.Generator().manual_seed(hash((args.seed, step, round_index)) % 2**63)
                     drawn = torch.randperm(len(train_dataset), generator=generator)[: args.prompts_per_step]
-                    return generate_and_score(train_dataset.select(drawn[my_prompts].tolist()))
+                    return rollout_and_score(train_dataset.select(drawn[my_prompts].tolist()))
 
                 all_done = lambda done: not common.any_process(accelerator, not done)
-                rollout, dropped_frac = dynamic_sampling(
+                batch, dropped_frac = dynamic_sampling(
                     sample_round, local_prompts, G, args.max_resample_rounds, tokenizer.pad_token_id, all_done
                 )
-                dropped_frac = accelerator.reduce(
-                    torch.tensor(dropped_frac, device=device), "mean"
-                ).item()  # same rounds: equal counts
-            else:
-                rollout = generate_and_score(rows)
-            prompts, completion_texts, rewards_per_func = (
-                rollout["prompts"],
-                rollout["completion_texts"],
-                rollout["rewards_per_func"],
-            )
-            completion_ids, completion_mask = rollout["completion_ids"], rollout["completion_mask"]  # (B, T)
-            input_ids = torch.cat([rollout["prompt_ids"], completion_ids], 1)
-            attention_mask = torch.cat([rollout["prompt_mask"], completion_mask], 1)
+                # every process ran the same rounds, so the mean of the fractions is the fraction
+                dropped_frac = accelerator.reduce(torch.tensor(dropped_frac, device=device), "mean").item()
+            prompts, completion_texts = batch["prompts"], batch["completion_texts"]
+            completion_ids, completion_mask = batch["completion_ids"], batch["completion_mask"]  # (B, T)
+            is_truncated = batch["is_truncated"]
+            input_ids = torch.cat([batch["prompt_ids"], completion_ids], 1)
+            attention_mask = torch.cat([batch["prompt_mask"], completion_mask], 1)
             T = completion_ids.shape[1]
-            rewards = rollout["rewards"].to(device)
-            loss_mask = (
-                completion_mask * ~rollout["is_truncated"][:, None]
-                if args.mask_truncated_completions
-                else completion_mask
-            )
+            rewards, rewards_per_func = batch["rewards"].to(device), batch["rewards_per_func"]
+            loss_mask = completion_mask * ~is_truncated[:, None] if args.mask_truncated_completions else completion_mask
 
             # ==== 3. advantage: group-relative, from the rewards only (the KL is a loss term) ====
             # Over the whole batch, gathered from every process, of which this process keeps its rows; and the token
@@ -614,7 +604,7 @@ def main(args: Args):
                 everywhere = lambda x: accelerator.gather(x.to(device))  # (B_local, ...) -> (B, ...)
                 all_rewards_per_func = everywhere(rewards_per_func)
                 lengths = everywhere(completion_mask.sum(1).float())
-                truncated = everywhere(rollout["is_truncated"])
+                truncated = everywhere(is_truncated)
                 group_std = common.nanstd(all_rewards.view(-1, G), 1)
                 token_count = lengths.sum().clamp(min=1)
                 clip_low_all, clip_high_all = everywhere(torch.tensor(clip_low)), everywhere(torch.tensor(clip_high))

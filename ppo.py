@@ -394,6 +394,7 @@ def main(args: Args):
     common.seed_everything(args.seed + accelerator.process_index)  # each process samples its own completions
     device = accelerator.device
     P = accelerator.num_processes
+    G = 1  # one completion per prompt
     batch_size = args.prompts_per_step  # completions per step, over all processes
     my_prompts = common.shard(accelerator, args.prompts_per_step, "--prompts_per_step")  # this process's prompts
     local_batch_size = batch_size // P
@@ -540,6 +541,34 @@ def main(args: Args):
     first_eval = run_eval(0) if start_step == 0 else {}
     columns = [c for c in train_dataset.column_names if c != "prompt"]
 
+    def rollout_and_score(rows) -> dict:
+        """Phases 1 and 2 for this process's prompts `rows`: the tensors and texts of the rollout, and the rewards."""
+        # ==== 1. rollout: G completions per prompt, each ended at its first end token ====
+        prompts = [p for p in rows["prompt"] for _ in range(G)]  # each prompt's G completions are contiguous
+        texts = [common.prompt_text(tokenizer, p) for p in prompts]
+        rollout = common.sample_completions(accelerator, model, tokenizer, texts, generation_config, vllm)
+        completion_mask, is_truncated = end_of_completion(rollout["completion_ids"], generation_config.eos_token_id)
+        completion_ids = rollout["completion_ids"].masked_fill(completion_mask == 0, tokenizer.pad_token_id)  # (B, T)
+
+        # ==== 2. score: r(x, y_i), the weighted sum of the reward functions ====
+        completion_texts = common.decode_completions(tokenizer, completion_ids)
+        completion_id_lists = [ids[mask.bool()].tolist() for ids, mask in zip(completion_ids, completion_mask)]
+        row_columns = {c: [v for v in rows[c] for _ in range(G)] for c in columns}
+        rewards, rewards_per_func = compute_rewards(
+            reward_funcs, weights, prompts, completion_texts, completion_id_lists, row_columns
+        )
+        return {
+            "prompts": prompts,
+            "columns": row_columns,
+            **rollout,
+            "completion_ids": completion_ids,
+            "completion_mask": completion_mask,
+            "is_truncated": is_truncated,
+            "completion_texts": completion_texts,
+            "rewards": rewards,
+            "rewards_per_func": rewards_per_func,
+        }
+
     # ==== the training loop: the algorithm in numbered phases (1-6), then the plumbing (7-8) ====
     step, steps_without_signal = start_step, 0
     progress = tqdm(total=args.max_steps, initial=start_step, desc="ppo", disable=not accelerator.is_main_process)
@@ -547,27 +576,17 @@ def main(args: Args):
         while step < args.max_steps and not common.any_process(accelerator, interrupted.is_set()):
             step_start = time.perf_counter()
 
-            # ==== 1. rollout: one completion per prompt, each ended at its first end token (EOS or the stop token) ====
+            # ==== 1-2. rollout and score (rollout_and_score, above) ====
             rows = common.rows_of_step(train_dataset, step, args.prompts_per_step, args.seed, my_prompts)
-            prompts = rows["prompt"]
-            row_columns = {c: rows[c] for c in columns}
-            texts = [common.prompt_text(tokenizer, p) for p in prompts]
-            rollout = common.sample_completions(accelerator, model, tokenizer, texts, generation_config, vllm)
-            completion_mask, is_truncated = end_of_completion(rollout["completion_ids"], generation_config.eos_token_id)
-            # (B, T), padding after each completion's end
-            completion_ids = rollout["completion_ids"].masked_fill(completion_mask == 0, tokenizer.pad_token_id)
-            stopped = ends_with(completion_ids, completion_mask, stop_id)  # the others get --missing_eos_penalty
-            input_ids = torch.cat([rollout["prompt_ids"], completion_ids], 1)
-            attention_mask = torch.cat([rollout["prompt_mask"], completion_mask], 1)
+            batch = rollout_and_score(rows)
+            prompts, completion_texts = batch["prompts"], batch["completion_texts"]
+            completion_ids, completion_mask = batch["completion_ids"], batch["completion_mask"]  # (B, T)
+            input_ids = torch.cat([batch["prompt_ids"], completion_ids], 1)
+            attention_mask = torch.cat([batch["prompt_mask"], completion_mask], 1)
             T = completion_ids.shape[1]
-
-            # ==== 2. score: r(x, y), the weighted sum of the reward functions (− the missing-stop-token penalty) ====
-            completion_texts = common.decode_completions(tokenizer, completion_ids)
-            completion_id_lists = [ids[mask.bool()].tolist() for ids, mask in zip(completion_ids, completion_mask)]
-            scores, rewards_per_func = compute_rewards(
-                reward_funcs, weights, prompts, completion_texts, completion_id_lists, row_columns
-            )
-            scores = scores.to(device)
+            rewards, rewards_per_func = batch["rewards"].to(device), batch["rewards_per_func"]
+            scores = rewards  # r(x, y), on the last token below
+            stopped = ends_with(completion_ids, completion_mask, stop_id)  # the others get --missing_eos_penalty
             if args.missing_eos_penalty is not None:
                 scores -= args.missing_eos_penalty * (~stopped).float()
 
@@ -718,7 +737,7 @@ def main(args: Args):
                     "loss/policy_avg": mean(policy_losses),
                     "loss/value_avg": mean(value_losses),
                     "val/num_eos_tokens": all_stopped.sum().item(),
-                    **common.completion_metrics(lengths, ~all_stopped),
+                    **common.completion_metrics(lengths, ~all_stopped),  # without the stop token: truncated
                     "grad_norm": sum(grad_norms) / len(grad_norms),
                     "val/grad_norm": sum(value_grad_norms) / len(value_grad_norms),
                     "learning_rate": scheduler.get_last_lr()[0],

@@ -375,6 +375,34 @@ def main(args: Args):
     first_eval = run_eval(0) if start_step == 0 else {}
     columns = [c for c in train_dataset.column_names if c != "prompt"]
 
+    def rollout_and_score(rows) -> dict:
+        """Phases 1 and 2 for this process's prompts `rows`: the tensors and texts of the rollout, and the rewards."""
+        # ==== 1. rollout: G completions per prompt, each ended at its first end token ====
+        prompts = [p for p in rows["prompt"] for _ in range(G)]  # each prompt's G completions are contiguous
+        texts = [common.prompt_text(tokenizer, p) for p in prompts]
+        rollout = common.sample_completions(accelerator, model, tokenizer, texts, generation_config, vllm)
+        completion_mask, is_truncated = end_of_completion(rollout["completion_ids"], generation_config.eos_token_id)
+        completion_ids = rollout["completion_ids"].masked_fill(completion_mask == 0, tokenizer.pad_token_id)  # (B, T)
+
+        # ==== 2. score: r(x, y_i), the weighted sum of the reward functions ====
+        completion_texts = common.decode_completions(tokenizer, completion_ids)
+        completion_id_lists = [ids[mask.bool()].tolist() for ids, mask in zip(completion_ids, completion_mask)]
+        row_columns = {c: [v for v in rows[c] for _ in range(G)] for c in columns}
+        rewards, rewards_per_func = compute_rewards(
+            reward_funcs, weights, prompts, completion_texts, completion_id_lists, row_columns
+        )
+        return {
+            "prompts": prompts,
+            "columns": row_columns,
+            **rollout,
+            "completion_ids": completion_ids,
+            "completion_mask": completion_mask,
+            "is_truncated": is_truncated,
+            "completion_texts": completion_texts,
+            "rewards": rewards,
+            "rewards_per_func": rewards_per_func,
+        }
+
     # ==== the training loop: the algorithm in numbered phases (1-6), then the plumbing (7-8) ====
     step, steps_without_signal = start_step, 0
     progress = tqdm(total=args.max_steps, initial=start_step, desc="reinforce", disable=not accelerator.is_main_process)
@@ -382,28 +410,18 @@ def main(args: Args):
         while step < args.max_steps and not common.any_process(accelerator, interrupted.is_set()):
             step_start = time.perf_counter()
 
-            # ==== 1. rollout: G completions per prompt, each ended at its first end token ====
+            # ==== 1-2. rollout and score (rollout_and_score, above) ====
             rows = common.rows_of_step(train_dataset, step, args.prompts_per_step, args.seed, my_prompts)
-            prompts = [p for p in rows["prompt"] for _ in range(G)]  # each prompt's G completions are contiguous
-            row_columns = {c: [v for v in rows[c] for _ in range(G)] for c in columns}
-            texts = [common.prompt_text(tokenizer, p) for p in prompts]
-            rollout = common.sample_completions(accelerator, model, tokenizer, texts, generation_config, vllm)
-            completion_mask, is_truncated = end_of_completion(rollout["completion_ids"], generation_config.eos_token_id)
-            # (B, T), padding after each completion's end
-            completion_ids = rollout["completion_ids"].masked_fill(completion_mask == 0, tokenizer.pad_token_id)
-            input_ids = torch.cat([rollout["prompt_ids"], completion_ids], 1)
-            attention_mask = torch.cat([rollout["prompt_mask"], completion_mask], 1)
+            batch = rollout_and_score(rows)
+            prompts, completion_texts = batch["prompts"], batch["completion_texts"]
+            completion_ids, completion_mask = batch["completion_ids"], batch["completion_mask"]  # (B, T)
+            is_truncated = batch["is_truncated"]
+            input_ids = torch.cat([batch["prompt_ids"], completion_ids], 1)
+            attention_mask = torch.cat([batch["prompt_mask"], completion_mask], 1)
             T = completion_ids.shape[1]
-
-            # ==== 2. score: r(x, y_i), the weighted sum of the reward functions ====
-            completion_texts = common.decode_completions(tokenizer, completion_ids)
-            completion_id_lists = [ids[mask.bool()].tolist() for ids, mask in zip(completion_ids, completion_mask)]
-            rewards, rewards_per_func = compute_rewards(
-                reward_funcs, weights, prompts, completion_texts, completion_id_lists, row_columns
-            )
+            rewards, rewards_per_func = batch["rewards"].to(device), batch["rewards_per_func"]
             if args.reward_clip_range is not None:
                 rewards = rewards.clamp(*args.reward_clip_range)
-            rewards = rewards.to(device)
             loss_mask = (
                 (~is_truncated).float()
                 if args.mask_truncated_completions
@@ -533,7 +551,6 @@ def main(args: Args):
                         else {}
                     ),
                     **common.reward_metrics(all_rewards_per_func, reward_funcs),
-                    # no reference: no KL
                     **({"kl": (everywhere(kl.sum(1)).sum() / token_count).item()} if args.beta > 0 else {}),
                     "baseline": baseline,
                     "entropy": (everywhere((entropy * completion_mask).sum(1)).sum() / token_count).item(),
@@ -550,7 +567,7 @@ def main(args: Args):
                     "step_time": time.perf_counter() - step_start,
                 }
                 logger.log(step, metrics)
-                progress.set_postfix(reward=f"{metrics['reward']:.3f}", kl=f"{metrics.get('kl', 0.0):.4f}")
+                progress.set_postfix(reward=f"{metrics['reward']:.3f}", grad_norm=f"{metrics['grad_norm']:.3f}")
                 if args.log_completions and accelerator.is_main_process:
                     for i in range(min(args.num_completions_to_print, local_batch_size)):
                         tqdm.write(
