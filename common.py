@@ -1,8 +1,15 @@
-"""Plumbing shared by the training scripts: arguments, the built-in arithmetic task, data loading, tokenization,
-generation, log-probs, evaluation, checkpoints and metric logging.
+"""Plumbing shared by the training scripts, and nothing else.
 
-Nothing algorithmic lives here. Rewards live in `rewards.py`; baselines, advantages and losses stay in each script,
-so that `diff rloo.py grpo.py` shows the algorithmic difference.
+What may live here: what every script needs and no equation mentions. Arguments (the `Args` field helper, parsing,
+the checks of the flags several scripts share, one-line errors), the built-in arithmetic task and data loading,
+tokenization and prompt rendering, sampling with `generate` (which returns the sampled ids; where a completion ends
+is the script's to say), processes under `accelerate launch`, held-out evaluation, checkpoints, stops (Ctrl-C,
+SIGTERM) and the output folder, and logging (including the metrics that only summarize, like completion lengths).
+
+What may not: any quantity of a script's docstring equations. The log-probs at the temperature, the end-of-completion
+mask, the KL, baselines, advantages and losses are computed in each algorithm script, where a reader of the math
+finds them. Reward functions and how rewards combine live in `rewards.py`, which stands alone (this file imports its
+errors and TRL's conventions from there); the colocated vLLM engine lives in `vllm_colocate.py`.
 """
 
 import contextlib
