@@ -227,6 +227,24 @@ def check_columns(reward_funcs: dict, dataset, flag: str = "--dataset_name"):
                 )
 
 
+def reward_values(name: str, values, num_completions: int) -> torch.Tensor:
+    """What reward function `name` returned (or raised), as one float per completion, NaN for None; anything else is a
+    TrainingError naming the function."""
+    if isinstance(values, BaseException):
+        raise TrainingError(f"reward function {name}: raised {type(values).__name__}: {first_line(values)}")
+    if isinstance(values, (str, bytes)) or not hasattr(values, "__len__"):
+        raise TrainingError(f"reward function {name}: returned {values!r}, not a list with one value per completion")
+    values = list(values)
+    if len(values) != num_completions:
+        raise TrainingError(f"reward function {name}: returned {len(values)} values for {num_completions} completions")
+    for i, value in enumerate(values):
+        if value is not None and (not isinstance(value, (int, float)) or not math.isfinite(value)):
+            raise TrainingError(
+                f"reward function {name}: returned {value!r} for completion {i} (expected a finite number or None)"
+            )
+    return torch.tensor([math.nan if value is None else float(value) for value in values])
+
+
 def compute_rewards(
     reward_funcs: dict,
     weights: torch.Tensor,
@@ -263,29 +281,11 @@ def compute_rewards(
         results.update(zip(pending, asyncio.run(run_all())))
     per_func = torch.full((len(prompts), len(reward_funcs)), math.nan)
     problem = None
-    for j, name in enumerate(reward_funcs):
-        values = results[name]
-        if isinstance(values, BaseException):
-            problem = f"reward function {name}: raised {type(values).__name__}: {first_line(values)}"
-            break
-        if isinstance(values, (str, bytes)) or not hasattr(values, "__len__"):
-            problem = f"reward function {name}: returned {values!r}, not a list with one value per completion"
-            break
-        values = list(values)
-        if len(values) != len(prompts):
-            problem = f"reward function {name}: returned {len(values)} values for {len(prompts)} completions"
-            break
-        for i, value in enumerate(values):
-            if value is None:
-                continue
-            if not isinstance(value, (int, float)) or not math.isfinite(value):
-                problem = (
-                    f"reward function {name}: returned {value!r} for completion {i} (expected a finite number or None)"
-                )
-                break
-            per_func[i, j] = float(value)
-        if problem:
-            break
+    try:
+        for j, name in enumerate(reward_funcs):
+            per_func[:, j] = reward_values(name, results[name], len(prompts))
+    except TrainingError as error:
+        problem = str(error)
     if failed_on_any_process(problem is not None):  # every process stops at the same step
         raise TrainingError(problem or "a reward function failed on another process (its line is there)")
     rewards = (per_func * weights).nansum(1)
