@@ -48,6 +48,8 @@ import common
 from common import ConfigError, arg, require
 from rewards import reward_model_text
 
+ARITHMETIC_PAIRS = ("demonstrator", "number")
+
 
 @dataclass
 class Args:
@@ -55,6 +57,7 @@ class Args:
     dataset_name: str = arg("arithmetic", "'arithmetic' (built in), a hub dataset, or a local data file/folder with chosen and rejected columns")
     dataset_train_split: str = arg("train", "split to train on")
     dataset_test_split: str = arg("test", "held-out split for eval/accuracy; skipped when absent")
+    arithmetic_pairs: str = arg("demonstrator", "arithmetic: 'demonstrator' (worked right answer vs guess or broken format: form separates them) or 'number' (same form, only the number differs)")
     pairs_per_problem: int = arg(8, "arithmetic: preference pairs per problem")
     center_rewards_coefficient: float | None = arg(None, "weight c of the (r_c + r_r)² term that centers the scores (None = off)")
     learning_rate: float = arg(5e-4, "AdamW learning rate (the embedded model; use ~1e-5 for a full 0.5B model)")
@@ -85,27 +88,38 @@ class Args:
     report_to: str = arg("none", "none, tensorboard or wandb")
 
 
-def arithmetic_preference_dataset(split: str, pairs_per_problem: int, seed: int):
-    """Conversational pairs on the RL split's problems, from sft.py's noisy demonstrator: its right answers, which show
-    their work, are chosen over a guess off by ±1 or ±2 (half the pairs), another number (a quarter), or a broken
-    format (a quarter)."""
+def arithmetic_preference_dataset(split: str, pairs_per_problem: int, seed: int, pairs: str = "demonstrator"):
+    """Conversational pairs on the split's problems (the RL training problems, or the held-out ones).
+
+    pairs="demonstrator": sft.py's noisy demonstrator: its right answers, which show their work, are chosen over a guess
+    off by ±1 or ±2 (half the pairs), another number (a quarter), or a broken format (a quarter). Form alone separates
+    them. pairs="number": chosen and rejected have the same form, bare (`<answer>56</answer>`) or worked
+    (`7 × 8 = 56 <answer>56</answer>`), half each, and differ only in the number: the rejected one is off by ±1 or ±2
+    (half the pairs) or another number (half). Only arithmetic separates them."""
     from datasets import Dataset
 
+    require(pairs in ARITHMETIC_PAIRS, f"--arithmetic_pairs: expected one of {', '.join(ARITHMETIC_PAIRS)}, got {pairs!r}")
     rng = random.Random(f"{seed}-{split}")
     rows = []
     for a, op, b, answer in common.arithmetic_split(split):
         prompt = [{"role": "user", "content": common.arithmetic_question(a, op, b)}]
         for _ in range(pairs_per_problem):
-            kind = rng.random()
-            if kind < 0.5:
-                rejected = f"<answer>{answer + rng.choice([-2, -1, 1, 2])}</answer>"
-            elif kind < 0.75:
-                rejected = f"<answer>{rng.choice([n for n in range(-9, 82) if n != answer])}</answer>"
+            if pairs == "number":
+                wrong = answer + rng.choice([-2, -1, 1, 2]) if rng.random() < 0.5 else rng.choice([n for n in range(-9, 82) if n != answer])
+                shape = rng.choice(["<answer>{n}</answer>", f"{a} {op} {b} = {{n}} <answer>{{n}}</answer>"])
+                chosen, rejected = shape.format(n=answer), shape.format(n=wrong)
             else:
-                rejected = rng.choice([f"{a} {op} {b} = {answer}", f"<answer>{answer}", f"answer: {answer}", "<answer></answer>"])
+                chosen = f"{a} {op} {b} = {answer} <answer>{answer}</answer>"
+                kind = rng.random()
+                if kind < 0.5:
+                    rejected = f"<answer>{answer + rng.choice([-2, -1, 1, 2])}</answer>"
+                elif kind < 0.75:
+                    rejected = f"<answer>{rng.choice([n for n in range(-9, 82) if n != answer])}</answer>"
+                else:
+                    rejected = rng.choice([f"{a} {op} {b} = {answer}", f"<answer>{answer}", f"answer: {answer}", "<answer></answer>"])
             rows.append({
                 "prompt": prompt,
-                "chosen": [{"role": "assistant", "content": f"{a} {op} {b} = {answer} <answer>{answer}</answer>"}],
+                "chosen": [{"role": "assistant", "content": chosen}],
                 "rejected": [{"role": "assistant", "content": rejected}],
             })
     return Dataset.from_list(rows)
@@ -160,6 +174,7 @@ def main(args: Args):
     require(args.eval_strategy in ("steps", "no"), f"--eval_strategy: expected steps or no, got {args.eval_strategy!r}")
     require(args.train_batch_size > 0, "--train_batch_size: must be positive")
     require(args.per_device_eval_batch_size > 0, "--per_device_eval_batch_size: must be positive")
+    require(args.arithmetic_pairs in ARITHMETIC_PAIRS, f"--arithmetic_pairs: expected one of {', '.join(ARITHMETIC_PAIRS)}, got {args.arithmetic_pairs!r}")
     require(args.pairs_per_problem > 0, f"--pairs_per_problem: must be positive, got {args.pairs_per_problem}")
     require(args.max_length > 0, f"--max_length: must be positive, got {args.max_length}")
     accelerator = common.make_accelerator(args)  # one process, or N under `accelerate launch`
@@ -169,7 +184,7 @@ def main(args: Args):
     common.check_backend(accelerator, one_backward_per_update=True)
 
     # ---- data ----
-    builtin = {"arithmetic": lambda split: arithmetic_preference_dataset(split, args.pairs_per_problem, args.seed)}
+    builtin = {"arithmetic": lambda split: arithmetic_preference_dataset(split, args.pairs_per_problem, args.seed, args.arithmetic_pairs)}
     train_dataset = common.load_split(args.dataset_name, args.dataset_train_split, builtin)
     require(train_dataset is not None, f"--dataset_train_split: {args.dataset_name} has no split {args.dataset_train_split!r}")
     eval_dataset = common.load_split(args.dataset_name, args.dataset_test_split, builtin)
