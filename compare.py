@@ -36,6 +36,16 @@ Measured for each (algorithm, seed) run:
     wall time, memory    of the child process: wall clock from start to exit, and its own peak resident set size
                          (os.wait4's ru_maxrss; CPU memory, not GPU memory)
 
+A second comparison, --experiment reward_model, puts the algorithms under Back to Basics' own condition: a learned
+reward and a separate judge. compare.py first trains a reward model with reward_model.py on pairs that differ only in
+the number (--arithmetic_pairs number; --reward_model_args), then every algorithm optimizes that proxy alone
+(--reward_funcs none --reward_model_path DIR) with the same KL coefficient β = 0.05 (GRPO's own default is 0; it gets
+0.05 as a k3 term in its loss). The gold metric is eval/accuracy, the exact-match accuracy on held-out problems, which
+no algorithm sees. Every run saves a checkpoint at each evaluation; on each, and on the reference for step 0,
+compare.py measures on held-out prompts the KL to the reference per completion and the proxy reward of the same
+samples, then deletes the checkpoints. Gold and proxy are plotted against that KL (the frontier) and read off each
+run's curve at the --frontier_kls (linear between evaluations; a run that never reaches a KL is counted out).
+
 Runs go one at a time, so that their wall times and memory are comparable. --model_name_or_path, --dataset_name,
 --reward_funcs and the other passed-through flags of Args reach every script; --script_args passes any other flag of
 the scripts (but not the budget, which is compare.py's to set).
@@ -44,6 +54,7 @@ the scripts (but not the budget, which is compare.py's to set).
                                                                # 2-core CPU shared with other jobs (results/compare.md)
     python compare.py --quick --output_dir /tmp/compare        # a smoke test: 6 runs of 2 steps, 1.5–2 min
     python compare.py --algorithms rloo_k2,ppo --seeds 0,1,2,3,4 --max_steps 100
+    python compare.py --experiment reward_model --max_steps 80  # the proxy and 18 runs: results/compare_rm.md
 """
 
 import contextlib
@@ -334,10 +345,11 @@ def value_at_kl(kls: list[float], values: list[float], kl: float) -> float | Non
     return None
 
 
-def reward_model_accuracy(path: str) -> dict:
+def reward_model_accuracy(path: str, pairs_per_problem: int = 8) -> dict:
     """The reward model's pair accuracy (r_c > r_r, ties one half) on built-in pairs of held-out and of training problems,
     by kind: same-form pairs that differ only in the number (bare or worked, off by ±1/±2 or another number), and the
-    demonstrator's pairs, which form alone separates."""
+    demonstrator's pairs, which form alone separates. With reward_model.py's defaults (seed 0, 8 pairs per problem) the
+    training problems' pairs are the ones it trained on."""
     from transformers import AutoModelForSequenceClassification
 
     tokenizer = common.load_tokenizer(path)
@@ -351,7 +363,7 @@ def reward_model_accuracy(path: str) -> dict:
     accuracies = {}
     for split in ("test", "train"):
         for pairs in ("number", "demonstrator"):
-            dataset = reward_model.arithmetic_preference_dataset(split, 8, seed=0, pairs=pairs)
+            dataset = reward_model.arithmetic_preference_dataset(split, pairs_per_problem, seed=0, pairs=pairs)
             rows = reward_model.tokenize_pairs(tokenizer, dataset, max_length=10_000)
             with torch.no_grad():
                 scored = [reward_model.pair_rewards(model, rows[i:i + 256], tokenizer.pad_token_id, "cpu") for i in range(0, len(rows), 256)]
@@ -716,7 +728,7 @@ def main(args: Args):
                     print(f"[reward model]: stopped (exit status {result['returncode']}); its output is above", file=sys.stderr)
                     sys.exit(result["returncode"] if result["returncode"] in (2, 130) else 1)
                 proxy.update(command=display_command("reward_model.py", flags), wall_s=result["wall_s"])
-            proxy["accuracy"] = reward_model_accuracy(args.reward_model_path)
+            proxy["accuracy"] = reward_model_accuracy(args.reward_model_path, pairs_per_problem=1 if args.quick else 8)
             proxy_record.write_text(json.dumps(proxy, indent=1))
             held_out = proxy["accuracy"]["number pairs, all"]["test"]["accuracy"]
             print(f"[reward model] held-out pair accuracy {held_out:.3f} (pairs that differ only in the number)", flush=True)
