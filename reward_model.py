@@ -26,7 +26,10 @@ What the built-in reward model learns is the demonstrator's style as much as ari
 format tell chosen from rejected, and a model this small does not learn to check the arithmetic of problems it never
 trained on (a right and an off-by-one bare answer to a held-out problem score alike). On this task that shortcut is
 aligned with correctness, which is why PPO on it raises accuracy; a completion that shows wrong work would fool it, the
-classic reward-model failure that eval/accuracy (the exact-answer check) exposes.
+classic reward-model failure that eval/accuracy (the exact-answer check) exposes. `--arithmetic_pairs number` makes
+pairs that only arithmetic separates: chosen and rejected in the same form, bare or worked, differing only in the number.
+On those the embedded model reaches held-out pair accuracy 0.654 after 400 steps (0.858 on its training problems), but
+a near miss (±1 or ±2) on a held-out problem still scores at chance (README, compare.py's second comparison).
 
 Under `accelerate launch --num_processes N`, each step's batch is the one a single process would take, in the same
 order, split into N equal shares of pairs, one per process: the mean over a share, averaged over the processes by DDP,
