@@ -86,13 +86,29 @@ ALGORITHMS = {
     "rloo_k4": ("RLOO k=4", "rloo.py", 4, ["--num_generations", "4"]),
     "rloo_k2": ("RLOO k=2", "rloo.py", 2, ["--num_generations", "2"]),
     "reinforce_ma": ("REINFORCE w/ b_MA", "reinforce.py", 1, ["--baseline", "moving_average"]),
-    "vanilla_pg": ("Vanilla PG", "ppo.py", 1, ["--lam", "1.0", "--num_ppo_epochs", "1", "--num_mini_batches", "1", "--whiten_advantages", "False"]),
+    "vanilla_pg": (
+        "Vanilla PG",
+        "ppo.py",
+        1,
+        ["--lam", "1.0", "--num_ppo_epochs", "1", "--num_mini_batches", "1", "--whiten_advantages", "False"],
+    ),
     "ppo": ("PPO", "ppo.py", 1, []),
     "grpo": ("GRPO", "grpo.py", 8, ["--num_generations", "8"]),
 }
-PASSED_THROUGH = ("model_name_or_path", "dataset_name", "dataset_train_split", "dataset_test_split", "reward_funcs", "reward_weights", "reward_model_path", "max_completion_length")
+PASSED_THROUGH = (
+    "model_name_or_path",
+    "dataset_name",
+    "dataset_train_split",
+    "dataset_test_split",
+    "reward_funcs",
+    "reward_weights",
+    "reward_model_path",
+    "max_completion_length",
+)
 QUICK = dict(seeds="0", completions_per_step=8, max_steps=2, eval_steps=2, num_generations_eval=1)
-QUICK_REWARD_MODEL = "--arithmetic_pairs number --max_steps 2 --train_batch_size 8 --pairs_per_problem 1 --eval_strategy no"
+QUICK_REWARD_MODEL = (
+    "--arithmetic_pairs number --max_steps 2 --train_batch_size 8 --pairs_per_problem 1 --eval_strategy no"
+)
 EXPERIMENTS = {
     # name: (report file stem, run folders under output_dir)
     "accuracy": ("compare", "runs"),
@@ -103,24 +119,44 @@ EXPERIMENTS = {
 @dataclass
 class Args:
     # what is compared
-    algorithms: str = arg(",".join(ALGORITHMS), f"comma-separated algorithms, in the order of the report ({', '.join(ALGORITHMS)})")
+    algorithms: str = arg(
+        ",".join(ALGORITHMS), f"comma-separated algorithms, in the order of the report ({', '.join(ALGORITHMS)})"
+    )
     seeds: str = arg("0,1,2", "comma-separated seeds; every algorithm runs once with each")
     # the budget, the same for every algorithm
-    completions_per_step: int = arg(32, "completions sampled per step by every algorithm (C / G prompts × G completions)")
+    completions_per_step: int = arg(
+        32, "completions sampled per step by every algorithm (C / G prompts × G completions)"
+    )
     max_steps: int = arg(50, "steps per run: every run samples completions_per_step × max_steps completions")
-    eval_steps: int = arg(10, "held-out evaluation every this many steps for every algorithm (also at step 0 and the end)")
+    eval_steps: int = arg(
+        10, "held-out evaluation every this many steps for every algorithm (also at step 0 and the end)"
+    )
     num_generations_eval: int = arg(4, "completions sampled per held-out prompt for eval/accuracy and the final KL")
     # the reward every algorithm optimizes
-    experiment: str = arg("accuracy", "'accuracy': the exact-match reward; 'reward_model': a learned reward model only (the proxy), "
-                          "exact-match held-out accuracy as the gold metric, both read against the KL to the reference")
-    beta: float | None = arg(None, "KL coefficient of every script (ppo.py: --kl_coef); default: each script's own (GRPO's is 0), "
-                             "but 0.05 for all under --experiment reward_model, GRPO included, so that every run has a KL to trade")
-    reward_model_args: str = arg("--arithmetic_pairs number --max_steps 400", "--experiment reward_model without --reward_model_path: "
-                                 "the flags of the reward_model.py run that trains the proxy (into {output_dir}/runs/rm/reward_model)")
-    frontier_kls: str = arg("0.5,1.5", "--experiment reward_model: the KLs to the reference (nats per completion) at which gold accuracy "
-                            "and proxy reward are read off each run's curve")
+    experiment: str = arg(
+        "accuracy",
+        "'accuracy': the exact-match reward; 'reward_model': a learned reward model only (the proxy), "
+        "exact-match held-out accuracy as the gold metric, both read against the KL to the reference",
+    )
+    beta: float | None = arg(
+        None,
+        "KL coefficient of every script (ppo.py: --kl_coef); default: each script's own (GRPO's is 0), "
+        "but 0.05 for all under --experiment reward_model, GRPO included, so that every run has a KL to trade",
+    )
+    reward_model_args: str = arg(
+        "--arithmetic_pairs number --max_steps 400",
+        "--experiment reward_model without --reward_model_path: "
+        "the flags of the reward_model.py run that trains the proxy (into {output_dir}/runs/rm/reward_model)",
+    )
+    frontier_kls: str = arg(
+        "0.5,1.5",
+        "--experiment reward_model: the KLs to the reference (nats per completion) at which gold accuracy "
+        "and proxy reward are read off each run's curve",
+    )
     # passed to every script when given (None: each script's own default)
-    model_name_or_path: str | None = arg(None, "policy to train (default: the scripts' default, the embedded tiny model)")
+    model_name_or_path: str | None = arg(
+        None, "policy to train (default: the scripts' default, the embedded tiny model)"
+    )
     dataset_name: str | None = arg(None, "dataset (default: the scripts' default, 'arithmetic')")
     dataset_train_split: str | None = arg(None, "split to train on")
     dataset_test_split: str | None = arg(None, "held-out split with a ground_truth column")
@@ -130,11 +166,19 @@ class Args:
     max_completion_length: int | None = arg(None, "max generated tokens per completion")
     script_args: str = arg("", "more flags for every script, e.g. --script_args='--bf16 --micro_batch_size 16'")
     # running and reporting
-    quick: bool = arg(False, "a smoke test (1.5–2 min on a CPU): seed 0, 2 steps of 8 completions, 1 eval sample per prompt (overrides those flags); "
-                      "under --experiment reward_model also a 2-step reward model")
-    output_dir: str = arg("results", "compare.{md,png,json} (compare_rm.* under --experiment reward_model) go here; each run in "
-                          "{output_dir}/runs/<algorithm>/seed<k> (runs/rm/... under --experiment reward_model)")
-    report_only: bool = arg(False, "rebuild the report from the run folders of an earlier comparison with the same flags, training nothing")
+    quick: bool = arg(
+        False,
+        "a smoke test (1.5–2 min on a CPU): seed 0, 2 steps of 8 completions, 1 eval sample per prompt (overrides those flags); "
+        "under --experiment reward_model also a 2-step reward model",
+    )
+    output_dir: str = arg(
+        "results",
+        "compare.{md,png,json} (compare_rm.* under --experiment reward_model) go here; each run in "
+        "{output_dir}/runs/<algorithm>/seed<k> (runs/rm/... under --experiment reward_model)",
+    )
+    report_only: bool = arg(
+        False, "rebuild the report from the run folders of an earlier comparison with the same flags, training nothing"
+    )
 
 
 def check_args(args: Args):
@@ -147,23 +191,38 @@ def check_args(args: Args):
         seeds = common.split_list(args.seeds, int)
     except ValueError:
         raise ConfigError(f"--seeds: expected comma-separated integers, got {args.seeds!r}") from None
-    require(bool(seeds) and len(set(seeds)) == len(seeds), f"--seeds: expected distinct comma-separated integers, got {args.seeds!r}")
+    require(
+        bool(seeds) and len(set(seeds)) == len(seeds),
+        f"--seeds: expected distinct comma-separated integers, got {args.seeds!r}",
+    )
     require(args.completions_per_step > 0, f"--completions_per_step: must be positive, got {args.completions_per_step}")
     for name in names:
         G = ALGORITHMS[name][2]
-        require(args.completions_per_step % G == 0, f"--completions_per_step: {args.completions_per_step} is not a multiple of {G}, the completions per prompt of {name}")
+        require(
+            args.completions_per_step % G == 0,
+            f"--completions_per_step: {args.completions_per_step} is not a multiple of {G}, the completions per prompt of {name}",
+        )
     require(args.max_steps > 0, f"--max_steps: must be positive, got {args.max_steps}")
     require(args.eval_steps > 0, f"--eval_steps: must be positive, got {args.eval_steps}")
     require(args.num_generations_eval > 0, f"--num_generations_eval: must be positive, got {args.num_generations_eval}")
-    require(args.experiment in EXPERIMENTS, f"--experiment: expected one of {', '.join(EXPERIMENTS)}, got {args.experiment!r}")
+    require(
+        args.experiment in EXPERIMENTS,
+        f"--experiment: expected one of {', '.join(EXPERIMENTS)}, got {args.experiment!r}",
+    )
     require(args.beta is None or args.beta >= 0, f"--beta: must be ≥ 0, got {args.beta}")
     try:
         kls = common.split_list(args.frontier_kls, float)
     except ValueError:
         raise ConfigError(f"--frontier_kls: expected comma-separated numbers, got {args.frontier_kls!r}") from None
-    require(bool(kls) and all(k > 0 for k in kls), f"--frontier_kls: expected positive comma-separated numbers, got {args.frontier_kls!r}")
+    require(
+        bool(kls) and all(k > 0 for k in kls),
+        f"--frontier_kls: expected positive comma-separated numbers, got {args.frontier_kls!r}",
+    )
     if args.experiment == "reward_model":
-        require(args.beta is None or args.beta > 0, "--beta: must be > 0 under --experiment reward_model (the frontier needs a reference model)")
+        require(
+            args.beta is None or args.beta > 0,
+            "--beta: must be > 0 under --experiment reward_model (the frontier needs a reference model)",
+        )
         if args.reward_model_path is None:
             check_reward_model_args(args.reward_model_args)
 
@@ -172,9 +231,13 @@ def check_reward_model_args(flags: str):
     """--reward_model_args parsed by reward_model.py's own parser: an unknown flag or a bad value stops here."""
     with contextlib.redirect_stderr(io.StringIO()) as stderr:
         try:
-            _, unknown = HfArgumentParser(reward_model.Args).parse_args_into_dataclasses(args=shlex.split(flags), return_remaining_strings=True)
+            _, unknown = HfArgumentParser(reward_model.Args).parse_args_into_dataclasses(
+                args=shlex.split(flags), return_remaining_strings=True
+            )
         except SystemExit:
-            raise ConfigError(f"--reward_model_args: {stderr.getvalue().strip().splitlines()[-1].split(': error: ')[-1]}") from None
+            raise ConfigError(
+                f"--reward_model_args: {stderr.getvalue().strip().splitlines()[-1].split(': error: ')[-1]}"
+            ) from None
     require(not unknown, f"--reward_model_args: reward_model.py has no flag {unknown[0] if unknown else ''}")
     require("--output_dir" not in flags, "--reward_model_args: the output folder is compare.py's to set")
 
@@ -187,7 +250,8 @@ def resolve_experiment(args: Args) -> Args:
     return dataclasses.replace(
         args,
         reward_funcs=args.reward_funcs or "none",
-        reward_model_path=args.reward_model_path or str(Path(args.output_dir) / EXPERIMENTS["reward_model"][1] / "reward_model"),
+        reward_model_path=args.reward_model_path
+        or str(Path(args.output_dir) / EXPERIMENTS["reward_model"][1] / "reward_model"),
         beta=0.05 if args.beta is None else args.beta,
     )
 
@@ -195,8 +259,17 @@ def resolve_experiment(args: Args) -> Args:
 def run_flags(args: Args, name: str, seed: int) -> list[str]:
     """The script's flags for one run: the algorithm's own, the budget, the evaluation schedule, the passed-through ones."""
     G = ALGORITHMS[name][2]
-    flags = [*ALGORITHMS[name][3], "--prompts_per_step", str(args.completions_per_step // G), "--max_steps", str(args.max_steps),
-             "--eval_steps", str(args.eval_steps), "--num_generations_eval", str(args.num_generations_eval)]
+    flags = [
+        *ALGORITHMS[name][3],
+        "--prompts_per_step",
+        str(args.completions_per_step // G),
+        "--max_steps",
+        str(args.max_steps),
+        "--eval_steps",
+        str(args.eval_steps),
+        "--num_generations_eval",
+        str(args.num_generations_eval),
+    ]
     for field in PASSED_THROUGH:
         if getattr(args, field) is not None:
             flags += [f"--{field}", str(getattr(args, field))]
@@ -214,9 +287,13 @@ def script_config(script: str, flags: list[str]):
     module = importlib.import_module(script.removesuffix(".py"))
     with contextlib.redirect_stderr(io.StringIO()) as stderr:
         try:
-            config, unknown = HfArgumentParser(module.Args).parse_args_into_dataclasses(args=flags, return_remaining_strings=True)
+            config, unknown = HfArgumentParser(module.Args).parse_args_into_dataclasses(
+                args=flags, return_remaining_strings=True
+            )
         except SystemExit:  # argparse's own message: a flag value of the wrong type
-            raise ConfigError(f"--script_args: {script}: {stderr.getvalue().strip().splitlines()[-1].split(': error: ')[-1]}") from None
+            raise ConfigError(
+                f"--script_args: {script}: {stderr.getvalue().strip().splitlines()[-1].split(': error: ')[-1]}"
+            ) from None
     if unknown:
         raise ConfigError(f"--script_args: {script} has no flag {unknown[0]}")
     module.check_args(config)
@@ -229,7 +306,9 @@ def kl_coefficient(config) -> float:
 
 def updates_per_batch(config) -> int:
     """Optimizer steps taken on each batch of completions."""
-    return config.num_ppo_epochs * config.num_mini_batches if hasattr(config, "num_ppo_epochs") else config.num_iterations
+    return (
+        config.num_ppo_epochs * config.num_mini_batches if hasattr(config, "num_ppo_epochs") else config.num_iterations
+    )
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -242,7 +321,12 @@ def run_script(script: str, flags: list[str]) -> dict:
     _, status, rusage = os.wait4(process.pid, 0)  # the child's own rusage, not the sum over every child so far
     process.returncode = os.waitstatus_to_exitcode(status)
     peak_kib = rusage.ru_maxrss / (1024 if sys.platform == "darwin" else 1)  # bytes on macOS, KiB on Linux
-    return {"returncode": process.returncode, "wall_s": time.perf_counter() - start, "peak_mib": peak_kib / 1024, "load_average": os.getloadavg()[0]}
+    return {
+        "returncode": process.returncode,
+        "wall_s": time.perf_counter() - start,
+        "peak_mib": peak_kib / 1024,
+        "load_average": os.getloadavg()[0],
+    }
 
 
 def sequence_kl(record: dict) -> float:
@@ -257,10 +341,18 @@ def read_run(run_dir: str, config) -> dict:
     records = common.read_metrics(run_dir)
     evals = [r for r in records if "eval/accuracy" in r]
     train = [r for r in records if "step_time" in r]
-    has_kl = kl_coefficient(config) > 0 and any("kl" in r or "objective/kl" in r for r in train)  # GRPO with β = 0 logs none
+    has_kl = kl_coefficient(config) > 0 and any(
+        "kl" in r or "objective/kl" in r for r in train
+    )  # GRPO with β = 0 logs none
     kl = [sequence_kl(r) for r in train] if has_kl else []
-    zero_std = [r["frac_reward_zero_std"] for r in train if r.get("frac_reward_zero_std") is not None]  # group methods only
-    variances = {key.split("/")[1]: [r[key] ** 2 for r in train if r.get(key) is not None] for key in train[0] if key.startswith("rewards/") and key.endswith("/std")}
+    zero_std = [
+        r["frac_reward_zero_std"] for r in train if r.get("frac_reward_zero_std") is not None
+    ]  # group methods only
+    variances = {
+        key.split("/")[1]: [r[key] ** 2 for r in train if r.get(key) is not None]
+        for key in train[0]
+        if key.startswith("rewards/") and key.endswith("/std")
+    }
     return {
         "eval_steps": [r["step"] for r in evals],
         "accuracy": [r["eval/accuracy"] for r in evals],
@@ -288,15 +380,23 @@ def heldout_measurements(policy_paths: list[str], config, reward_model_path: str
     """For each policy: num_generations_eval samples y ~ π per held-out prompt (seeded by config.seed), and over them
     the mean KL per completion Σ_t log π(y_t) − log π_ref(y_t) (k1), with a reward model the mean proxy reward r_φ(x, y),
     and the exact-match accuracy on these same samples. None when the dataset has no held-out split."""
-    eval_dataset = common.load_split(config.dataset_name, config.dataset_test_split, {"arithmetic": common.arithmetic_dataset})
+    eval_dataset = common.load_split(
+        config.dataset_name, config.dataset_test_split, {"arithmetic": common.arithmetic_dataset}
+    )
     if eval_dataset is None:
         return None
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     tokenizer = common.load_tokenizer(config.model_name_or_path)
     reference = common.load_causal_lm(config.model_name_or_path).to(device).eval()
-    proxy = reward_model_function(reward_model_path, device) if reward_model_path else None  # what the scripts score with
+    proxy = (
+        reward_model_function(reward_model_path, device) if reward_model_path else None
+    )  # what the scripts score with
     prompts = [p for p in eval_dataset["prompt"] for _ in range(config.num_generations_eval)]
-    truths = [t for t in eval_dataset["ground_truth"] for _ in range(config.num_generations_eval)] if "ground_truth" in eval_dataset.column_names else None
+    truths = (
+        [t for t in eval_dataset["ground_truth"] for _ in range(config.num_generations_eval)]
+        if "ground_truth" in eval_dataset.column_names
+        else None
+    )
     texts = [common.prompt_text(tokenizer, p) for p in prompts]
     generation_config = common.sampling_config(tokenizer, config)
     measured = []
@@ -306,7 +406,9 @@ def heldout_measurements(policy_paths: list[str], config, reward_model_path: str
         with torch.random.fork_rng(devices=[torch.cuda.current_device()] if torch.cuda.is_available() else []):
             torch.manual_seed(config.seed)
             for start in range(0, len(texts), config.per_device_eval_batch_size):
-                out = common.generate(policy, tokenizer, texts[start:start + config.per_device_eval_batch_size], generation_config)
+                out = common.generate(
+                    policy, tokenizer, texts[start : start + config.per_device_eval_batch_size], generation_config
+                )
                 completion_mask, _ = end_of_completion(out["completion_ids"], generation_config.eos_token_id)
                 input_ids = torch.cat([out["prompt_ids"], out["completion_ids"]], 1)
                 attention_mask = torch.cat([out["prompt_mask"], completion_mask], 1)
@@ -329,7 +431,14 @@ def frontier(run_dir: str, config, eval_steps: list[int]) -> dict:
     """KL, proxy reward and exact-match accuracy of the policy at every evaluation step, measured on held-out prompts: at
     step 0 the reference itself (KL 0), then the checkpoints the run saved at its evaluations, and its final model. The
     checkpoints are deleted afterwards (the numbers are kept in compare_run.json)."""
-    paths = [config.model_name_or_path if s == 0 else run_dir if s == config.max_steps else str(Path(run_dir) / f"checkpoint-{s}") for s in eval_steps]
+    paths = [
+        config.model_name_or_path
+        if s == 0
+        else run_dir
+        if s == config.max_steps
+        else str(Path(run_dir) / f"checkpoint-{s}")
+        for s in eval_steps
+    ]
     measured = heldout_measurements(paths, config, config.reward_model_path)
     for checkpoint in Path(run_dir).glob("checkpoint-*"):
         shutil.rmtree(checkpoint)
@@ -356,8 +465,12 @@ def reward_model_accuracy(path: str, pairs_per_problem: int = 8) -> dict:
     model = AutoModelForSequenceClassification.from_pretrained(path, num_labels=1).eval()
     kinds = {
         "number pairs, all": lambda chosen, rejected: True,
-        "bare answers off by ±1 or ±2": lambda chosen, rejected: chosen.startswith("<answer>") and near(chosen, rejected),
-        "worked answers off by ±1 or ±2": lambda chosen, rejected: not chosen.startswith("<answer>") and near(chosen, rejected),
+        "bare answers off by ±1 or ±2": lambda chosen, rejected: (
+            chosen.startswith("<answer>") and near(chosen, rejected)
+        ),
+        "worked answers off by ±1 or ±2": lambda chosen, rejected: (
+            not chosen.startswith("<answer>") and near(chosen, rejected)
+        ),
         "another number": lambda chosen, rejected: not near(chosen, rejected),
     }
     accuracies = {}
@@ -366,12 +479,20 @@ def reward_model_accuracy(path: str, pairs_per_problem: int = 8) -> dict:
             dataset = reward_model.arithmetic_preference_dataset(split, pairs_per_problem, seed=0, pairs=pairs)
             rows = reward_model.tokenize_pairs(tokenizer, dataset, max_length=10_000)
             with torch.no_grad():
-                scored = [reward_model.pair_rewards(model, rows[i:i + 256], tokenizer.pad_token_id, "cpu") for i in range(0, len(rows), 256)]
+                scored = [
+                    reward_model.pair_rewards(model, rows[i : i + 256], tokenizer.pad_token_id, "cpu")
+                    for i in range(0, len(rows), 256)
+                ]
             chosen, rejected = torch.cat([c for c, _ in scored]), torch.cat([r for _, r in scored])
             texts = [(c[0]["content"], r[0]["content"]) for c, r in zip(dataset["chosen"], dataset["rejected"])]
-            for kind, keep in (kinds.items() if pairs == "number" else [("demonstrator pairs (form separates them)", None)]):
+            for kind, keep in (
+                kinds.items() if pairs == "number" else [("demonstrator pairs (form separates them)", None)]
+            ):
                 index = [i for i, (c, r) in enumerate(texts) if keep is None or keep(c, r)]
-                accuracies.setdefault(kind, {})[split] = {"accuracy": reward_model.pair_accuracy(chosen[index], rejected[index]), "pairs": len(index)}
+                accuracies.setdefault(kind, {})[split] = {
+                    "accuracy": reward_model.pair_accuracy(chosen[index], rejected[index]),
+                    "pairs": len(index),
+                }
     return accuracies
 
 
@@ -393,7 +514,9 @@ def mean_std(values: list[float], digits: int = 3) -> str:
 def display_path(path: str) -> str:
     """A path inside the repository relative to it, so the report reads the same on every clone; anything else as is."""
     resolved = Path(path).resolve()
-    return str(resolved.relative_to(common.ROOT)) if Path(path).exists() and resolved.is_relative_to(common.ROOT) else path
+    return (
+        str(resolved.relative_to(common.ROOT)) if Path(path).exists() and resolved.is_relative_to(common.ROOT) else path
+    )
 
 
 def display_command(script: str, flags: list[str]) -> str:
@@ -409,11 +532,16 @@ def summarize(name: str, runs: list[dict]) -> dict:
         "accuracy_mean": statistics.mean(accuracies) if accuracies else None,
         "accuracy": mean_std([r["final_accuracy"] for r in runs]),
         "accuracy_greedy": mean_std([r["final_accuracy_greedy"] for r in runs]),
-        "accuracy_per_seed": " / ".join("—" if r["final_accuracy"] is None else f"{r['final_accuracy']:.3f}" for r in runs),
+        "accuracy_per_seed": " / ".join(
+            "—" if r["final_accuracy"] is None else f"{r['final_accuracy']:.3f}" for r in runs
+        ),
         "heldout_kl": mean_std([r["heldout_kl"] for r in runs], 2),
         "train_kl": mean_std([r["final_train_kl"] for r in runs], 2),
         "frac_reward_zero_std": mean_std([r["frac_reward_zero_std"] for r in runs], 2),
-        "reward_variance": ", ".join(f"{f} {statistics.mean(r['reward_variance'][f] for r in runs):.3f}" for f in variance_names) or "—",
+        "reward_variance": ", ".join(
+            f"{f} {statistics.mean(r['reward_variance'][f] for r in runs):.3f}" for f in variance_names
+        )
+        or "—",
         "wall_s": mean_std([r["wall_s"] for r in runs], 0),
         "peak_mib": f"{max(r['peak_mib'] for r in runs):.0f}",
         "completions": runs[0]["completions"],
@@ -424,28 +552,56 @@ def summarize(name: str, runs: list[dict]) -> dict:
 def summarize_frontier(runs: list[dict], kls: list[float]) -> dict:
     """Per algorithm under --experiment reward_model: gold (eval/accuracy) and proxy reward at the end and where each
     run's curve reaches each of the KLs, and how far gold fell from its best evaluation by the end."""
-    out = {"proxy": mean_std([r["frontier"]["proxy"][-1] for r in runs]), "proxy_start": mean_std([r["frontier"]["proxy"][0] for r in runs])}
+    out = {
+        "proxy": mean_std([r["frontier"]["proxy"][-1] for r in runs]),
+        "proxy_start": mean_std([r["frontier"]["proxy"][0] for r in runs]),
+    }
     for kl in kls:
         for key, values_of in (("gold", lambda r: r["accuracy"]), ("proxy", lambda r: r["frontier"]["proxy"])):
             values = [value_at_kl(r["frontier"]["kl"], values_of(r), kl) for r in runs]
             reached = [v for v in values if v is not None]
-            out[f"{key}_at_kl"] = {**out.get(f"{key}_at_kl", {}), str(kl): {
-                "mean": statistics.mean(reached) if reached else None, "per_seed": values,
-                "text": mean_std(reached) + ("" if len(reached) == len(values) else f" ({len(reached)} of {len(values)} seeds)")}}
+            out[f"{key}_at_kl"] = {
+                **out.get(f"{key}_at_kl", {}),
+                str(kl): {
+                    "mean": statistics.mean(reached) if reached else None,
+                    "per_seed": values,
+                    "text": mean_std(reached)
+                    + ("" if len(reached) == len(values) else f" ({len(reached)} of {len(values)} seeds)"),
+                },
+            }
     peaks = [max(r["accuracy"]) for r in runs]
     out["gold_peak"] = mean_std(peaks)
     out["gold_drop"] = mean_std([peak - r["accuracy"][-1] for peak, r in zip(peaks, runs)])
-    out["proxy_after_peak"] = mean_std([r["frontier"]["proxy"][-1] - r["frontier"]["proxy"][r["accuracy"].index(max(r["accuracy"]))] for r in runs])
+    out["proxy_after_peak"] = mean_std(
+        [r["frontier"]["proxy"][-1] - r["frontier"]["proxy"][r["accuracy"].index(max(r["accuracy"]))] for r in runs]
+    )
     out["gold_same_samples"] = mean_std([r["frontier"]["gold"][-1] for r in runs])
     return out
 
 
-def write_markdown_rm(path: Path, args: Args, command: str, summaries: dict, settings: dict, runs: list[dict], total_wall_s: float,
-                      proxy: dict, kls: list[float]):
+def write_markdown_rm(
+    path: Path,
+    args: Args,
+    command: str,
+    summaries: dict,
+    settings: dict,
+    runs: list[dict],
+    total_wall_s: float,
+    proxy: dict,
+    kls: list[float],
+):
     first = runs[0]
     loads = [r["load_average"] for r in runs if "load_average" in r]
-    load = f", 1-minute load average at the end of each run {min(loads):.1f}–{max(loads):.1f} on {os.cpu_count()} CPUs" if loads else ""
-    n_eval = len(common.arithmetic_split("test")) * args.num_generations_eval if first["dataset_name"] == "arithmetic" else None
+    load = (
+        f", 1-minute load average at the end of each run {min(loads):.1f}–{max(loads):.1f} on {os.cpu_count()} CPUs"
+        if loads
+        else ""
+    )
+    n_eval = (
+        len(common.arithmetic_split("test")) * args.num_generations_eval
+        if first["dataset_name"] == "arithmetic"
+        else None
+    )
     finals = [r["final_accuracy"] for r in runs if r["final_accuracy"] is not None]
     p = statistics.mean(finals) if finals else 0.5
     standard_error = f"{(p * (1 - p) / n_eval) ** 0.5:.3f}" if n_eval else "—"
@@ -466,7 +622,9 @@ def write_markdown_rm(path: Path, args: Args, command: str, summaries: dict, set
         "",
         "## The proxy: the reward model",
         "",
-        f"`{proxy.get('command', proxy['path'])}`" + (f" ({format_duration(proxy['wall_s'])})" if "wall_s" in proxy else "") + ". "
+        f"`{proxy.get('command', proxy['path'])}`"
+        + (f" ({format_duration(proxy['wall_s'])})" if "wall_s" in proxy else "")
+        + ". "
         "Pair accuracy (r_chosen > r_rejected, ties one half) on built-in pairs; held-out problems are the RL runs' held-out problems, "
         "training problems are the ones the RL runs train on:",
         "",
@@ -474,35 +632,58 @@ def write_markdown_rm(path: Path, args: Args, command: str, summaries: dict, set
         "|---|---|---|",
     ]
     for kind, splits in accuracy.items():
-        lines.append(f"| {kind} | {splits['test']['accuracy']:.3f} ({splits['test']['pairs']} pairs) | {splits['train']['accuracy']:.3f} ({splits['train']['pairs']} pairs) |")
+        lines.append(
+            f"| {kind} | {splits['test']['accuracy']:.3f} ({splits['test']['pairs']} pairs) | {splits['train']['accuracy']:.3f} ({splits['train']['pairs']} pairs) |"
+        )
     lines += [
         "",
         "## Gold and proxy against the KL to the reference",
         "",
         f"Gold = held-out exact-match accuracy (sampled); proxy = mean reward-model score of the policy's samples on held-out prompts; KL per "
-        f"completion on held-out prompts. \"At KL k\": read off each run's curve where it first reaches KL k (linear between evaluations), mean ± std "
+        f'completion on held-out prompts. "At KL k": read off each run\'s curve where it first reaches KL k (linear between evaluations), mean ± std '
         f"over the seeds that reach it. Evaluation standard error of one gold number ≈ {standard_error} (binomial, {n_eval} samples, "
         "samples of one prompt counted as independent).",
         "",
-        "| algorithm | gold, final (mean ± std) | per seed | " + " | ".join(f"gold at KL {k:g}" for k in kls) + " | best gold during the run "
-        "| gold lost from its best to the end | proxy change over that span | proxy, final (start " + summaries[next(iter(summaries))]["proxy_start"] + ") | "
-        + " | ".join(f"proxy at KL {k:g}" for k in kls) + " | KL, final | groups with all-equal rewards | wall time (s) | optimizer steps |",
+        "| algorithm | gold, final (mean ± std) | per seed | "
+        + " | ".join(f"gold at KL {k:g}" for k in kls)
+        + " | best gold during the run "
+        "| gold lost from its best to the end | proxy change over that span | proxy, final (start "
+        + summaries[next(iter(summaries))]["proxy_start"]
+        + ") | "
+        + " | ".join(f"proxy at KL {k:g}" for k in kls)
+        + " | KL, final | groups with all-equal rewards | wall time (s) | optimizer steps |",
         "|---|---|---|" + "---|" * len(kls) + "---|---|---|---|" + "---|" * len(kls) + "---|---|---|---|",
     ]
     for s in summaries.values():
-        lines.append(f"| {s['label']} | {s['accuracy']} | {s['accuracy_per_seed']} | " + " | ".join(s["gold_at_kl"][str(k)]["text"] for k in kls)
-                     + f" | {s['gold_peak']} | {s['gold_drop']} | {s['proxy_after_peak']} | {s['proxy']} | "
-                     + " | ".join(s["proxy_at_kl"][str(k)]["text"] for k in kls)
-                     + f" | {s['heldout_kl']} | {s['frac_reward_zero_std']} | {s['wall_s']} | {s['optimizer_steps']} |")
-    ranked = sorted((s for s in summaries.values() if s["accuracy_mean"] is not None), key=lambda s: -s["accuracy_mean"])
+        lines.append(
+            f"| {s['label']} | {s['accuracy']} | {s['accuracy_per_seed']} | "
+            + " | ".join(s["gold_at_kl"][str(k)]["text"] for k in kls)
+            + f" | {s['gold_peak']} | {s['gold_drop']} | {s['proxy_after_peak']} | {s['proxy']} | "
+            + " | ".join(s["proxy_at_kl"][str(k)]["text"] for k in kls)
+            + f" | {s['heldout_kl']} | {s['frac_reward_zero_std']} | {s['wall_s']} | {s['optimizer_steps']} |"
+        )
+    ranked = sorted(
+        (s for s in summaries.values() if s["accuracy_mean"] is not None), key=lambda s: -s["accuracy_mean"]
+    )
     lines += [
         "",
         f"Before training (step 0, every run): gold {mean_std([r['accuracy'][0] for r in runs])}, proxy {summaries[next(iter(summaries))]['proxy_start']}.",
         "Order by mean final gold: " + " > ".join(f"{s['label']} {s['accuracy_mean']:.3f}" for s in ranked) + ".",
     ]
     for k in kls:
-        reached = sorted(((s["gold_at_kl"][str(k)]["mean"], s["label"]) for s in summaries.values() if s["gold_at_kl"][str(k)]["mean"] is not None), reverse=True)
-        lines.append(f"Order by gold at KL {k:g}: " + (" > ".join(f"{label} {value:.3f}" for value, label in reached) or "no run reached it") + ".")
+        reached = sorted(
+            (
+                (s["gold_at_kl"][str(k)]["mean"], s["label"])
+                for s in summaries.values()
+                if s["gold_at_kl"][str(k)]["mean"] is not None
+            ),
+            reverse=True,
+        )
+        lines.append(
+            f"Order by gold at KL {k:g}: "
+            + (" > ".join(f"{label} {value:.3f}" for value, label in reached) or "no run reached it")
+            + "."
+        )
     lines += [
         "Differences smaller than the seeds' standard deviations and the evaluation's standard error are not evidence of an order.",
         "",
@@ -527,8 +708,10 @@ def write_markdown_rm(path: Path, args: Args, command: str, summaries: dict, set
         "|---|---|---|---|---|---|",
     ]
     for name, s in settings.items():
-        lines.append(f"| {summaries[name]['label']} | `{s['command']}` | {s['learning_rate']:g} | {s['kl_coefficient']:g} ({s['kl_place']}) "
-                     f"| {s['prompts_per_step']} × {s['num_generations']} | {s['updates_per_batch']} |")
+        lines.append(
+            f"| {summaries[name]['label']} | `{s['command']}` | {s['learning_rate']:g} | {s['kl_coefficient']:g} ({s['kl_place']}) "
+            f"| {s['prompts_per_step']} × {s['num_generations']} | {s['updates_per_batch']} |"
+        )
     lines += [
         "",
         f"Shared by all: model `{first['model_name_or_path']}`, dataset `{first['dataset_name']}`, reward `{first['reward_funcs']}` plus the reward model "
@@ -540,10 +723,16 @@ def write_markdown_rm(path: Path, args: Args, command: str, summaries: dict, set
     path.write_text("\n".join(lines))
 
 
-def write_markdown(path: Path, args: Args, command: str, summaries: dict, settings: dict, runs: list[dict], total_wall_s: float):
+def write_markdown(
+    path: Path, args: Args, command: str, summaries: dict, settings: dict, runs: list[dict], total_wall_s: float
+):
     first = runs[0]
     loads = [r["load_average"] for r in runs if "load_average" in r]
-    load = f", 1-minute load average at the end of each run {min(loads):.1f}–{max(loads):.1f} on {os.cpu_count()} CPUs" if loads else ""
+    load = (
+        f", 1-minute load average at the end of each run {min(loads):.1f}–{max(loads):.1f} on {os.cpu_count()} CPUs"
+        if loads
+        else ""
+    )
     lines = [
         "# Online RL algorithms at an equal sample budget",
         "",
@@ -562,14 +751,19 @@ def write_markdown(path: Path, args: Args, command: str, summaries: dict, settin
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for s in summaries.values():
-        lines.append(f"| {s['label']} | {s['accuracy']} | {s['accuracy_per_seed']} | {s['accuracy_greedy']} | {s['heldout_kl']} | {s['train_kl']} "
-                     f"| {s['reward_variance']} | {s['frac_reward_zero_std']} | {s['wall_s']} | {s['peak_mib']} | {s['completions']} | {s['optimizer_steps']} |")
-    ranked = sorted((s for s in summaries.values() if s["accuracy_mean"] is not None), key=lambda s: -s["accuracy_mean"])
+        lines.append(
+            f"| {s['label']} | {s['accuracy']} | {s['accuracy_per_seed']} | {s['accuracy_greedy']} | {s['heldout_kl']} | {s['train_kl']} "
+            f"| {s['reward_variance']} | {s['frac_reward_zero_std']} | {s['wall_s']} | {s['peak_mib']} | {s['completions']} | {s['optimizer_steps']} |"
+        )
+    ranked = sorted(
+        (s for s in summaries.values() if s["accuracy_mean"] is not None), key=lambda s: -s["accuracy_mean"]
+    )
     lines += [
         "",
         f"Before training (step 0, every run): held-out accuracy {mean_std([r['accuracy'][0] for r in runs])} sampled, "
         f"{mean_std([r['accuracy_greedy'][0] for r in runs])} greedy.",
-        "Order by mean final held-out accuracy: " + " > ".join(f"{s['label']} {s['accuracy_mean']:.3f}" for s in ranked)
+        "Order by mean final held-out accuracy: "
+        + " > ".join(f"{s['label']} {s['accuracy_mean']:.3f}" for s in ranked)
         + ". Differences smaller than the seeds' standard deviations are not evidence of an order.",
         "",
         "![](compare.png)",
@@ -600,8 +794,10 @@ def write_markdown(path: Path, args: Args, command: str, summaries: dict, settin
         "|---|---|---|---|---|---|",
     ]
     for name, s in settings.items():
-        lines.append(f"| {summaries[name]['label']} | `{s['command']}` | {s['learning_rate']:g} | {s['kl_coefficient']:g} ({s['kl_place']}) "
-                     f"| {s['prompts_per_step']} × {s['num_generations']} | {s['updates_per_batch']} |")
+        lines.append(
+            f"| {summaries[name]['label']} | `{s['command']}` | {s['learning_rate']:g} | {s['kl_coefficient']:g} ({s['kl_place']}) "
+            f"| {s['prompts_per_step']} × {s['num_generations']} | {s['updates_per_batch']} |"
+        )
     lines += [
         "",
         f"Shared by all: model `{first['model_name_or_path']}`, dataset `{first['dataset_name']}`, reward `{first['reward_funcs']}`, "
@@ -629,13 +825,30 @@ def plot(path: Path, names: list[str], runs: list[dict], completions_per_step: i
                 continue
             x = np.array(seed_runs[0][steps_key][:n]) * completions_per_step
             values = np.array([r[values_key][:n] for r in seed_runs])  # (seeds, points)
-            ax.plot(x, values.mean(0), color=color, label=label if ax is ax_accuracy else None, marker="o" if ax is ax_accuracy else None, markersize=3)
+            ax.plot(
+                x,
+                values.mean(0),
+                color=color,
+                label=label if ax is ax_accuracy else None,
+                marker="o" if ax is ax_accuracy else None,
+                markersize=3,
+            )
             ax.fill_between(x, values.min(0), values.max(0), color=color, alpha=0.15, linewidth=0)
         final_kls = [r["heldout_kl"] for r in seed_runs if r["heldout_kl"] is not None]
         if final_kls:
-            ax_kl.scatter([max_steps * completions_per_step], [sum(final_kls) / len(final_kls)], color=color, marker="x", s=40)
-    ax_accuracy.set(xlabel="completions sampled", ylabel="held-out accuracy (sampled)", title="held-out accuracy: mean, band = min–max over seeds")
-    ax_kl.set(xlabel="completions sampled", ylabel="KL to reference (nats per completion)", title="KL: training batches (lines), final policy on held-out (×)")
+            ax_kl.scatter(
+                [max_steps * completions_per_step], [sum(final_kls) / len(final_kls)], color=color, marker="x", s=40
+            )
+    ax_accuracy.set(
+        xlabel="completions sampled",
+        ylabel="held-out accuracy (sampled)",
+        title="held-out accuracy: mean, band = min–max over seeds",
+    )
+    ax_kl.set(
+        xlabel="completions sampled",
+        ylabel="KL to reference (nats per completion)",
+        title="KL: training batches (lines), final policy on held-out (×)",
+    )
     ax_kl.plot([], [], color="gray", label="training batches, as logged (GRPO with β = 0: none)")
     ax_kl.scatter([], [], color="gray", marker="x", label="final policy on held-out prompts, mean over seeds")
     ax_accuracy.legend(fontsize=8)
@@ -674,11 +887,21 @@ def plot_frontier(path: Path, names: list[str], runs: list[dict], completions_pe
         for k in kls:
             ax.axvline(k, color="gray", linestyle=":", linewidth=1)
         ax.set_xlim(left=0)
-    ax_gold.set(xlabel="KL to the reference on held-out prompts (nats per completion)", ylabel="gold: held-out exact-match accuracy",
-                title="gold against KL (bold: mean over seeds at each evaluation)")
-    ax_proxy.set(xlabel="KL to the reference on held-out prompts (nats per completion)", ylabel="proxy: reward-model score, held-out prompts",
-                 title="proxy against KL (thin: each seed)")
-    ax_steps.set(xlabel="completions sampled", ylabel="gold: held-out exact-match accuracy", title="gold against samples (band: min–max over seeds)")
+    ax_gold.set(
+        xlabel="KL to the reference on held-out prompts (nats per completion)",
+        ylabel="gold: held-out exact-match accuracy",
+        title="gold against KL (bold: mean over seeds at each evaluation)",
+    )
+    ax_proxy.set(
+        xlabel="KL to the reference on held-out prompts (nats per completion)",
+        ylabel="proxy: reward-model score, held-out prompts",
+        title="proxy against KL (thin: each seed)",
+    )
+    ax_steps.set(
+        xlabel="completions sampled",
+        ylabel="gold: held-out exact-match accuracy",
+        title="gold against samples (band: min–max over seeds)",
+    )
     ax_gold.legend(fontsize=8)
     for ax in (ax_gold, ax_proxy, ax_steps):
         ax.grid(alpha=0.3)
@@ -693,19 +916,32 @@ def format_duration(seconds: float) -> str:
 
 def main(args: Args):
     if args.quick:
-        args = dataclasses.replace(args, **QUICK, **({"reward_model_args": QUICK_REWARD_MODEL} if args.experiment == "reward_model" else {}))
+        args = dataclasses.replace(
+            args, **QUICK, **({"reward_model_args": QUICK_REWARD_MODEL} if args.experiment == "reward_model" else {})
+        )
     check_args(args)
     train_reward_model = args.experiment == "reward_model" and args.reward_model_path is None
     args = resolve_experiment(args)
     stem, _ = EXPERIMENTS[args.experiment]
     names = common.split_list(args.algorithms)
     seeds = common.split_list(args.seeds, int)
-    plan = [(name, seed, run_flags(args, name, seed)) for seed in seeds for name in names]  # seed-major: the first seed finishes first
-    configs = {(name, seed): script_config(ALGORITHMS[name][1], flags) for name, seed, flags in plan}  # every bad flag stops here
+    plan = [
+        (name, seed, run_flags(args, name, seed)) for seed in seeds for name in names
+    ]  # seed-major: the first seed finishes first
+    configs = {
+        (name, seed): script_config(ALGORITHMS[name][1], flags) for name, seed, flags in plan
+    }  # every bad flag stops here
     for (name, seed), config in configs.items():
-        budget = (config.prompts_per_step * getattr(config, "num_generations", 1), config.max_steps, config.eval_steps, config.num_generations_eval)
-        require(budget == (args.completions_per_step, args.max_steps, args.eval_steps, args.num_generations_eval),
-                f"--script_args: changes the budget or the evaluation of {name} (set them with compare.py's own flags)")
+        budget = (
+            config.prompts_per_step * getattr(config, "num_generations", 1),
+            config.max_steps,
+            config.eval_steps,
+            config.num_generations_eval,
+        )
+        require(
+            budget == (args.completions_per_step, args.max_steps, args.eval_steps, args.num_generations_eval),
+            f"--script_args: changes the budget or the evaluation of {name} (set them with compare.py's own flags)",
+        )
     command = " ".join(["python compare.py", *map(shlex.quote, [a for a in sys.argv[1:] if a != "--report_only"])])
 
     # ---- the runs, one at a time: their wall time and memory are only comparable on an otherwise idle machine ----
@@ -725,13 +961,19 @@ def main(args: Args):
                 print(f"[reward model] {display_command('reward_model.py', flags)}", flush=True)
                 result = run_script("reward_model.py", flags)
                 if result["returncode"] != 0:
-                    print(f"[reward model]: stopped (exit status {result['returncode']}); its output is above", file=sys.stderr)
+                    print(
+                        f"[reward model]: stopped (exit status {result['returncode']}); its output is above",
+                        file=sys.stderr,
+                    )
                     sys.exit(result["returncode"] if result["returncode"] in (2, 130) else 1)
                 proxy.update(command=display_command("reward_model.py", flags), wall_s=result["wall_s"])
             proxy["accuracy"] = reward_model_accuracy(args.reward_model_path, pairs_per_problem=1 if args.quick else 8)
             proxy_record.write_text(json.dumps(proxy, indent=1))
             held_out = proxy["accuracy"]["number pairs, all"]["test"]["accuracy"]
-            print(f"[reward model] held-out pair accuracy {held_out:.3f} (pairs that differ only in the number)", flush=True)
+            print(
+                f"[reward model] held-out pair accuracy {held_out:.3f} (pairs that differ only in the number)",
+                flush=True,
+            )
         proxy = json.loads(proxy_record.read_text())
     with common.graceful_interrupt() as interrupted:
         for index, (name, seed, flags) in enumerate(plan):
@@ -754,28 +996,41 @@ def main(args: Args):
                 result["heldout_kl"] = result["frontier"]["kl"][-1]
             else:
                 result["heldout_kl"] = heldout_kl(config.output_dir, config)
-            record_path.write_text(json.dumps({**result, "command": display_command(ALGORITHMS[name][1], flags)}, indent=1))
+            record_path.write_text(
+                json.dumps({**result, "command": display_command(ALGORITHMS[name][1], flags)}, indent=1)
+            )
             if interrupted.is_set():
                 sys.exit(130)
             walls.setdefault(name, []).append(result["wall_s"])
             done = [w for ws in walls.values() for w in ws]
-            left = sum(statistics.mean(walls.get(n, done)) for n, _, _ in plan[index + 1:])
+            left = sum(statistics.mean(walls.get(n, done)) for n, _, _ in plan[index + 1 :])
             final_accuracy = common.read_metrics(config.output_dir)[-1].get("eval/accuracy")
-            print(f"{tag}: done in {format_duration(result['wall_s'])}, held-out accuracy {final_accuracy:.3f}, KL {result['heldout_kl'] or 0:.2f}, "
-                  f"peak memory {result['peak_mib']:.0f} MiB; {index + 1} of {len(plan)} runs done, about {format_duration(left)} left", flush=True)
+            print(
+                f"{tag}: done in {format_duration(result['wall_s'])}, held-out accuracy {final_accuracy:.3f}, KL {result['heldout_kl'] or 0:.2f}, "
+                f"peak memory {result['peak_mib']:.0f} MiB; {index + 1} of {len(plan)} runs done, about {format_duration(left)} left",
+                flush=True,
+            )
 
     # ---- read every run back, summarize per algorithm, write the report ----
     runs = []
     for name, seed, flags in plan:
         config = configs[name, seed]
         record = json.loads((Path(config.output_dir) / "compare_run.json").read_text())
-        runs.append({
-            "algorithm": name, "seed": seed, **record, **read_run(config.output_dir, config),
-            "completions": args.completions_per_step * args.max_steps,
-            "optimizer_steps": args.max_steps * updates_per_batch(config),
-            "model_name_or_path": display_path(config.model_name_or_path),
-            **{k: getattr(config, k) for k in ("dataset_name", "reward_funcs", "max_completion_length", "temperature")},
-        })
+        runs.append(
+            {
+                "algorithm": name,
+                "seed": seed,
+                **record,
+                **read_run(config.output_dir, config),
+                "completions": args.completions_per_step * args.max_steps,
+                "optimizer_steps": args.max_steps * updates_per_batch(config),
+                "model_name_or_path": display_path(config.model_name_or_path),
+                **{
+                    k: getattr(config, k)
+                    for k in ("dataset_name", "reward_funcs", "max_completion_length", "temperature")
+                },
+            }
+        )
     summaries = {name: summarize(name, [r for r in runs if r["algorithm"] == name]) for name in names}
     kls = common.split_list(args.frontier_kls, float)
     if args.experiment == "reward_model":
@@ -788,17 +1043,36 @@ def main(args: Args):
             "command": display_command(ALGORITHMS[name][1], run_flags(args, name, seeds[0])),
             "learning_rate": config.learning_rate,
             "kl_coefficient": kl_coefficient(config),
-            "kl_place": {"rloo.py": "in the reward", "reinforce.py": "in the reward", "ppo.py": "per-token reward", "grpo.py": "k3 in the loss"}[ALGORITHMS[name][1]],
+            "kl_place": {
+                "rloo.py": "in the reward",
+                "reinforce.py": "in the reward",
+                "ppo.py": "per-token reward",
+                "grpo.py": "k3 in the loss",
+            }[ALGORITHMS[name][1]],
             "prompts_per_step": config.prompts_per_step,
             "num_generations": getattr(config, "num_generations", 1),
             "updates_per_batch": updates_per_batch(config),
-            "config": {**{k: v for k, v in dataclasses.asdict(config).items() if k not in ("seed", "output_dir")}, "model_name_or_path": display_path(config.model_name_or_path)},
+            "config": {
+                **{k: v for k, v in dataclasses.asdict(config).items() if k not in ("seed", "output_dir")},
+                "model_name_or_path": display_path(config.model_name_or_path),
+            },
         }
     total_wall_s = time.perf_counter() - start
     if args.report_only:  # the comparison's own time, as an earlier report recorded it, else the runs' alone
         earlier = output_dir / f"{stem}.json"
-        total_wall_s = json.loads(earlier.read_text())["total_wall_s"] if earlier.is_file() else sum(r["wall_s"] for r in runs) + (proxy or {}).get("wall_s", 0)
-    report = {"command": command, "args": dataclasses.asdict(args), "total_wall_s": total_wall_s, "summary": summaries, "settings": settings, "runs": runs}
+        total_wall_s = (
+            json.loads(earlier.read_text())["total_wall_s"]
+            if earlier.is_file()
+            else sum(r["wall_s"] for r in runs) + (proxy or {}).get("wall_s", 0)
+        )
+    report = {
+        "command": command,
+        "args": dataclasses.asdict(args),
+        "total_wall_s": total_wall_s,
+        "summary": summaries,
+        "settings": settings,
+        "runs": runs,
+    }
     if proxy is not None:
         report["reward_model"] = proxy
     (output_dir / f"{stem}.json").write_text(json.dumps(report, indent=1))
@@ -808,7 +1082,9 @@ def main(args: Args):
     else:
         write_markdown(output_dir / f"{stem}.md", args, command, summaries, settings, runs, total_wall_s)
         plot(output_dir / f"{stem}.png", names, runs, args.completions_per_step, args.max_steps)
-    print(f"wrote {output_dir / stem}.md, {output_dir / stem}.png and {output_dir / stem}.json ({format_duration(total_wall_s)} in all)")
+    print(
+        f"wrote {output_dir / stem}.md, {output_dir / stem}.png and {output_dir / stem}.json ({format_duration(total_wall_s)} in all)"
+    )
 
 
 if __name__ == "__main__":

@@ -56,19 +56,32 @@ ARITHMETIC_PAIRS = ("demonstrator", "number")
 
 @dataclass
 class Args:
-    model_name_or_path: str = arg(common.EMBEDDED_MODEL, "model to start from: a causal LM (a fresh scalar head is added) or a reward model")
-    dataset_name: str = arg("arithmetic", "'arithmetic' (built in), a hub dataset, or a local data file/folder with chosen and rejected columns")
+    model_name_or_path: str = arg(
+        common.EMBEDDED_MODEL, "model to start from: a causal LM (a fresh scalar head is added) or a reward model"
+    )
+    dataset_name: str = arg(
+        "arithmetic",
+        "'arithmetic' (built in), a hub dataset, or a local data file/folder with chosen and rejected columns",
+    )
     dataset_train_split: str = arg("train", "split to train on")
     dataset_test_split: str = arg("test", "held-out split for eval/accuracy; skipped when absent")
-    arithmetic_pairs: str = arg("demonstrator", "arithmetic: 'demonstrator' (worked right answer vs guess or broken format: form separates them) or 'number' (same form, only the number differs)")
+    arithmetic_pairs: str = arg(
+        "demonstrator",
+        "arithmetic: 'demonstrator' (worked right answer vs guess or broken format: form separates them) or 'number' (same form, only the number differs)",
+    )
     pairs_per_problem: int = arg(8, "arithmetic: preference pairs per problem")
-    center_rewards_coefficient: float | None = arg(None, "weight c of the (r_c + r_r)² term that centers the scores (None = off)")
+    center_rewards_coefficient: float | None = arg(
+        None, "weight c of the (r_c + r_r)² term that centers the scores (None = off)"
+    )
     learning_rate: float = arg(5e-4, "AdamW learning rate (the embedded model; use ~1e-5 for a full 0.5B model)")
     lr_scheduler_type: str = arg("cosine", "transformers scheduler name: constant, linear, cosine, ...")
     warmup_ratio: float = arg(0.05, "fraction of steps spent warming the learning rate up")
     weight_decay: float = arg(0.0, "AdamW weight decay")
     max_grad_norm: float = arg(1.0, "gradient clipping norm")
-    train_batch_size: int = arg(32, "preference pairs per optimizer step over all processes, each taking an equal share (TRL: per_device × processes)")
+    train_batch_size: int = arg(
+        32,
+        "preference pairs per optimizer step over all processes, each taking an equal share (TRL: per_device × processes)",
+    )
     max_steps: int = arg(100, "optimizer steps")
     max_length: int = arg(128, "pairs with a text longer than this many tokens are dropped (as TRL does)")
     seed: int = arg(0, "random seed")
@@ -79,7 +92,9 @@ class Args:
     output_dir: str = arg("outputs/reward_model", "where metrics, checkpoints and the final model go")
     save_steps: int = arg(0, "save a checkpoint every this many steps (0 = only on Ctrl-C)")
     resume_from_checkpoint: str | None = arg(None, "a checkpoint folder, or 'latest' in output_dir")
-    use_peft: bool = arg(False, "train a LoRA adapter (task type SEQ_CLS; the score head is trained fully) instead of all weights")
+    use_peft: bool = arg(
+        False, "train a LoRA adapter (task type SEQ_CLS; the score head is trained fully) instead of all weights"
+    )
     lora_r: int = arg(16, "LoRA rank")
     lora_alpha: int = arg(32, "LoRA alpha")
     disable_dropout: bool = arg(True, "turn dropout off (LoRA's too), as TRL's RewardTrainer does by default")
@@ -101,14 +116,20 @@ def arithmetic_preference_dataset(split: str, pairs_per_problem: int, seed: int,
     (half the pairs) or another number (half). Only arithmetic separates them."""
     from datasets import Dataset
 
-    require(pairs in ARITHMETIC_PAIRS, f"--arithmetic_pairs: expected one of {', '.join(ARITHMETIC_PAIRS)}, got {pairs!r}")
+    require(
+        pairs in ARITHMETIC_PAIRS, f"--arithmetic_pairs: expected one of {', '.join(ARITHMETIC_PAIRS)}, got {pairs!r}"
+    )
     rng = random.Random(f"{seed}-{split}")
     rows = []
     for a, op, b, answer in common.arithmetic_split(split):
         prompt = [{"role": "user", "content": common.arithmetic_question(a, op, b)}]
         for _ in range(pairs_per_problem):
             if pairs == "number":
-                wrong = answer + rng.choice([-2, -1, 1, 2]) if rng.random() < 0.5 else rng.choice([n for n in range(-9, 82) if n != answer])
+                wrong = (
+                    answer + rng.choice([-2, -1, 1, 2])
+                    if rng.random() < 0.5
+                    else rng.choice([n for n in range(-9, 82) if n != answer])
+                )
                 shape = rng.choice(["<answer>{n}</answer>", f"{a} {op} {b} = {{n}} <answer>{{n}}</answer>"])
                 chosen, rejected = shape.format(n=answer), shape.format(n=wrong)
             else:
@@ -119,18 +140,25 @@ def arithmetic_preference_dataset(split: str, pairs_per_problem: int, seed: int,
                 elif kind < 0.75:
                     rejected = f"<answer>{rng.choice([n for n in range(-9, 82) if n != answer])}</answer>"
                 else:
-                    rejected = rng.choice([f"{a} {op} {b} = {answer}", f"<answer>{answer}", f"answer: {answer}", "<answer></answer>"])
-            rows.append({
-                "prompt": prompt,
-                "chosen": [{"role": "assistant", "content": chosen}],
-                "rejected": [{"role": "assistant", "content": rejected}],
-            })
+                    rejected = rng.choice(
+                        [f"{a} {op} {b} = {answer}", f"<answer>{answer}", f"answer: {answer}", "<answer></answer>"]
+                    )
+            rows.append(
+                {
+                    "prompt": prompt,
+                    "chosen": [{"role": "assistant", "content": chosen}],
+                    "rejected": [{"role": "assistant", "content": rejected}],
+                }
+            )
     return Dataset.from_list(rows)
 
 
 def scored_text(tokenizer, prompt, completion) -> str:
     """The text the reward model reads: exactly what rewards.reward_model_function will score."""
-    require(isinstance(completion, str) or common.is_conversational(completion), f"--dataset_name: expected a string or a list of messages, got {type(completion).__name__}")
+    require(
+        isinstance(completion, str) or common.is_conversational(completion),
+        f"--dataset_name: expected a string or a list of messages, got {type(completion).__name__}",
+    )
     return reward_model_text(tokenizer, prompt, completion)
 
 
@@ -140,7 +168,11 @@ def tokenize_pairs(tokenizer, dataset, max_length: int) -> list[dict]:
     margins = dataset["margin"] if "margin" in dataset.column_names else [0.0] * len(dataset)
     chosen = tokenizer([scored_text(tokenizer, p, c) for p, c in zip(prompts, dataset["chosen"])]).input_ids
     rejected = tokenizer([scored_text(tokenizer, p, r) for p, r in zip(prompts, dataset["rejected"])]).input_ids
-    rows = [{"chosen_ids": c, "rejected_ids": r, "margin": float(m)} for c, r, m in zip(chosen, rejected, margins) if max(len(c), len(r)) <= max_length]
+    rows = [
+        {"chosen_ids": c, "rejected_ids": r, "margin": float(m)}
+        for c, r, m in zip(chosen, rejected, margins)
+        if max(len(c), len(r)) <= max_length
+    ]
     if len(rows) < len(dataset):
         print(f"dropped {len(dataset) - len(rows)} of {len(dataset)} pairs longer than --max_length {max_length}")
     return rows
@@ -153,7 +185,7 @@ def pair_rewards(model, rows: list[dict], pad_token_id: int, device):
     input_ids = torch.tensor([s + [pad_token_id] * (length - len(s)) for s in sequences], device=device)
     attention_mask = torch.tensor([[1] * len(s) + [0] * (length - len(s)) for s in sequences], device=device)
     rewards = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, 0].float()
-    return rewards[:len(rows)], rewards[len(rows):]
+    return rewards[: len(rows)], rewards[len(rows) :]
 
 
 def bradley_terry_loss(chosen_rewards, rejected_rewards, margins=None, center_rewards_coefficient: float | None = None):
@@ -167,33 +199,53 @@ def bradley_terry_loss(chosen_rewards, rejected_rewards, margins=None, center_re
 
 def pair_accuracy(chosen_rewards, rejected_rewards) -> float:
     """Fraction of pairs with r_c > r_r; a tie counts one half."""
-    return ((chosen_rewards > rejected_rewards).float() + 0.5 * (chosen_rewards == rejected_rewards).float()).mean().item()
+    return (
+        ((chosen_rewards > rejected_rewards).float() + 0.5 * (chosen_rewards == rejected_rewards).float()).mean().item()
+    )
 
 
 def main(args: Args):
     require(args.learning_rate > 0, f"--learning_rate: must be positive, got {args.learning_rate}")
-    require(args.lr_scheduler_type in {s.value for s in SchedulerType}, f"--lr_scheduler_type: unknown scheduler {args.lr_scheduler_type!r}")
+    require(
+        args.lr_scheduler_type in {s.value for s in SchedulerType},
+        f"--lr_scheduler_type: unknown scheduler {args.lr_scheduler_type!r}",
+    )
     require(args.max_steps > 0, f"--max_steps: must be positive, got {args.max_steps}")
     require(args.eval_strategy in ("steps", "no"), f"--eval_strategy: expected steps or no, got {args.eval_strategy!r}")
     require(args.train_batch_size > 0, "--train_batch_size: must be positive")
     require(args.per_device_eval_batch_size > 0, "--per_device_eval_batch_size: must be positive")
-    require(args.arithmetic_pairs in ARITHMETIC_PAIRS, f"--arithmetic_pairs: expected one of {', '.join(ARITHMETIC_PAIRS)}, got {args.arithmetic_pairs!r}")
+    require(
+        args.arithmetic_pairs in ARITHMETIC_PAIRS,
+        f"--arithmetic_pairs: expected one of {', '.join(ARITHMETIC_PAIRS)}, got {args.arithmetic_pairs!r}",
+    )
     require(args.pairs_per_problem > 0, f"--pairs_per_problem: must be positive, got {args.pairs_per_problem}")
     require(args.max_length > 0, f"--max_length: must be positive, got {args.max_length}")
     accelerator = common.make_accelerator(args)  # one process, or N under `accelerate launch`
-    common.seed_everything(args.seed)  # the same on every process: training samples nothing, and the new head starts alike
+    common.seed_everything(
+        args.seed
+    )  # the same on every process: training samples nothing, and the new head starts alike
     device = accelerator.device
     my_pairs = common.shard(accelerator, args.train_batch_size, "--train_batch_size")  # this process's share of a batch
     common.check_backend(accelerator, one_backward_per_update=True)
 
     # ---- data ----
-    builtin = {"arithmetic": lambda split: arithmetic_preference_dataset(split, args.pairs_per_problem, args.seed, args.arithmetic_pairs)}
+    builtin = {
+        "arithmetic": lambda split: arithmetic_preference_dataset(
+            split, args.pairs_per_problem, args.seed, args.arithmetic_pairs
+        )
+    }
     train_dataset = common.load_split(args.dataset_name, args.dataset_train_split, builtin)
-    require(train_dataset is not None, f"--dataset_train_split: {args.dataset_name} has no split {args.dataset_train_split!r}")
+    require(
+        train_dataset is not None,
+        f"--dataset_train_split: {args.dataset_name} has no split {args.dataset_train_split!r}",
+    )
     eval_dataset = common.load_split(args.dataset_name, args.dataset_test_split, builtin)
     for dataset in (train_dataset, eval_dataset) if eval_dataset is not None else (train_dataset,):
         for column in ("chosen", "rejected"):
-            require(column in dataset.column_names, f"--dataset_name: the dataset has no {column!r} column (columns: {dataset.column_names})")
+            require(
+                column in dataset.column_names,
+                f"--dataset_name: the dataset has no {column!r} column (columns: {dataset.column_names})",
+            )
 
     # ---- model: the backbone of a causal LM (or a reward model) with a scalar head ----
     from transformers import AutoModelForSequenceClassification
@@ -204,7 +256,9 @@ def main(args: Args):
     try:
         model = AutoModelForSequenceClassification.from_pretrained(path, num_labels=1)
     except (OSError, ValueError) as error:
-        raise ConfigError(f"--model_name_or_path: cannot load a model from {path!r}: {str(error).splitlines()[0]}") from None
+        raise ConfigError(
+            f"--model_name_or_path: cannot load a model from {path!r}: {str(error).splitlines()[0]}"
+        ) from None
     model.config.pad_token_id = tokenizer.pad_token_id  # the head reads the last token that is not padding
     if args.use_peft:
         from peft import get_peft_model
@@ -221,15 +275,26 @@ def main(args: Args):
     rows = tokenize_pairs(tokenizer, train_dataset, args.max_length)
     eval_rows = tokenize_pairs(tokenizer, eval_dataset, args.max_length) if eval_dataset is not None else []
     batches_per_epoch = len(rows) // args.train_batch_size
-    require(batches_per_epoch > 0, f"--train_batch_size: {args.train_batch_size} exceeds the {len(rows)} training pairs")
-    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=args.learning_rate, weight_decay=args.weight_decay)
-    scheduler = get_scheduler(args.lr_scheduler_type, optimizer, num_warmup_steps=int(args.warmup_ratio * args.max_steps), num_training_steps=args.max_steps)
+    require(
+        batches_per_epoch > 0, f"--train_batch_size: {args.train_batch_size} exceeds the {len(rows)} training pairs"
+    )
+    optimizer = torch.optim.AdamW(
+        [p for p in model.parameters() if p.requires_grad], lr=args.learning_rate, weight_decay=args.weight_decay
+    )
+    scheduler = get_scheduler(
+        args.lr_scheduler_type,
+        optimizer,
+        num_warmup_steps=int(args.warmup_ratio * args.max_steps),
+        num_training_steps=args.max_steps,
+    )
     model, optimizer = accelerator.prepare(model, optimizer)  # DDP / DeepSpeed / FSDP wrapping, device placement
     accelerator.register_for_checkpointing(scheduler)  # saved and restored, but stepped once per update by us
     start_step = 0
     if checkpoint is not None:
         start_step = common.load_training_state(accelerator, checkpoint)["step"]
-    logger = common.MetricsLogger(args.output_dir, args.report_to, asdict(args), resume_step=start_step, enabled=accelerator.is_main_process)
+    logger = common.MetricsLogger(
+        args.output_dir, args.report_to, asdict(args), resume_step=start_step, enabled=accelerator.is_main_process
+    )
 
     @torch.no_grad()
     def run_eval(step: int) -> dict:
@@ -240,16 +305,22 @@ def main(args: Args):
         chosen, rejected, scored = [], [], []
         with accelerator.split_between_processes(list(range(len(eval_rows))), apply_padding=True) as indices:
             for start in range(0, len(indices), args.per_device_eval_batch_size):
-                batch_indices = indices[start:start + args.per_device_eval_batch_size]
+                batch_indices = indices[start : start + args.per_device_eval_batch_size]
                 with accelerator.autocast():
-                    r_c, r_r = pair_rewards(model, [eval_rows[i] for i in batch_indices], tokenizer.pad_token_id, device)
+                    r_c, r_r = pair_rewards(
+                        model, [eval_rows[i] for i in batch_indices], tokenizer.pad_token_id, device
+                    )
                 chosen.append(r_c)
                 rejected.append(r_r)
                 scored += batch_indices
         model.train()
-        index = accelerator.gather(torch.tensor(scored, device=device))  # a padded duplicate lands where its original does
+        index = accelerator.gather(
+            torch.tensor(scored, device=device)
+        )  # a padded duplicate lands where its original does
         chosen = torch.zeros(len(eval_rows), device=device).index_put_((index,), accelerator.gather(torch.cat(chosen)))
-        rejected = torch.zeros(len(eval_rows), device=device).index_put_((index,), accelerator.gather(torch.cat(rejected)))
+        rejected = torch.zeros(len(eval_rows), device=device).index_put_(
+            (index,), accelerator.gather(torch.cat(rejected))
+        )
         margins = torch.tensor([r["margin"] for r in eval_rows], device=device)
         metrics = {
             "eval/accuracy": pair_accuracy(chosen, rejected),
@@ -263,13 +334,15 @@ def main(args: Args):
 
     # ---- training loop ----
     step = start_step
-    progress = tqdm(total=args.max_steps, initial=start_step, desc="reward model", disable=not accelerator.is_main_process)
+    progress = tqdm(
+        total=args.max_steps, initial=start_step, desc="reward model", disable=not accelerator.is_main_process
+    )
     with common.graceful_interrupt() as interrupted:
         while step < args.max_steps and not common.any_process(accelerator, interrupted.is_set()):
             start = time.perf_counter()
             epoch, position = divmod(step, batches_per_epoch)  # the data position is a function of the step
             order = torch.randperm(len(rows), generator=torch.Generator().manual_seed(args.seed + epoch))
-            index = order[position * args.train_batch_size:(position + 1) * args.train_batch_size][my_pairs]
+            index = order[position * args.train_batch_size : (position + 1) * args.train_batch_size][my_pairs]
             batch = [rows[i] for i in index.tolist()]
             with accelerator.autocast():
                 chosen_rewards, rejected_rewards = pair_rewards(model, batch, tokenizer.pad_token_id, device)
@@ -285,7 +358,10 @@ def main(args: Args):
             step += 1
             progress.update()
             if step % args.logging_steps == 0 or step == args.max_steps:
-                all_chosen, all_rejected = accelerator.gather(chosen_rewards.detach()), accelerator.gather(rejected_rewards.detach())
+                all_chosen, all_rejected = (
+                    accelerator.gather(chosen_rewards.detach()),
+                    accelerator.gather(rejected_rewards.detach()),
+                )
                 metrics = {
                     "loss": accelerator.reduce(loss.detach(), "mean").item(),
                     "accuracy": pair_accuracy(all_chosen, all_rejected),
@@ -312,7 +388,9 @@ def main(args: Args):
     logger.close()
     accelerator.end_training()
     if first_eval and last_eval:
-        accelerator.print(f"held-out pair accuracy {first_eval['eval/accuracy']:.3f} → {last_eval['eval/accuracy']:.3f}")
+        accelerator.print(
+            f"held-out pair accuracy {first_eval['eval/accuracy']:.3f} → {last_eval['eval/accuracy']:.3f}"
+        )
     accelerator.print(f"saved the reward model to {args.output_dir}")
 
 

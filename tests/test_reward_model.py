@@ -34,9 +34,13 @@ def test_bradley_terry_loss_on_a_toy_batch():
     assert bradley_terry_loss(chosen, rejected).item() == pytest.approx(expected)
     # a margin m asks for r_c − r_r > m: −log σ(2 − 2) = log 2 for the first pair
     margins = torch.tensor([2.0, 0.0, 0.0])
-    assert bradley_terry_loss(chosen, rejected, margins).item() == pytest.approx((math.log(2) * 2 + math.log1p(math.exp(2))) / 3)
+    assert bradley_terry_loss(chosen, rejected, margins).item() == pytest.approx(
+        (math.log(2) * 2 + math.log1p(math.exp(2))) / 3
+    )
     # centering adds c · mean((r_c + r_r)²) = 0.01 · (4 + 0 + 0) / 3
-    assert bradley_terry_loss(chosen, rejected, center_rewards_coefficient=0.01).item() == pytest.approx(expected + 0.04 / 3)
+    assert bradley_terry_loss(chosen, rejected, center_rewards_coefficient=0.01).item() == pytest.approx(
+        expected + 0.04 / 3
+    )
 
 
 def test_bradley_terry_gradient_pushes_chosen_up_and_rejected_down():
@@ -46,13 +50,17 @@ def test_bradley_terry_gradient_pushes_chosen_up_and_rejected_down():
 
 
 def test_pair_accuracy_counts_ties_as_half():
-    assert pair_accuracy(torch.tensor([1.0, 0.0, 2.0, 3.0]), torch.tensor([0.0, 1.0, 2.0, 1.0])) == pytest.approx((1 + 0 + 0.5 + 1) / 4)
+    assert pair_accuracy(torch.tensor([1.0, 0.0, 2.0, 3.0]), torch.tensor([0.0, 1.0, 2.0, 1.0])) == pytest.approx(
+        (1 + 0 + 0.5 + 1) / 4
+    )
 
 
 def test_builtin_pairs_prefer_the_right_answer_and_hold_out_the_test_problems():
     train = reward_model.arithmetic_preference_dataset("train", 4, seed=0)
     test = reward_model.arithmetic_preference_dataset("test", 4, seed=0)
-    assert len(train) == 4 * len(common.arithmetic_split("train")) and len(test) == 4 * len(common.arithmetic_split("test"))
+    assert len(train) == 4 * len(common.arithmetic_split("train")) and len(test) == 4 * len(
+        common.arithmetic_split("test")
+    )
     answers = {common.arithmetic_question(a, op, b): str(answer) for a, op, b, answer in common.arithmetic_problems()}
     for dataset in (train, test):
         correct = [answers[p[0]["content"]] for p in dataset["prompt"]]
@@ -70,16 +78,24 @@ def test_number_pairs_have_one_form_and_differ_only_in_the_number():
         assert len(pairs) == 4 * len(common.arithmetic_split(split))
         correct = [answers[p[0]["content"]] for p in pairs["prompt"]]
         chosen, rejected = [c[0]["content"] for c in pairs["chosen"]], [r[0]["content"] for r in pairs["rejected"]]
-        assert accuracy_reward(pairs["chosen"], correct) == [1.0] * len(pairs) and accuracy_reward(pairs["rejected"], correct) == [0.0] * len(pairs)
+        assert accuracy_reward(pairs["chosen"], correct) == [1.0] * len(pairs) and accuracy_reward(
+            pairs["rejected"], correct
+        ) == [0.0] * len(pairs)
         assert format_reward(pairs["chosen"]) == format_reward(pairs["rejected"]) == [1.0] * len(pairs)
         wrong = [extract_answer(r) for r in rejected]
-        same_but_the_number = [re.sub(rf"(= |<answer>){re.escape(w)}(?!\d)", lambda m: m.group(1) + a, r) for r, w, a in zip(rejected, wrong, correct)]
+        same_but_the_number = [
+            re.sub(rf"(= |<answer>){re.escape(w)}(?!\d)", lambda m: m.group(1) + a, r)
+            for r, w, a in zip(rejected, wrong, correct)
+        ]
         assert same_but_the_number == chosen
         bare = sum(c.startswith("<answer>") for c in chosen) / len(pairs)
         near = sum(abs(int(w) - int(a)) <= 2 for w, a in zip(wrong, correct)) / len(pairs)
         assert 0.35 < bare < 0.65 and 0.35 < near < 0.65  # half bare, half worked; half off by ±1 or ±2
     # the demonstrator's pairs are the default and did not change: form tells them apart
-    assert reward_model.arithmetic_preference_dataset("test", 2, seed=0).to_list() == reward_model.arithmetic_preference_dataset("test", 2, seed=0, pairs="demonstrator").to_list()
+    assert (
+        reward_model.arithmetic_preference_dataset("test", 2, seed=0).to_list()
+        == reward_model.arithmetic_preference_dataset("test", 2, seed=0, pairs="demonstrator").to_list()
+    )
 
 
 def test_short_run_on_number_pairs(tmp_path):
@@ -117,7 +133,9 @@ def test_standard_pairs_without_prompt_and_with_a_margin_column(tmp_path):
     data.write_text("\n".join(json.dumps(r) for r in rows))
     reward_model.main(args(tmp_path, dataset_name=str(data)))
     assert [r["step"] for r in training_records(tmp_path / "out")] == [1, 2, 3]
-    assert not [r for r in common.read_metrics(tmp_path / "out") if "eval/accuracy" in r]  # a single file has no test split
+    assert not [
+        r for r in common.read_metrics(tmp_path / "out") if "eval/accuracy" in r
+    ]  # a single file has no test split
 
 
 def test_over_long_pairs_are_dropped(tmp_path, capsys):
@@ -159,9 +177,16 @@ def test_dataset_without_chosen_column(tmp_path):
 def test_resume_reproduces_the_uninterrupted_run(tmp_path):
     full = args(tmp_path, max_steps=4, save_steps=2)
     reward_model.main(full)
-    reward_model.main(dataclasses.replace(full, output_dir=str(tmp_path / "resumed"), resume_from_checkpoint=str(tmp_path / "out" / "checkpoint-2")))
+    reward_model.main(
+        dataclasses.replace(
+            full, output_dir=str(tmp_path / "resumed"), resume_from_checkpoint=str(tmp_path / "out" / "checkpoint-2")
+        )
+    )
     assert training_records(tmp_path / "resumed") == training_records(tmp_path / "out")[2:]
-    final, again = load_file(tmp_path / "out" / "model.safetensors"), load_file(tmp_path / "resumed" / "model.safetensors")
+    final, again = (
+        load_file(tmp_path / "out" / "model.safetensors"),
+        load_file(tmp_path / "resumed" / "model.safetensors"),
+    )
     assert all(torch.equal(final[k], again[k]) for k in final)
 
 
