@@ -36,6 +36,16 @@ Measured for each (algorithm, seed) run:
     wall time, memory    of the child process: wall clock from start to exit, and its own peak resident set size
                          (os.wait4's ru_maxrss; CPU memory, not GPU memory)
 
+A second comparison, --experiment reward_model, puts the algorithms under Back to Basics' own condition: a learned
+reward and a separate judge. compare.py first trains a reward model with reward_model.py on pairs that differ only in
+the number (--arithmetic_pairs number; --reward_model_args), then every algorithm optimizes that proxy alone
+(--reward_funcs none --reward_model_path DIR) with the same KL coefficient β = 0.05 (GRPO's own default is 0; it gets
+0.05 as a k3 term in its loss). The gold metric is eval/accuracy, the exact-match accuracy on held-out problems, which
+no algorithm sees. Every run saves a checkpoint at each evaluation; on each, and on the reference for step 0,
+compare.py measures on held-out prompts the KL to the reference per completion and the proxy reward of the same
+samples, then deletes the checkpoints. Gold and proxy are plotted against that KL (the frontier) and read off each
+run's curve at the --frontier_kls (linear between evaluations; a run that never reaches a KL is counted out).
+
 Runs go one at a time, so that their wall times and memory are comparable. --model_name_or_path, --dataset_name,
 --reward_funcs and the other passed-through flags of Args reach every script; --script_args passes any other flag of
 the scripts (but not the budget, which is compare.py's to set).
@@ -44,6 +54,7 @@ the scripts (but not the budget, which is compare.py's to set).
                                                                # 2-core CPU shared with other jobs (results/compare.md)
     python compare.py --quick --output_dir /tmp/compare        # a smoke test: 6 runs of 2 steps, 1.5–2 min
     python compare.py --algorithms rloo_k2,ppo --seeds 0,1,2,3,4 --max_steps 100
+    python compare.py --experiment reward_model --max_steps 80  # the proxy and 18 runs: results/compare_rm.md
 """
 
 import dataclasses
@@ -51,6 +62,7 @@ import importlib
 import json
 import os
 import shlex
+import shutil
 import statistics
 import subprocess
 import sys
@@ -61,7 +73,9 @@ from pathlib import Path
 import torch
 
 import common
+import reward_model
 from common import ConfigError, arg, require
+from rewards import accuracy_reward, extract_answer, reward_model_function
 from rloo import completion_logprobs, end_of_completion
 
 ALGORITHMS = {
@@ -89,6 +103,14 @@ PASSED_THROUGH = (
     "max_completion_length",
 )
 QUICK = dict(seeds="0", completions_per_step=8, max_steps=2, eval_steps=2, num_generations_eval=1)
+QUICK_REWARD_MODEL = (
+    "--arithmetic_pairs number --max_steps 2 --train_batch_size 8 --pairs_per_problem 1 --eval_strategy no"
+)
+EXPERIMENTS = {
+    # name: (report file stem, run folders under output_dir)
+    "accuracy": ("compare", "runs"),
+    "reward_model": ("compare_rm", "runs/rm"),
+}
 
 
 @dataclass
@@ -107,6 +129,27 @@ class Args:
         10, "held-out evaluation every this many steps for every algorithm (also at step 0 and the end)"
     )
     num_generations_eval: int = arg(4, "completions sampled per held-out prompt for eval/accuracy and the final KL")
+    # the reward every algorithm optimizes
+    experiment: str = arg(
+        "accuracy",
+        "'accuracy': the exact-match reward; 'reward_model': a learned reward model only (the proxy), "
+        "exact-match held-out accuracy as the gold metric, both read against the KL to the reference",
+    )
+    beta: float | None = arg(
+        None,
+        "KL coefficient of every script (ppo.py: --kl_coef); default: each script's own (GRPO's is 0), "
+        "but 0.05 for all under --experiment reward_model, GRPO included, so that every run has a KL to trade",
+    )
+    reward_model_args: str = arg(
+        "--arithmetic_pairs number --max_steps 400",
+        "--experiment reward_model without --reward_model_path: "
+        "the flags of the reward_model.py run that trains the proxy (into {output_dir}/runs/rm/reward_model)",
+    )
+    frontier_kls: str = arg(
+        "0.5,1.5",
+        "--experiment reward_model: the KLs to the reference (nats per completion) at which gold accuracy "
+        "and proxy reward are read off each run's curve",
+    )
     # passed to every script when given (None: each script's own default)
     model_name_or_path: str | None = arg(
         None, "policy to train (default: the scripts' default, the embedded tiny model)"
@@ -123,10 +166,13 @@ class Args:
     quick: bool = arg(
         False,
         "a smoke test (1.5–2 min on a CPU): seed 0, 2 steps of 8 completions, 1 eval sample per prompt (overrides "
-        "those flags)",
+        "those flags); "
+        "under --experiment reward_model also a 2-step reward model",
     )
     output_dir: str = arg(
-        "results", "compare.md, compare.png and compare.json go here; each run in {output_dir}/runs/<algorithm>/seed<k>"
+        "results",
+        "compare.{md,png,json} (compare_rm.* under --experiment reward_model) go here; each run in "
+        "{output_dir}/runs/<algorithm>/seed<k> (runs/rm/... under --experiment reward_model)",
     )
     report_only: bool = arg(
         False, "rebuild the report from the run folders of an earlier comparison with the same flags, training nothing"
@@ -158,6 +204,50 @@ def check_args(args: Args):
     require(args.max_steps > 0, f"--max_steps: must be positive, got {args.max_steps}")
     require(args.eval_steps > 0, f"--eval_steps: must be positive, got {args.eval_steps}")
     require(args.num_generations_eval > 0, f"--num_generations_eval: must be positive, got {args.num_generations_eval}")
+    require(
+        args.experiment in EXPERIMENTS,
+        f"--experiment: expected one of {', '.join(EXPERIMENTS)}, got {args.experiment!r}",
+    )
+    require(args.beta is None or args.beta >= 0, f"--beta: must be ≥ 0, got {args.beta}")
+    try:
+        kls = common.split_list(args.frontier_kls, float)
+    except ValueError:
+        raise ConfigError(f"--frontier_kls: expected comma-separated numbers, got {args.frontier_kls!r}") from None
+    require(
+        bool(kls) and all(k > 0 for k in kls),
+        f"--frontier_kls: expected positive comma-separated numbers, got {args.frontier_kls!r}",
+    )
+    if args.experiment == "reward_model":
+        require(
+            args.beta is None or args.beta > 0,
+            "--beta: must be > 0 under --experiment reward_model (the frontier needs a reference model)",
+        )
+        if args.reward_model_path is None:
+            check_reward_model_args(args.reward_model_args)
+
+
+def check_reward_model_args(flags: str):
+    """--reward_model_args parsed by reward_model.py's own parser: an unknown flag or a bad value stops here."""
+    try:
+        common.parse_args(reward_model.Args, shlex.split(flags))  # reward_model.py's parser: no abbreviations
+    except ConfigError as error:
+        raise ConfigError(f"--reward_model_args: reward_model.py: {error}") from None
+    require("--output_dir" not in flags, "--reward_model_args: the output folder is compare.py's to set")
+
+
+def resolve_experiment(args: Args) -> Args:
+    """Under --experiment reward_model: the reward is the reward model alone (--reward_funcs none unless given), the one
+    trained into {output_dir}/runs/rm/reward_model unless --reward_model_path is given, and β = 0.05 for every
+    script."""
+    if args.experiment != "reward_model":
+        return args
+    return dataclasses.replace(
+        args,
+        reward_funcs=args.reward_funcs or "none",
+        reward_model_path=args.reward_model_path
+        or str(Path(args.output_dir) / EXPERIMENTS["reward_model"][1] / "reward_model"),
+        beta=0.05 if args.beta is None else args.beta,
+    )
 
 
 def run_flags(args: Args, name: str, seed: int) -> list[str]:
@@ -178,9 +268,22 @@ def run_flags(args: Args, name: str, seed: int) -> list[str]:
     for field in PASSED_THROUGH:
         if getattr(args, field) is not None:
             flags += [f"--{field}", str(getattr(args, field))]
+    if args.beta is not None:
+        flags += ["--kl_coef" if ALGORITHMS[name][1] == "ppo.py" else "--beta", str(args.beta)]
     flags += shlex.split(args.script_args)
-    run_dir = Path(args.output_dir) / "runs" / name / f"seed{seed}"  # a rerun replaces the run there
-    return flags + ["--save_steps", "0", "--seed", str(seed), "--output_dir", str(run_dir), "--overwrite_output_dir"]
+    # under --experiment reward_model, a checkpoint at every evaluation, for compare.py to measure KL and proxy
+    # reward on
+    save_steps = args.eval_steps if args.experiment == "reward_model" else 0
+    run_dir = Path(args.output_dir) / EXPERIMENTS[args.experiment][1] / name / f"seed{seed}"
+    return flags + [
+        "--save_steps",
+        str(save_steps),
+        "--seed",
+        str(seed),
+        "--output_dir",
+        str(run_dir),
+        "--overwrite_output_dir",
+    ]
 
 
 def script_config(script: str, flags: list[str]):
@@ -265,6 +368,16 @@ def read_run(run_dir: str, config) -> dict:
 def heldout_kl(run_dir: str, config) -> float | None:
     """KL(π_final ‖ π_ref) per completion on held-out prompts: the mean over num_generations_eval samples y ~ π_final
     per prompt of Σ_t log π_final(y_t) − log π_ref(y_t) (k1). The same measurement for every algorithm."""
+    measured = heldout_measurements([run_dir], config)
+    return None if measured is None else measured[0]["kl"]
+
+
+@torch.no_grad()
+def heldout_measurements(policy_paths: list[str], config, reward_model_path: str | None = None) -> list[dict] | None:
+    """For each policy: num_generations_eval samples y ~ π per held-out prompt (seeded by config.seed), and over them
+    the mean KL per completion Σ_t log π(y_t) − log π_ref(y_t) (k1), with a reward model the mean proxy reward
+    r_φ(x, y),
+    and the exact-match accuracy on these same samples. None when the dataset has no held-out split."""
     eval_dataset = common.load_split(
         config.dataset_name, config.dataset_test_split, {"arithmetic": common.arithmetic_dataset}
     )
@@ -272,27 +385,119 @@ def heldout_kl(run_dir: str, config) -> float | None:
         return None
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     tokenizer = common.load_tokenizer(config.model_name_or_path)
-    policy = common.load_causal_lm(run_dir).to(device).eval()
     reference = common.load_causal_lm(config.model_name_or_path).to(device).eval()
-    texts = [
-        common.prompt_text(tokenizer, p) for p in eval_dataset["prompt"] for _ in range(config.num_generations_eval)
-    ]
+    proxy = (
+        reward_model_function(reward_model_path, device) if reward_model_path else None
+    )  # what the scripts score with
+    prompts = [p for p in eval_dataset["prompt"] for _ in range(config.num_generations_eval)]
+    truths = (
+        [t for t in eval_dataset["ground_truth"] for _ in range(config.num_generations_eval)]
+        if "ground_truth" in eval_dataset.column_names
+        else None
+    )
+    texts = [common.prompt_text(tokenizer, p) for p in prompts]
     generation_config = common.sampling_config(tokenizer, config)
-    sums = []
-    with torch.random.fork_rng(devices=[torch.cuda.current_device()] if torch.cuda.is_available() else []):
-        torch.manual_seed(config.seed)
-        for start in range(0, len(texts), config.per_device_eval_batch_size):
-            out = common.generate(
-                policy, tokenizer, texts[start : start + config.per_device_eval_batch_size], generation_config
-            )
-            completion_mask, _ = end_of_completion(out["completion_ids"], generation_config.eos_token_id)
-            input_ids = torch.cat([out["prompt_ids"], out["completion_ids"]], 1)
-            attention_mask = torch.cat([out["prompt_mask"], completion_mask], 1)
-            T = out["completion_ids"].shape[1]
-            logprobs = completion_logprobs(policy, input_ids, attention_mask, T, config.temperature)
-            ref_logprobs = completion_logprobs(reference, input_ids, attention_mask, T, config.temperature)
-            sums += ((logprobs - ref_logprobs) * completion_mask).sum(1).tolist()
-    return sum(sums) / len(sums)
+    measured = []
+    for path in policy_paths:
+        policy = common.load_causal_lm(path).to(device).eval()
+        sums, completions = [], []
+        with torch.random.fork_rng(devices=[torch.cuda.current_device()] if torch.cuda.is_available() else []):
+            torch.manual_seed(config.seed)
+            for start in range(0, len(texts), config.per_device_eval_batch_size):
+                out = common.generate(
+                    policy, tokenizer, texts[start : start + config.per_device_eval_batch_size], generation_config
+                )
+                completion_mask, _ = end_of_completion(out["completion_ids"], generation_config.eos_token_id)
+                input_ids = torch.cat([out["prompt_ids"], out["completion_ids"]], 1)
+                attention_mask = torch.cat([out["prompt_mask"], completion_mask], 1)
+                T = out["completion_ids"].shape[1]
+                logprobs = completion_logprobs(policy, input_ids, attention_mask, T, config.temperature)
+                ref_logprobs = completion_logprobs(reference, input_ids, attention_mask, T, config.temperature)
+                sums += ((logprobs - ref_logprobs) * completion_mask).sum(1).tolist()
+                completions += common.decode_completions(tokenizer, out["completion_ids"])
+        completions = [common.as_completion(p, c) for p, c in zip(prompts, completions)]
+        record = {"kl": sum(sums) / len(sums)}
+        if proxy is not None:
+            record["proxy"] = statistics.mean(proxy(prompts=prompts, completions=completions))
+        if truths is not None:
+            record["gold"] = statistics.mean(accuracy_reward(completions, truths))
+        measured.append(record)
+    return measured
+
+
+def frontier(run_dir: str, config, eval_steps: list[int]) -> dict:
+    """KL, proxy reward and exact-match accuracy of the policy at every evaluation step, measured on held-out prompts:
+    at
+    step 0 the reference itself (KL 0), then the checkpoints the run saved at its evaluations, and its final model. The
+    checkpoints are deleted afterwards (the numbers are kept in compare_run.json)."""
+    paths = [
+        config.model_name_or_path
+        if s == 0
+        else run_dir
+        if s == config.max_steps
+        else str(Path(run_dir) / f"checkpoint-{s}")
+        for s in eval_steps
+    ]
+    measured = heldout_measurements(paths, config, config.reward_model_path)
+    for checkpoint in Path(run_dir).glob("checkpoint-*"):
+        shutil.rmtree(checkpoint)
+    return {"steps": eval_steps, **{key: [m.get(key) for m in measured] for key in ("kl", "proxy", "gold")}}
+
+
+def value_at_kl(kls: list[float], values: list[float], kl: float) -> float | None:
+    """The value where a run's curve, followed in step order from KL 0, first reaches this KL, interpolated linearly
+    between the two evaluations around it; None when the run never reaches it."""
+    for k0, v0, k1, v1 in zip(kls, values, kls[1:], values[1:]):
+        if min(k0, k1) <= kl <= max(k0, k1):
+            return v0 if k1 == k0 else v0 + (v1 - v0) * (kl - k0) / (k1 - k0)
+    return None
+
+
+def reward_model_accuracy(path: str, pairs_per_problem: int = 8) -> dict:
+    """The reward model's pair accuracy (r_c > r_r, ties one half) on built-in pairs of held-out and of training
+    problems,
+    by kind: same-form pairs that differ only in the number (bare or worked, off by ±1/±2 or another number), and the
+    demonstrator's pairs, which form alone separates. With reward_model.py's defaults (seed 0, 8 pairs per problem) the
+    training problems' pairs are the ones it trained on."""
+    from transformers import AutoModelForSequenceClassification
+
+    tokenizer = common.load_tokenizer(path)
+    model = AutoModelForSequenceClassification.from_pretrained(path, num_labels=1).eval()
+    kinds = {
+        "number pairs, all": lambda chosen, rejected: True,
+        "bare answers off by ±1 or ±2": lambda chosen, rejected: (
+            chosen.startswith("<answer>") and near(chosen, rejected)
+        ),
+        "worked answers off by ±1 or ±2": lambda chosen, rejected: (
+            not chosen.startswith("<answer>") and near(chosen, rejected)
+        ),
+        "another number": lambda chosen, rejected: not near(chosen, rejected),
+    }
+    accuracies = {}
+    for split in ("test", "train"):
+        for pairs in ("number", "demonstrator"):
+            dataset = reward_model.arithmetic_preference_dataset(split, pairs_per_problem, seed=0, pairs=pairs)
+            rows = reward_model.tokenize_pairs(tokenizer, dataset, max_length=10_000)
+            with torch.no_grad():
+                scored = [
+                    reward_model.pair_rewards(model, rows[i : i + 256], tokenizer.pad_token_id, "cpu")
+                    for i in range(0, len(rows), 256)
+                ]
+            chosen, rejected = torch.cat([c for c, _ in scored]), torch.cat([r for _, r in scored])
+            texts = [(c[0]["content"], r[0]["content"]) for c, r in zip(dataset["chosen"], dataset["rejected"])]
+            for kind, keep in (
+                kinds.items() if pairs == "number" else [("demonstrator pairs (form separates them)", None)]
+            ):
+                index = [i for i, (c, r) in enumerate(texts) if keep is None or keep(c, r)]
+                accuracies.setdefault(kind, {})[split] = {
+                    "accuracy": reward_model.pair_accuracy(chosen[index], rejected[index]),
+                    "pairs": len(index),
+                }
+    return accuracies
+
+
+def near(chosen: str, rejected: str) -> bool:
+    return abs(int(extract_answer(chosen)) - int(extract_answer(rejected))) <= 2
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -342,6 +547,203 @@ def summarize(name: str, runs: list[dict]) -> dict:
         "completions": runs[0]["completions"],
         "optimizer_steps": runs[0]["optimizer_steps"],
     }
+
+
+def summarize_frontier(runs: list[dict], kls: list[float]) -> dict:
+    """Per algorithm under --experiment reward_model: gold (eval/accuracy) and proxy reward at the end and where each
+    run's curve reaches each of the KLs, and how far gold fell from its best evaluation by the end."""
+    out = {
+        "proxy": mean_std([r["frontier"]["proxy"][-1] for r in runs]),
+        "proxy_start": mean_std([r["frontier"]["proxy"][0] for r in runs]),
+    }
+    for kl in kls:
+        for key, values_of in (("gold", lambda r: r["accuracy"]), ("proxy", lambda r: r["frontier"]["proxy"])):
+            values = [value_at_kl(r["frontier"]["kl"], values_of(r), kl) for r in runs]
+            reached = [v for v in values if v is not None]
+            out[f"{key}_at_kl"] = {
+                **out.get(f"{key}_at_kl", {}),
+                str(kl): {
+                    "mean": statistics.mean(reached) if reached else None,
+                    "per_seed": values,
+                    "text": mean_std(reached)
+                    + ("" if len(reached) == len(values) else f" ({len(reached)} of {len(values)} seeds)"),
+                },
+            }
+    peaks = [max(r["accuracy"]) for r in runs]
+    out["gold_peak"] = mean_std(peaks)
+    out["gold_drop"] = mean_std([peak - r["accuracy"][-1] for peak, r in zip(peaks, runs)])
+    out["proxy_after_peak"] = mean_std(
+        [r["frontier"]["proxy"][-1] - r["frontier"]["proxy"][r["accuracy"].index(max(r["accuracy"]))] for r in runs]
+    )
+    out["gold_same_samples"] = mean_std([r["frontier"]["gold"][-1] for r in runs])
+    return out
+
+
+def write_markdown_rm(
+    path: Path,
+    args: Args,
+    command: str,
+    summaries: dict,
+    settings: dict,
+    runs: list[dict],
+    total_wall_s: float,
+    proxy: dict,
+    kls: list[float],
+):
+    first = runs[0]
+    loads = [r["load_average"] for r in runs if "load_average" in r]
+    load = (
+        f", 1-minute load average at the end of each run {min(loads):.1f}–{max(loads):.1f} on {os.cpu_count()} CPUs"
+        if loads
+        else ""
+    )
+    n_eval = (
+        len(common.arithmetic_split("test")) * args.num_generations_eval
+        if first["dataset_name"] == "arithmetic"
+        else None
+    )
+    finals = [r["final_accuracy"] for r in runs if r["final_accuracy"] is not None]
+    p = statistics.mean(finals) if finals else 0.5
+    standard_error = f"{(p * (1 - p) / n_eval) ** 0.5:.3f}" if n_eval else "—"
+    accuracy = proxy["accuracy"]
+    lines = [
+        "# Online RL algorithms on a learned reward: proxy, gold and the KL frontier",
+        "",
+        "Written by `compare.py --experiment reward_model`. Back to Basics (Ahmadian et al. 2024) optimized a learned "
+        "reward model and judged "
+        "the result separately; here every algorithm optimizes a reward model trained by `reward_model.py` (the "
+        "proxy, `--reward_funcs none`), "
+        "with its KL penalty, and exact-match accuracy on held-out problems (`eval/accuracy`, which no algorithm sees "
+        "as reward) is the gold metric.",
+        "",
+        f"Command: `{command}` — the reward model and {len(runs)} runs, {total_wall_s / 60:.1f} min in all (runs are "
+        "sequential; "
+        f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}, device: "
+        f"{'cuda' if torch.cuda.is_available() else 'cpu'}{load}).",
+        "",
+        f"Budget: every algorithm samples {args.completions_per_step} completions per step for {args.max_steps} steps "
+        f"= {args.completions_per_step * args.max_steps} completions per run; seeds {args.seeds}; KL coefficient "
+        f"{args.beta:g} for every algorithm. "
+        f"Held-out evaluation at steps {', '.join(map(str, first['eval_steps']))}: {args.num_generations_eval} "
+        "sample(s) per held-out prompt at the training temperature.",
+        "",
+        "## The proxy: the reward model",
+        "",
+        f"`{proxy.get('command', proxy['path'])}`"
+        + (f" ({format_duration(proxy['wall_s'])})" if "wall_s" in proxy else "")
+        + ". "
+        "Pair accuracy (r_chosen > r_rejected, ties one half) on built-in pairs; held-out problems are the RL runs' "
+        "held-out problems, "
+        "training problems are the ones the RL runs train on:",
+        "",
+        "| pairs | held-out problems | training problems |",
+        "|---|---|---|",
+    ]
+    for kind, splits in accuracy.items():
+        lines.append(
+            f"| {kind} | {splits['test']['accuracy']:.3f} ({splits['test']['pairs']} pairs) | "
+            f"{splits['train']['accuracy']:.3f} ({splits['train']['pairs']} pairs) |"
+        )
+    lines += [
+        "",
+        "## Gold and proxy against the KL to the reference",
+        "",
+        "Gold = held-out exact-match accuracy (sampled); proxy = mean reward-model score of the policy's samples on "
+        "held-out prompts; KL per "
+        'completion on held-out prompts. "At KL k": read off each run\'s curve where it first reaches KL k '
+        "(linear between evaluations), mean ± std "
+        f"over the seeds that reach it. Evaluation standard error of one gold number ≈ {standard_error} (binomial, "
+        f"{n_eval} samples, "
+        "samples of one prompt counted as independent).",
+        "",
+        "| algorithm | gold, final (mean ± std) | per seed | "
+        + " | ".join(f"gold at KL {k:g}" for k in kls)
+        + " | best gold during the run "
+        "| gold lost from its best to the end | proxy change over that span | proxy, final (start "
+        + summaries[next(iter(summaries))]["proxy_start"]
+        + ") | "
+        + " | ".join(f"proxy at KL {k:g}" for k in kls)
+        + " | KL, final | groups with all-equal rewards | wall time (s) | optimizer steps |",
+        "|---|---|---|" + "---|" * len(kls) + "---|---|---|---|" + "---|" * len(kls) + "---|---|---|---|",
+    ]
+    for s in summaries.values():
+        lines.append(
+            f"| {s['label']} | {s['accuracy']} | {s['accuracy_per_seed']} | "
+            + " | ".join(s["gold_at_kl"][str(k)]["text"] for k in kls)
+            + f" | {s['gold_peak']} | {s['gold_drop']} | {s['proxy_after_peak']} | {s['proxy']} | "
+            + " | ".join(s["proxy_at_kl"][str(k)]["text"] for k in kls)
+            + f" | {s['heldout_kl']} | {s['frac_reward_zero_std']} | {s['wall_s']} | {s['optimizer_steps']} |"
+        )
+    ranked = sorted(
+        (s for s in summaries.values() if s["accuracy_mean"] is not None), key=lambda s: -s["accuracy_mean"]
+    )
+    lines += [
+        "",
+        f"Before training (step 0, every run): gold {mean_std([r['accuracy'][0] for r in runs])}, proxy "
+        f"{summaries[next(iter(summaries))]['proxy_start']}.",
+        "Order by mean final gold: " + " > ".join(f"{s['label']} {s['accuracy_mean']:.3f}" for s in ranked) + ".",
+    ]
+    for k in kls:
+        reached = sorted(
+            (
+                (s["gold_at_kl"][str(k)]["mean"], s["label"])
+                for s in summaries.values()
+                if s["gold_at_kl"][str(k)]["mean"] is not None
+            ),
+            reverse=True,
+        )
+        lines.append(
+            f"Order by gold at KL {k:g}: "
+            + (" > ".join(f"{label} {value:.3f}" for value, label in reached) or "no run reached it")
+            + "."
+        )
+    lines += [
+        "Differences smaller than the seeds' standard deviations and the evaluation's standard error are not evidence "
+        "of an order.",
+        "",
+        f"![]({path.stem}.png)",
+        "",
+        "## How each column is computed",
+        "",
+        "- gold: `eval/accuracy` of the script's own evaluation (exact match of samples at the training temperature "
+        "on the held-out split); "
+        "± is the sample standard deviation over seeds. compare.py's own samples give the same measure as a check "
+        "(`gold` in the json: final "
+        f"{mean_std([r['frontier']['gold'][-1] for r in runs])} over all runs).",
+        "- KL and proxy: measured by compare.py at every evaluation step on the checkpoint the run saved there (step "
+        "0: the reference "
+        f"itself), the same way for every algorithm: {args.num_generations_eval} sample(s) y ~ π per held-out prompt, "
+        "Σ_t log π(y_t) − log π_ref(y_t) (k1) per completion, and the reward model's score r(x, y) as the scripts "
+        "compute it, averaged. "
+        "The checkpoints are deleted after the measurement.",
+        "- gold lost from its best to the end: max over evaluations of gold minus final gold, per seed; the proxy "
+        "change is the final proxy "
+        "minus the proxy at that best evaluation. Proxy up while gold falls is over-optimization of the proxy.",
+        "- groups with all-equal rewards: `frac_reward_zero_std` averaged over the logged steps (G ≥ 2 only).",
+        "",
+        "## Settings",
+        "",
+        "| algorithm | command (seed 0 shown; the others differ only in --seed and --output_dir) | learning rate | KL "
+        "coefficient | prompts × completions per step | updates per batch |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, s in settings.items():
+        lines.append(
+            f"| {summaries[name]['label']} | `{s['command']}` | {s['learning_rate']:g} | {s['kl_coefficient']:g} "
+            f"({s['kl_place']}) "
+            f"| {s['prompts_per_step']} × {s['num_generations']} | {s['updates_per_batch']} |"
+        )
+    lines += [
+        "",
+        f"Shared by all: model `{first['model_name_or_path']}`, dataset `{first['dataset_name']}`, reward "
+        f"`{first['reward_funcs']}` plus the reward model "
+        f"`{proxy['path']}`, max_completion_length {first['max_completion_length']}, temperature "
+        f"{first['temperature']}. ppo.py's value model starts "
+        "from the reward model. Raw numbers, every run's curves and every script's full settings: "
+        f"`{path.stem}.json`.",
+        "",
+    ]
+    path.write_text("\n".join(lines))
 
 
 def write_markdown(
@@ -508,14 +910,68 @@ def plot(path: Path, names: list[str], runs: list[dict], completions_per_step: i
     plt.close(figure)
 
 
+def plot_frontier(path: Path, names: list[str], runs: list[dict], completions_per_step: int, kls: list[float]):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    figure, (ax_gold, ax_proxy, ax_steps) = plt.subplots(1, 3, figsize=(17, 4.8))
+    for i, name in enumerate(names):
+        seed_runs = [r for r in runs if r["algorithm"] == name]
+        color, label = f"C{i}", ALGORITHMS[name][0]
+        n = min(len(r["frontier"]["kl"]) for r in seed_runs)
+        kl = np.array([r["frontier"]["kl"][:n] for r in seed_runs])  # (seeds, evaluations)
+        gold = np.array([r["accuracy"][:n] for r in seed_runs])
+        proxy = np.array([r["frontier"]["proxy"][:n] for r in seed_runs])
+        for ax, values in ((ax_gold, gold), (ax_proxy, proxy)):
+            for run_kl, run_values in zip(kl, values):  # every seed, thin
+                ax.plot(run_kl, run_values, color=color, alpha=0.25, linewidth=0.8)
+            ax.plot(kl.mean(0), values.mean(0), color=color, marker="o", markersize=3, label=label)
+        x = np.array(seed_runs[0]["eval_steps"][:n]) * completions_per_step
+        ax_steps.plot(x, gold.mean(0), color=color, marker="o", markersize=3, label=label)
+        ax_steps.fill_between(x, gold.min(0), gold.max(0), color=color, alpha=0.12, linewidth=0)
+    for ax in (ax_gold, ax_proxy):
+        for k in kls:
+            ax.axvline(k, color="gray", linestyle=":", linewidth=1)
+        ax.set_xlim(left=0)
+    ax_gold.set(
+        xlabel="KL to the reference on held-out prompts (nats per completion)",
+        ylabel="gold: held-out exact-match accuracy",
+        title="gold against KL (bold: mean over seeds at each evaluation)",
+    )
+    ax_proxy.set(
+        xlabel="KL to the reference on held-out prompts (nats per completion)",
+        ylabel="proxy: reward-model score, held-out prompts",
+        title="proxy against KL (thin: each seed)",
+    )
+    ax_steps.set(
+        xlabel="completions sampled",
+        ylabel="gold: held-out exact-match accuracy",
+        title="gold against samples (band: min–max over seeds)",
+    )
+    ax_gold.legend(fontsize=8)
+    for ax in (ax_gold, ax_proxy, ax_steps):
+        ax.grid(alpha=0.3)
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+
+
 def format_duration(seconds: float) -> str:
     return f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.1f} min"
 
 
 def main(args: Args):
     if args.quick:
-        args = dataclasses.replace(args, **QUICK)
+        args = dataclasses.replace(
+            args, **QUICK, **({"reward_model_args": QUICK_REWARD_MODEL} if args.experiment == "reward_model" else {})
+        )
     check_args(args)
+    train_reward_model = args.experiment == "reward_model" and args.reward_model_path is None
+    args = resolve_experiment(args)
+    stem, _ = EXPERIMENTS[args.experiment]
     names = common.split_list(args.algorithms)
     seeds = common.split_list(args.seeds, int)
     plan = [
@@ -542,6 +998,32 @@ def main(args: Args):
     output_dir.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     walls = {}
+    proxy = None
+    if args.experiment == "reward_model":  # first the proxy: trained here unless --reward_model_path names one
+        proxy_record = Path(args.reward_model_path) / "compare_reward_model.json"
+        if args.report_only:
+            require(proxy_record.is_file(), f"--report_only: no measured reward model in {args.reward_model_path}")
+        else:
+            proxy = {"path": display_path(args.reward_model_path), "trained_here": train_reward_model}
+            if train_reward_model:
+                flags = [*shlex.split(args.reward_model_args), "--output_dir", args.reward_model_path]
+                print(f"[reward model] {display_command('reward_model.py', flags)}", flush=True)
+                result = run_script("reward_model.py", flags)
+                if result["returncode"] != 0:
+                    print(
+                        f"[reward model]: stopped (exit status {result['returncode']}); its output is above",
+                        file=sys.stderr,
+                    )
+                    sys.exit(result["returncode"] if result["returncode"] in (2, 130) else 1)
+                proxy.update(command=display_command("reward_model.py", flags), wall_s=result["wall_s"])
+            proxy["accuracy"] = reward_model_accuracy(args.reward_model_path, pairs_per_problem=1 if args.quick else 8)
+            proxy_record.write_text(json.dumps(proxy, indent=1))
+            held_out = proxy["accuracy"]["number pairs, all"]["test"]["accuracy"]
+            print(
+                f"[reward model] held-out pair accuracy {held_out:.3f} (pairs that differ only in the number)",
+                flush=True,
+            )
+        proxy = json.loads(proxy_record.read_text())
     with common.graceful_interrupt() as interrupted:
         for index, (name, seed, flags) in enumerate(plan):
             config = configs[name, seed]
@@ -557,7 +1039,12 @@ def main(args: Args):
             if result["returncode"] != 0 or interrupted.is_set():
                 print(f"{tag}: stopped (exit status {result['returncode']}); its output is above", file=sys.stderr)
                 sys.exit(130 if interrupted.is_set() else 1)
-            result["heldout_kl"] = heldout_kl(config.output_dir, config)
+            if args.experiment == "reward_model":
+                eval_steps = [r["step"] for r in common.read_metrics(config.output_dir) if "eval/accuracy" in r]
+                result["frontier"] = frontier(config.output_dir, config, eval_steps)
+                result["heldout_kl"] = result["frontier"]["kl"][-1]
+            else:
+                result["heldout_kl"] = heldout_kl(config.output_dir, config)
             record_path.write_text(
                 json.dumps({**result, "command": display_command(ALGORITHMS[name][1], flags)}, indent=1)
             )
@@ -596,6 +1083,10 @@ def main(args: Args):
             }
         )
     summaries = {name: summarize(name, [r for r in runs if r["algorithm"] == name]) for name in names}
+    kls = common.split_list(args.frontier_kls, float)
+    if args.experiment == "reward_model":
+        for name in names:
+            summaries[name].update(summarize_frontier([r for r in runs if r["algorithm"] == name], kls))
     settings = {}
     for name in names:
         config = configs[name, seeds[0]]
@@ -619,9 +1110,11 @@ def main(args: Args):
         }
     total_wall_s = time.perf_counter() - start
     if args.report_only:  # the comparison's own time, as an earlier report recorded it, else the runs' alone
-        earlier = output_dir / "compare.json"
+        earlier = output_dir / f"{stem}.json"
         total_wall_s = (
-            json.loads(earlier.read_text())["total_wall_s"] if earlier.is_file() else sum(r["wall_s"] for r in runs)
+            json.loads(earlier.read_text())["total_wall_s"]
+            if earlier.is_file()
+            else sum(r["wall_s"] for r in runs) + (proxy or {}).get("wall_s", 0)
         )
     report = {
         "command": command,
@@ -631,11 +1124,17 @@ def main(args: Args):
         "settings": settings,
         "runs": runs,
     }
-    (output_dir / "compare.json").write_text(json.dumps(report, indent=1))
-    write_markdown(output_dir / "compare.md", args, command, summaries, settings, runs, total_wall_s)
-    plot(output_dir / "compare.png", names, runs, args.completions_per_step, args.max_steps)
+    if proxy is not None:
+        report["reward_model"] = proxy
+    (output_dir / f"{stem}.json").write_text(json.dumps(report, indent=1))
+    if args.experiment == "reward_model":
+        write_markdown_rm(output_dir / f"{stem}.md", args, command, summaries, settings, runs, total_wall_s, proxy, kls)
+        plot_frontier(output_dir / f"{stem}.png", names, runs, args.completions_per_step, kls)
+    else:
+        write_markdown(output_dir / f"{stem}.md", args, command, summaries, settings, runs, total_wall_s)
+        plot(output_dir / f"{stem}.png", names, runs, args.completions_per_step, args.max_steps)
     print(
-        f"wrote {output_dir / 'compare.md'}, {output_dir / 'compare.png'} and {output_dir / 'compare.json'} "
+        f"wrote {output_dir / stem}.md, {output_dir / stem}.png and {output_dir / stem}.json "
         f"({format_duration(total_wall_s)} in all)"
     )
 

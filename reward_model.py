@@ -26,7 +26,11 @@ What the built-in reward model learns is the demonstrator's style as much as ari
 format tell chosen from rejected, and a model this small does not learn to check the arithmetic of problems it never
 trained on (a right and an off-by-one bare answer to a held-out problem score alike). On this task that shortcut is
 aligned with correctness, which is why PPO on it raises accuracy; a completion that shows wrong work would fool it, the
-classic reward-model failure that eval/accuracy (the exact-answer check) exposes.
+classic reward-model failure that eval/accuracy (the exact-answer check) exposes. `--arithmetic_pairs number` makes
+pairs that only arithmetic separates: chosen and rejected in the same form, bare or worked, differing only in the
+number.
+On those the embedded model reaches held-out pair accuracy 0.654 after 400 steps (0.858 on its training problems), but
+a near miss (±1 or ±2) on a held-out problem still scores at chance (README, compare.py's second comparison).
 
 Under `accelerate launch --num_processes N`, each step's batch is the one a single process would take, in the same
 order, split into N equal shares of pairs, one per process: the mean over a share, averaged over the processes by DDP,
@@ -48,6 +52,8 @@ import common
 from common import ConfigError, arg, require
 from rewards import reward_model_text
 
+ARITHMETIC_PAIRS = ("demonstrator", "number")
+
 
 @dataclass
 class Args:
@@ -60,6 +66,11 @@ class Args:
     )
     dataset_train_split: str = arg("train", "split to train on")
     dataset_test_split: str = arg("test", "held-out split for eval/accuracy; skipped when absent")
+    arithmetic_pairs: str = arg(
+        "demonstrator",
+        "arithmetic: 'demonstrator' (worked right answer vs guess or broken format: form separates them) or 'number' "
+        "(same form, only the number differs)",
+    )
     pairs_per_problem: int = arg(8, "arithmetic: preference pairs per problem")
     center_rewards_coefficient: float | None = arg(
         None, "weight c of the (r_c + r_r)² term that centers the scores (None = off)"
@@ -99,30 +110,47 @@ class Args:
     report_to: str = arg("none", "none, tensorboard or wandb")
 
 
-def arithmetic_preference_dataset(split: str, pairs_per_problem: int, seed: int):
-    """Conversational pairs on the RL split's problems, from sft.py's noisy demonstrator: its right answers, which show
-    their work, are chosen over a guess off by ±1 or ±2 (half the pairs), another number (a quarter), or a broken
-    format (a quarter)."""
+def arithmetic_preference_dataset(split: str, pairs_per_problem: int, seed: int, pairs: str = "demonstrator"):
+    """Conversational pairs on the split's problems (the RL training problems, or the held-out ones).
+
+    pairs="demonstrator": sft.py's noisy demonstrator: its right answers, which show their work, are chosen over a guess
+    off by ±1 or ±2 (half the pairs), another number (a quarter), or a broken format (a quarter). Form alone separates
+    them. pairs="number": chosen and rejected have the same form, bare (`<answer>56</answer>`) or worked
+    (`7 × 8 = 56 <answer>56</answer>`), half each, and differ only in the number: the rejected one is off by ±1 or ±2
+    (half the pairs) or another number (half). Only arithmetic separates them."""
     from datasets import Dataset
 
+    require(
+        pairs in ARITHMETIC_PAIRS, f"--arithmetic_pairs: expected one of {', '.join(ARITHMETIC_PAIRS)}, got {pairs!r}"
+    )
     rng = random.Random(f"{seed}-{split}")
     rows = []
     for a, op, b, answer in common.arithmetic_split(split):
         prompt = [{"role": "user", "content": common.arithmetic_question(a, op, b)}]
         for _ in range(pairs_per_problem):
-            kind = rng.random()
-            if kind < 0.5:
-                rejected = f"<answer>{answer + rng.choice([-2, -1, 1, 2])}</answer>"
-            elif kind < 0.75:
-                rejected = f"<answer>{rng.choice([n for n in range(-9, 82) if n != answer])}</answer>"
-            else:
-                rejected = rng.choice(
-                    [f"{a} {op} {b} = {answer}", f"<answer>{answer}", f"answer: {answer}", "<answer></answer>"]
+            if pairs == "number":
+                wrong = (
+                    answer + rng.choice([-2, -1, 1, 2])
+                    if rng.random() < 0.5
+                    else rng.choice([n for n in range(-9, 82) if n != answer])
                 )
+                shape = rng.choice(["<answer>{n}</answer>", f"{a} {op} {b} = {{n}} <answer>{{n}}</answer>"])
+                chosen, rejected = shape.format(n=answer), shape.format(n=wrong)
+            else:
+                chosen = f"{a} {op} {b} = {answer} <answer>{answer}</answer>"
+                kind = rng.random()
+                if kind < 0.5:
+                    rejected = f"<answer>{answer + rng.choice([-2, -1, 1, 2])}</answer>"
+                elif kind < 0.75:
+                    rejected = f"<answer>{rng.choice([n for n in range(-9, 82) if n != answer])}</answer>"
+                else:
+                    rejected = rng.choice(
+                        [f"{a} {op} {b} = {answer}", f"<answer>{answer}", f"answer: {answer}", "<answer></answer>"]
+                    )
             rows.append(
                 {
                     "prompt": prompt,
-                    "chosen": [{"role": "assistant", "content": f"{a} {op} {b} = {answer} <answer>{answer}</answer>"}],
+                    "chosen": [{"role": "assistant", "content": chosen}],
                     "rejected": [{"role": "assistant", "content": rejected}],
                 }
             )
@@ -186,6 +214,10 @@ def check_args(args: Args):
     require(args.max_length > 0, f"--max_length: must be positive, got {args.max_length}")
     require(args.pairs_per_problem > 0, f"--pairs_per_problem: must be positive, got {args.pairs_per_problem}")
     require(
+        args.arithmetic_pairs in ARITHMETIC_PAIRS,
+        f"--arithmetic_pairs: expected one of {', '.join(ARITHMETIC_PAIRS)}, got {args.arithmetic_pairs!r}",
+    )
+    require(
         args.center_rewards_coefficient is None or args.center_rewards_coefficient >= 0,
         f"--center_rewards_coefficient: must be ≥ 0, got {args.center_rewards_coefficient}",
     )
@@ -201,7 +233,11 @@ def main(args: Args):
     common.check_backend(accelerator, one_backward_per_update=True)
 
     # ---- data ----
-    builtin = {"arithmetic": lambda split: arithmetic_preference_dataset(split, args.pairs_per_problem, args.seed)}
+    builtin = {
+        "arithmetic": lambda split: arithmetic_preference_dataset(
+            split, args.pairs_per_problem, args.seed, args.arithmetic_pairs
+        )
+    }
     train_dataset = common.load_split(args.dataset_name, args.dataset_train_split, builtin)
     require(
         train_dataset is not None,

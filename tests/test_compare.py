@@ -43,6 +43,40 @@ def test_ppo_logs_kl_per_completion_and_the_others_per_token():
     assert compare.sequence_kl({"kl": 0.05, "completions/mean_length": 12.0}) == pytest.approx(0.6)
 
 
+def test_reward_model_experiment_optimizes_the_reward_model_alone_with_the_same_kl_coefficient_everywhere(tmp_path):
+    args = compare.resolve_experiment(compare.Args(experiment="reward_model", output_dir=str(tmp_path)))
+    assert args.reward_model_path == str(tmp_path / "runs" / "rm" / "reward_model")
+    for name, (label, script, _, _) in compare.ALGORITHMS.items():
+        flags = compare.run_flags(args, name, seed=0)
+        config = compare.script_config(script, flags)
+        assert (config.reward_funcs, config.reward_model_path) == ("none", args.reward_model_path), label
+        assert compare.kl_coefficient(config) == 0.05, label  # GRPO too: its own default β = 0 has no KL to trade
+        assert config.save_steps == config.eval_steps, (
+            label
+        )  # a checkpoint at every evaluation, for the KL and the proxy
+        assert config.output_dir == str(tmp_path / "runs" / "rm" / name / "seed0"), label
+    # the first comparison keeps each script's own β (GRPO: 0), no checkpoints and its run folders
+    first = compare.Args(output_dir=str(tmp_path))
+    assert compare.resolve_experiment(first) == first
+    grpo = compare.script_config("grpo.py", compare.run_flags(first, "grpo", seed=0))
+    assert (grpo.beta, grpo.save_steps, grpo.reward_funcs, grpo.output_dir) == (
+        0.0,
+        0,
+        "accuracy",
+        str(tmp_path / "runs" / "grpo" / "seed0"),
+    )
+
+
+def test_value_at_kl_follows_each_run_from_kl_0_and_interpolates():
+    kls, gold = [0.0, 0.4, 1.2, 0.9, 2.0], [0.5, 0.7, 0.9, 0.8, 0.6]
+    assert compare.value_at_kl(kls, gold, 0.2) == pytest.approx(0.6)
+    assert compare.value_at_kl(kls, gold, 0.8) == pytest.approx(
+        0.8
+    )  # the first crossing (0.4 → 1.2), not the later 1.2 → 0.9
+    assert compare.value_at_kl(kls, gold, 2.0) == pytest.approx(0.6)
+    assert compare.value_at_kl(kls, gold, 2.5) is None  # never reached
+
+
 @pytest.mark.parametrize(
     "flags, message",
     [
@@ -61,6 +95,16 @@ def test_ppo_logs_kl_per_completion_and_the_others_per_token():
             "error: --script_args: rloo.py: --no_such_flag: unknown flag (--help lists the flags)",
         ),
         (["--max_completion_length", "0"], "error: --max_completion_length: must be positive, got 0"),
+        (["--experiment", "judge"], "error: --experiment: expected one of accuracy, reward_model, got 'judge'"),
+        (["--frontier_kls", "0,1"], "error: --frontier_kls: expected positive comma-separated numbers, got '0,1'"),
+        (
+            ["--experiment", "reward_model", "--reward_model_args=--no_such_flag 1"],
+            "error: --reward_model_args: reward_model.py: --no_such_flag: unknown flag (--help lists the flags)",
+        ),
+        (
+            ["--experiment", "reward_model", "--beta", "0"],
+            "error: --beta: must be > 0 under --experiment reward_model (the frontier needs a reference model)",
+        ),
     ],
 )
 def test_bad_flag_prints_one_line_and_exits_2_before_anything_is_written(tmp_path, capsys, flags, message):
@@ -119,3 +163,33 @@ def test_quick_comparison_writes_the_table_the_figure_and_the_raw_results(tmp_pa
         timeout=600,
     )
     assert rebuilt.returncode == 0 and "[1/6]" not in rebuilt.stdout and (tmp_path / "compare.md").read_text() == table
+
+
+@pytest.mark.slow
+def test_quick_reward_model_comparison_trains_the_proxy_and_measures_the_frontier(tmp_path, capsys):
+    # one algorithm, PPO (--kl_coef, its value model from the reward model); run_flags are checked for all of them above
+    flags = ["--experiment", "reward_model", "--quick", "--algorithms", "ppo", "--output_dir", str(tmp_path)]
+    compare.common.cli(compare.main, compare.Args, flags)  # in this process: the import is paid once
+    out = capsys.readouterr().out
+    assert "1 of 1 runs done" in out and "[reward model] held-out pair accuracy" in out
+    assert (tmp_path / "compare_rm.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and not (
+        tmp_path / "compare.md"
+    ).exists()
+    table = (tmp_path / "compare_rm.md").read_text()
+    assert re.search(r"\| number pairs, all \| \d\.\d{3} \(78 pairs\) \| \d\.\d{3} \(312 pairs\) \|", table)
+    assert re.search(r"\| PPO \| \d\.\d{3} ± \d\.\d{3} \| \d\.\d{3} \|", table)
+    report = json.loads((tmp_path / "compare_rm.json").read_text())
+    for run in report["runs"]:
+        frontier = run["frontier"]
+        assert (
+            frontier["steps"] == run["eval_steps"] == [0, 2] and frontier["kl"][0] == 0.0
+        )  # step 0 is the reference itself
+        assert all(isinstance(v, float) for v in frontier["proxy"] + frontier["gold"])
+        assert "--reward_funcs none" in run["command"] and not list(
+            (tmp_path / "runs" / "rm" / run["algorithm"] / "seed0").glob("checkpoint-*")
+        )
+    (tmp_path / "compare_rm.md").unlink()
+    compare.common.cli(
+        compare.main, compare.Args, [*flags, "--report_only"]
+    )  # rebuilt from the run folders, training nothing
+    assert "[1/1]" not in capsys.readouterr().out and (tmp_path / "compare_rm.md").read_text() == table

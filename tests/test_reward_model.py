@@ -5,6 +5,7 @@ target."""
 import dataclasses
 import json
 import math
+import re
 
 import pytest
 import torch
@@ -14,7 +15,7 @@ import common
 import reward_model
 from common import ConfigError
 from reward_model import bradley_terry_loss, pair_accuracy
-from rewards import accuracy_reward, format_reward, reward_model_function
+from rewards import accuracy_reward, extract_answer, format_reward, reward_model_function
 
 FAST = dict(max_steps=3, train_batch_size=8, pairs_per_problem=1, logging_steps=1, eval_steps=0)
 
@@ -71,6 +72,38 @@ def test_builtin_pairs_prefer_the_right_answer_and_hold_out_the_test_problems():
     assert not {p[0]["content"] for p in train["prompt"]} & {p[0]["content"] for p in test["prompt"]}
 
 
+def test_number_pairs_have_one_form_and_differ_only_in_the_number():
+    answers = {common.arithmetic_question(a, op, b): str(answer) for a, op, b, answer in common.arithmetic_problems()}
+    for split in ("train", "test"):
+        pairs = reward_model.arithmetic_preference_dataset(split, 4, seed=0, pairs="number")
+        assert len(pairs) == 4 * len(common.arithmetic_split(split))
+        correct = [answers[p[0]["content"]] for p in pairs["prompt"]]
+        chosen, rejected = [c[0]["content"] for c in pairs["chosen"]], [r[0]["content"] for r in pairs["rejected"]]
+        assert accuracy_reward(pairs["chosen"], correct) == [1.0] * len(pairs) and accuracy_reward(
+            pairs["rejected"], correct
+        ) == [0.0] * len(pairs)
+        assert format_reward(pairs["chosen"]) == format_reward(pairs["rejected"]) == [1.0] * len(pairs)
+        wrong = [extract_answer(r) for r in rejected]
+        same_but_the_number = [
+            re.sub(rf"(= |<answer>){re.escape(w)}(?!\d)", lambda m, a=a: m.group(1) + a, r)
+            for r, w, a in zip(rejected, wrong, correct)
+        ]
+        assert same_but_the_number == chosen
+        bare = sum(c.startswith("<answer>") for c in chosen) / len(pairs)
+        near = sum(abs(int(w) - int(a)) <= 2 for w, a in zip(wrong, correct)) / len(pairs)
+        assert 0.35 < bare < 0.65 and 0.35 < near < 0.65  # half bare, half worked; half off by ±1 or ±2
+    # the demonstrator's pairs are the default and did not change: form tells them apart
+    assert (
+        reward_model.arithmetic_preference_dataset("test", 2, seed=0).to_list()
+        == reward_model.arithmetic_preference_dataset("test", 2, seed=0, pairs="demonstrator").to_list()
+    )
+
+
+def test_short_run_on_number_pairs(tmp_path):
+    reward_model.main(args(tmp_path, arithmetic_pairs="number"))
+    assert [r["step"] for r in common.read_metrics(tmp_path / "out") if "eval/accuracy" in r] == [0, 3]
+
+
 def test_short_run_saves_a_model_that_the_rl_scripts_score_the_same_way(tmp_path):
     from transformers import AutoModelForSequenceClassification
 
@@ -121,6 +154,7 @@ def test_over_long_pairs_are_dropped(tmp_path, capsys):
         (dict(lr_scheduler_type="bogus"), "--lr_scheduler_type: unknown scheduler 'bogus'"),
         (dict(max_steps=0), "--max_steps: must be positive"),
         (dict(pairs_per_problem=0), "--pairs_per_problem: must be positive"),
+        (dict(arithmetic_pairs="digits"), "--arithmetic_pairs: expected one of demonstrator, number, got 'digits'"),
         (dict(train_batch_size=10_000), "--train_batch_size: 10000 exceeds the 312 training pairs"),
         (dict(model_name_or_path="/no/such/model"), "--model_name_or_path: cannot load a tokenizer"),
         (dict(dataset_name="/no/such/pairs.jsonl"), "--dataset_name: no such file"),
