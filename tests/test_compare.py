@@ -42,7 +42,8 @@ def test_ppo_logs_kl_per_completion_and_the_others_per_token():
     (["--completions_per_step", "12"], "error: --completions_per_step: 12 is not a multiple of 8, the completions per prompt of grpo"),
     (["--algorithms", "rloo_k3"], "error: --algorithms: unknown algorithm 'rloo_k3' (choose from rloo_k4, rloo_k2, reinforce_ma, vanilla_pg, ppo, grpo)"),
     (["--seeds", "0,one"], "error: --seeds: expected comma-separated integers, got '0,one'"),
-    (["--script_args=--no_such_flag 1"], "error: --script_args: rloo.py: --no_such_flag: unknown flag (--help lists the flags)"),
+    (["--script_args=--no_such_flag 1"], "error: --script_args: rloo.py: --no_such_flag: unknown flag (--help lists"
+                                          " the flags)"),
     (["--max_completion_length", "0"], "error: --max_completion_length: must be positive, got 0"),
 ])
 def test_bad_flag_prints_one_line_and_exits_2_before_anything_is_written(tmp_path, capsys, flags, message):

@@ -26,7 +26,14 @@ import sft
 from common import ConfigError, TrainingError
 from conftest import ROOT, logged, start_run, wait_for
 
-SCRIPTS = {"rloo.py": rloo, "grpo.py": grpo, "reinforce.py": reinforce, "ppo.py": ppo, "sft.py": sft, "reward_model.py": reward_model}
+SCRIPTS = {
+    "rloo.py": rloo,
+    "grpo.py": grpo,
+    "reinforce.py": reinforce,
+    "ppo.py": ppo,
+    "sft.py": sft,
+    "reward_model.py": reward_model,
+}
 RL = ("rloo.py", "grpo.py", "reinforce.py", "ppo.py")
 SAMPLING = (*RL, "sft.py")  # the scripts that generate (sft.py for its evaluation)
 TINY = {  # in-process runs of a step or two
@@ -75,7 +82,9 @@ def test_a_second_signal_while_the_checkpoint_is_written_does_not_destroy_it(tmp
     assert process.returncode in (130, -signal.SIGTERM), stderr  # stopped at once, but only after the write
     assert "Traceback" not in stderr
     checkpoint = common.resolve_checkpoint("latest", str(out))
-    assert torch.load(checkpoint / "training_state.pt", weights_only=False)["step"] == max(r["step"] for r in common.read_metrics(out))
+    assert torch.load(checkpoint / "training_state.pt", weights_only=False)["step"] == max(
+        r["step"] for r in common.read_metrics(out)
+    )
     assert not list(out.glob(".checkpoint-*"))
 
 
@@ -83,7 +92,9 @@ def test_a_stop_during_the_final_evaluation_keeps_the_trained_model(tmp_path):
     from transformers import AutoModelForCausalLM
 
     out, flag = tmp_path / "out", tmp_path / "evaluating"
-    process = start_run("rloo.py", out, "--max_steps", "2", "--num_generations_eval", "1", slow=("final_evaluation", flag))
+    process = start_run(
+        "rloo.py", out, "--max_steps", "2", "--num_generations_eval", "1", slow=("final_evaluation", flag)
+    )
     wait_for(flag.exists, process)
     process.send_signal(signal.SIGINT)
     stdout, stderr = process.communicate(timeout=120)
@@ -110,7 +121,10 @@ def test_latest_resumes_the_newest_complete_checkpoint(tmp_path, capsys):
     capsys.readouterr()
     assert common.resolve_checkpoint("latest", str(out)).name == "checkpoint-2"
     said = capsys.readouterr().out
-    assert "checkpoint-99 (accelerator_state/optimizer.bin has 100 of" in said and "checkpoint-50 (training_state.pt does not load" in said
+    assert (
+        "checkpoint-99 (accelerator_state/optimizer.bin has 100 of" in said
+        and "checkpoint-50 (training_state.pt does not load" in said
+    )
     rloo.main(rloo.Args(output_dir=str(out), resume_from_checkpoint="latest", **{**TINY["rloo.py"], "max_steps": 3}))
     assert [r["step"] for r in common.read_metrics(out) if "reward" in r] == [1, 2, 3]
 
@@ -125,7 +139,10 @@ def test_a_full_disk_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
         return save(obj, path, *args, **kwargs)
 
     monkeypatch.setattr(torch, "save", disk_full_at_step_2)
-    with pytest.raises(ConfigError, match=r"--output_dir: cannot write .*checkpoint-2 \(No space left on device\); the earlier checkpoints are kept"):
+    with pytest.raises(
+        ConfigError,
+        match=r"--output_dir: cannot write .*checkpoint-2 \(No space left on device\); the earlier checkpoints are",
+    ):
         rloo.main(rloo.Args(output_dir=str(out), **{**TINY["rloo.py"], "max_steps": 3, "save_steps": 1}))
     assert common.checkpoint_problem(out / "checkpoint-1") is None
     assert not (out / "checkpoint-2").exists() and not list(out.glob(".checkpoint-*"))
@@ -134,10 +151,14 @@ def test_a_full_disk_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
 @pytest.mark.parametrize("script", RL)
 def test_a_reward_function_that_raises_stops_the_run_after_a_checkpoint(tmp_path, script):
     module = tmp_path / "flaky.py"
-    module.write_text("calls = []\n\ndef flaky(completions, **kwargs):\n    calls.append(1)\n    if len(calls) == 2:\n"
-                      "        raise KeyError('answer')\n    return [1.0] * len(completions)\n")
+    module.write_text(
+        "calls = []\n\ndef flaky(completions, **kwargs):\n    calls.append(1)\n    if len(calls) == 2:\n"
+        "        raise KeyError('answer')\n    return [1.0] * len(completions)\n"
+    )
     out = tmp_path / "out"
-    with pytest.raises(TrainingError, match=r"reward function flaky: raised KeyError: 'answer' \(at step 2\); saved .*checkpoint-1"):
+    with pytest.raises(
+        TrainingError, match=r"reward function flaky: raised KeyError: 'answer' \(at step 2\); saved .*checkpoint-1"
+    ):
         SCRIPTS[script].main(SCRIPTS[script].Args(output_dir=str(out), reward_funcs=f"{module}:flaky", **TINY[script]))
     assert common.checkpoint_problem(out / "checkpoint-1") is None
 
@@ -146,19 +167,41 @@ def test_a_reward_function_that_raises_stops_the_run_after_a_checkpoint(tmp_path
 def test_a_reward_function_must_return_a_list(tmp_path, returned):
     module = tmp_path / "scalar.py"
     module.write_text(f"def scalar(completions, **kwargs):\n    return {returned}\n")
-    with pytest.raises(TrainingError, match=f"reward function scalar: returned {returned}, not a list with one value per completion"):
+    with pytest.raises(
+        TrainingError, match=f"reward function scalar: returned {returned}, not a list with one value per completion"
+    ):
         rloo.main(rloo.Args(output_dir=str(tmp_path / "out"), reward_funcs=f"{module}:scalar", **TINY["rloo.py"]))
 
 
 def test_the_error_line_starts_on_a_line_of_its_own(tmp_path):
     """Not after the progress bar (tqdm ends its lines with a carriage return only)."""
     module = tmp_path / "flaky.py"
-    module.write_text("calls = []\n\ndef flaky(completions, **kwargs):\n    calls.append(1)\n    if len(calls) == 3:\n"
-                      "        raise ValueError('boom')\n    return [1.0] * len(completions)\n")
-    result = subprocess.run([sys.executable, str(ROOT / "rloo.py"), "--output_dir", str(tmp_path / "out"), "--reward_funcs", f"{module}:flaky",
-                             "--max_steps", "5", "--prompts_per_step", "4", "--eval_steps", "0"], capture_output=True, text=True)
+    module.write_text(
+        "calls = []\n\ndef flaky(completions, **kwargs):\n    calls.append(1)\n    if len(calls) == 3:\n"
+        "        raise ValueError('boom')\n    return [1.0] * len(completions)\n"
+    )
+    result = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "rloo.py"),
+            "--output_dir",
+            str(tmp_path / "out"),
+            "--reward_funcs",
+            f"{module}:flaky",
+            "--max_steps",
+            "5",
+            "--prompts_per_step",
+            "4",
+            "--eval_steps",
+            "0",
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert result.returncode == 2
-    assert result.stderr.split("\n")[-2].startswith("error: reward function flaky: raised ValueError: boom (at step 3); saved")
+    assert result.stderr.split("\n")[-2].startswith(
+        "error: reward function flaky: raised ValueError: boom (at step 3); saved"
+    )
     assert "Traceback" not in result.stderr
 
 
@@ -170,8 +213,11 @@ def test_a_fresh_run_into_another_runs_folder_stops_unless_asked_to_continue_or_
     tiny = {**TINY["rloo.py"], "max_steps": 1, "save_steps": 1}
     rloo.main(rloo.Args(output_dir=str(out), **tiny))
     before = (out / "metrics.jsonl").read_text()
-    with pytest.raises(ConfigError, match="--output_dir: .* holds another run \\(checkpoint-1, metrics.jsonl\\): continue it with "
-                                          "--resume_from_checkpoint latest, start over with --overwrite_output_dir"):
+    with pytest.raises(
+        ConfigError,
+        match="--output_dir: .* holds another run \\(checkpoint-1, metrics.jsonl\\): continue it with "
+        "--resume_from_checkpoint latest, start over with --overwrite_output_dir",
+    ):
         rloo.main(rloo.Args(output_dir=str(out), **tiny))
     assert (out / "metrics.jsonl").read_text() == before
     rloo.main(rloo.Args(output_dir=str(out), resume_from_checkpoint="latest", **{**tiny, "max_steps": 2}))
@@ -209,24 +255,50 @@ MISTAKES = [  # (scripts, flags, the line's start)
     (SCRIPTS, ["--lora_dropout", "1"], "error: --lora_dropout: must be in [0, 1), got 1.0"),
     (SCRIPTS, ["--num_generatoins", "4"], "error: --num_generatoins: unknown flag"),
     (SCRIPTS, ["--max_steps", "ten"], "error: --max_steps: invalid int value: 'ten'"),
-    (SCRIPTS, ["--dataset_train_split", "validation"], "error: --dataset_train_split: the built-in arithmetic task trains on 'train'"),
+    (
+        SCRIPTS,
+        ["--dataset_train_split", "validation"],
+        "error: --dataset_train_split: the built-in arithmetic task trains on 'train'",
+    ),
     (SCRIPTS, ["--dataset_test_split", "train"], "error: --dataset_test_split: 'train' is also --dataset_train_split"),
     (SCRIPTS, ["--report_to", "mlflow"], "error: --report_to: expected none, tensorboard or wandb"),
-    (SCRIPTS, ["--resume_from_checkpoint", "latest", "--overwrite_output_dir"], "error: --overwrite_output_dir: starts over"),
+    (
+        SCRIPTS,
+        ["--resume_from_checkpoint", "latest", "--overwrite_output_dir"],
+        "error: --overwrite_output_dir: starts over",
+    ),
     (SAMPLING, ["--num_generations_eval", "0"], "error: --num_generations_eval: must be positive, got 0"),
     (SAMPLING, ["--top_p", "0"], "error: --top_p: must be in (0, 1] (1.0 = off), got 0.0"),
     (SAMPLING, ["--top_p", "1.5"], "error: --top_p: must be in (0, 1] (1.0 = off), got 1.5"),
     (SAMPLING, ["--top_k", "-1"], "error: --top_k: must be ≥ 0, got -1"),
-    (SAMPLING, ["--max_completion_length", "200"], "error: --max_completion_length: 200 tokens do not fit the model's context of 128"),
-    (("sft.py", "reward_model.py"), ["--max_length", "512"], "error: --max_length: 512 exceeds the model's context of 128 tokens"),
-    (("rloo.py", "reinforce.py"), ["--reward_clip_range", "5", "-5"], "error: --reward_clip_range: expected low ≤ high, got 5.0 -5.0"),
+    (
+        SAMPLING,
+        ["--max_completion_length", "200"],
+        "error: --max_completion_length: 200 tokens do not fit the model's context of 128",
+    ),
+    (
+        ("sft.py", "reward_model.py"),
+        ["--max_length", "512"],
+        "error: --max_length: 512 exceeds the model's context of 128 tokens",
+    ),
+    (
+        ("rloo.py", "reinforce.py"),
+        ["--reward_clip_range", "5", "-5"],
+        "error: --reward_clip_range: expected low ≤ high, got 5.0 -5.0",
+    ),
     (RL, ["--reward_weights", "abc"], "error: --reward_weights: expected comma-separated numbers, got 'abc'"),
     (("rloo.py", "grpo.py", "reinforce.py"), ["--epsilon", "0"], "error: --epsilon: must be positive, got 0.0"),
-    (("ppo.py",), ["--num_generation", "4"], "error: --num_generation: unknown flag (did you mean --num_generations_eval?)"),
+    (
+        ("ppo.py",),
+        ["--num_generation", "4"],
+        "error: --num_generation: unknown flag (did you mean --num_generations_eval?)",
+    ),
 ]
 
 
-@pytest.mark.parametrize("script, flags, line", [(script, flags, line) for scripts, flags, line in MISTAKES for script in scripts])
+@pytest.mark.parametrize(
+    "script, flags, line", [(script, flags, line) for scripts, flags, line in MISTAKES for script in scripts]
+)
 def test_a_bad_flag_is_one_line_and_exit_2_before_anything_is_written(tmp_path, capsys, script, flags, line):
     out = tmp_path / "out"
     assert cli_error(script, [*flags, "--output_dir", str(out)], capsys).startswith(line)
@@ -243,7 +315,9 @@ def test_output_dir_that_is_a_file(tmp_path, capsys, script):
 @pytest.mark.parametrize("script", SCRIPTS)
 def test_an_empty_data_file(tmp_path, capsys, script):
     (tmp_path / "empty.jsonl").write_text("")
-    line = cli_error(script, ["--dataset_name", str(tmp_path / "empty.jsonl"), "--output_dir", str(tmp_path / "out")], capsys)
+    line = cli_error(
+        script, ["--dataset_name", str(tmp_path / "empty.jsonl"), "--output_dir", str(tmp_path / "out")], capsys
+    )
     assert line == f"error: --dataset_name: {tmp_path / 'empty.jsonl'} is empty"
     assert not (tmp_path / "out").exists()
 
@@ -252,16 +326,26 @@ def test_an_empty_data_file(tmp_path, capsys, script):
 def test_a_dataset_without_the_column_a_reward_function_needs(tmp_path, capsys, script):
     data = tmp_path / "data.jsonl"
     data.write_text("".join(json.dumps({"prompt": f"{a} + 1 ="}) + "\n" for a in range(8)))
-    line = cli_error(script, ["--dataset_name", str(data), "--output_dir", str(tmp_path / "out"), "--prompts_per_step", "4"], capsys)
-    assert line.startswith("error: --dataset_name: the dataset has no 'ground_truth' column, which reward function accuracy_reward needs")
+    line = cli_error(
+        script, ["--dataset_name", str(data), "--output_dir", str(tmp_path / "out"), "--prompts_per_step", "4"], capsys
+    )
+    assert line.startswith(
+        "error: --dataset_name: the dataset has no 'ground_truth' column, which reward function accuracy_reward needs"
+    )
     assert not (tmp_path / "out").exists()
 
 
 @pytest.mark.parametrize("script", RL)
 def test_a_prompt_longer_than_the_models_context(tmp_path, capsys, script):
     data = tmp_path / "data.jsonl"
-    data.write_text("".join(json.dumps({"prompt": "1 + 1 = " * (60 if a == 5 else 1), "ground_truth": "2"}) + "\n" for a in range(8)))
-    line = cli_error(script, ["--dataset_name", str(data), "--output_dir", str(tmp_path / "out"), "--prompts_per_step", "4"], capsys)
+    data.write_text(
+        "".join(
+            json.dumps({"prompt": "1 + 1 = " * (60 if a == 5 else 1), "ground_truth": "2"}) + "\n" for a in range(8)
+        )
+    )
+    line = cli_error(
+        script, ["--dataset_name", str(data), "--output_dir", str(tmp_path / "out"), "--prompts_per_step", "4"], capsys
+    )
     assert line.startswith("error: --dataset_name: prompt 5 of the 'train' split is ")
     assert line.endswith("tokens, more than the model's context of 128")
 
