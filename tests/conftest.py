@@ -68,19 +68,43 @@ TINY_RUN = {
     "sft.py": ["--train_batch_size", "8", "--samples_per_problem", "2", "--num_generations_eval", "1"],
     "reward_model.py": ["--train_batch_size", "8", "--pairs_per_problem", "1"],
 }
-LOGGED_KEY = {"rloo.py": "reward", "grpo.py": "reward", "reinforce.py": "reward", "ppo.py": "objective/scores",
-              "sft.py": "loss", "reward_model.py": "loss"}
+LOGGED_KEY = {
+    "rloo.py": "reward",
+    "grpo.py": "reward",
+    "reinforce.py": "reward",
+    "ppo.py": "objective/scores",
+    "sft.py": "loss",
+    "reward_model.py": "loss",
+}
 
 
 def start_run(script: str, out: Path, *flags: str, slow: tuple[str, Path] | None = None) -> subprocess.Popen:
     """`script` for 1000 steps as a subprocess, writing to `out`; `slow=(part, flag_file)` runs it through
     tests/slow_parts.py, which slows that part down and touches flag_file when it begins."""
-    command = [str(ROOT / script), "--output_dir", str(out), "--max_steps", "1000", "--eval_steps", "0",
-               "--logging_steps", "1", "--save_steps", "0", *TINY_RUN[script], *flags]
+    command = [
+        str(ROOT / script),
+        "--output_dir",
+        str(out),
+        "--max_steps",
+        "1000",
+        "--eval_steps",
+        "0",
+        "--logging_steps",
+        "1",
+        "--save_steps",
+        "0",
+        *TINY_RUN[script],
+        *flags,
+    ]
     if slow is not None:
         command = [str(ROOT / "tests" / "slow_parts.py"), slow[0], str(slow[1]), *command]
-    return subprocess.Popen([sys.executable, *command], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    return subprocess.Popen(
+        [sys.executable, *command],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )
 
 
 def wait_for(condition, process: subprocess.Popen, timeout: float = 120):
