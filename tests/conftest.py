@@ -127,7 +127,7 @@ def logged(out: Path, key: str):
 def interrupt_run():
     """Start `script` for 1000 steps, send `signum` (Ctrl-C's SIGINT unless said) once `logged_key` is in its metrics,
     and check the clean exit: status 128 + signum, no traceback, one checkpoint at the last logged step. Returns the
-    checkpoint folder and the run's stderr."""
+    checkpoint folder; the run's stderr is left in `interrupt_run.stderr`."""
 
     def run(script: str, out: Path, logged_key: str | None = None, signum: int = signal.SIGINT) -> Path:
         process = start_run(script, out)
