@@ -20,7 +20,12 @@ def files_to_copy(script: str) -> list[str]:
     return re.findall(r"\w+\.py", paragraph.split("vllm_colocate.py")[0])
 
 
-@pytest.mark.parametrize("script", ["rloo.py", "grpo.py", "reinforce.py", "ppo.py"])
+SLOW = pytest.mark.slow  # one script in the fast subset is enough to catch a missing file; all four in the full suite
+
+
+@pytest.mark.parametrize(
+    "script", ["rloo.py", *(pytest.param(s, marks=SLOW) for s in ("grpo.py", "reinforce.py", "ppo.py"))]
+)
 def test_a_script_copied_with_the_files_its_docstring_names_runs_alone(tmp_path, script):
     files = files_to_copy(script)
     assert files == [script, "common.py", "rewards.py"]
