@@ -55,9 +55,23 @@ from common import arg, require
 ROOT = Path(__file__).resolve().parent
 ALGORITHMS = ("rloo", "grpo", "reinforce", "ppo", "trl_rloo")  # trl_rloo: TRL's RLOOTrainer
 GROUPED = {"rloo", "grpo", "trl_rloo"}  # prompts × num_generations; the others sample one completion per prompt
-CONFIGS = {"embedded": 24, "random30m": 64}  # config → max_completion_length
+CONFIGS = {"embedded": 24, "random30m": 64, "llama135m": 64}  # config → max_completion_length
+PRECISIONS = ("fp32", "bf16")  # bf16: the scripts' --bf16, TRL's bf16=True
 RANDOM_MODEL = dict(
     hidden_size=512, intermediate_size=1536, num_hidden_layers=10, num_attention_heads=8, num_key_value_heads=4
+)
+# the architecture of a popular ~135M chat model (SmolLM2-135M-Instruct's config), randomly initialized
+LLAMA_135M = dict(
+    hidden_size=576,
+    intermediate_size=1536,
+    num_hidden_layers=30,
+    num_attention_heads=9,
+    num_key_value_heads=3,
+    vocab_size=49152,
+    tie_word_embeddings=True,
+    max_position_embeddings=2048,
+    rms_norm_eps=1e-5,
+    rope_theta=100000.0,
 )
 
 
@@ -69,7 +83,11 @@ class Args:
     )
     configs: str = arg(
         "embedded,random30m",
-        "comma-separated: embedded (models/tiny-arith), random30m (a random 31.7M Qwen2, 64-token completions)",
+        "comma-separated: embedded (models/tiny-arith), random30m (a random 31.7M Qwen2, 64-token completions), "
+        "llama135m (a random 135M Llama with a 49,152-token vocabulary, 64-token completions)",
+    )
+    precisions: str = arg(
+        "fp32", "comma-separated: fp32, bf16 (the scripts' --bf16; TRL's bf16=True); every algorithm runs in each"
     )
     steps: int = arg(8, "training steps per run, warm-up included")
     warmup_steps: int = arg(
@@ -82,8 +100,13 @@ class Args:
     max_completion_length: int = arg(
         0, "max generated tokens per completion (0: the config's, 24 embedded, 64 random30m)"
     )
+    script_flags: str = arg("", "extra flags for every algorithm script, e.g. '--use_peft' (not for trl_rloo)")
     num_threads: int = arg(1, "OMP_NUM_THREADS in each child (0: leave unset, PyTorch's default of one per core)")
     trl_python: str = arg(sys.executable, "python of an environment with trl installed, for trl_rloo")
+    logprob_gap: bool = arg(
+        False,
+        "instead of training runs: how far the bf16 sampler's log-probs are from the float32 policy's, on each config",
+    )
     work_dir: str = arg("outputs/bench", "where the runs, the random model and the prompt file go")
     output_json: str = arg("outputs/bench/bench.json", "the figures for machines: settings, every run and the summary")
 
@@ -93,6 +116,12 @@ class Args:
 # ----------------------------------------------------------------------------------------------------------------------
 def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
+
+
+def rss_mb() -> float:
+    """The resident set size now (not the peak): what a leak or a growing heap shows in, step after step."""
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
 def child(spec_json: str):
@@ -109,11 +138,13 @@ def child(spec_json: str):
             module = importlib.import_module(spec["algorithm"])
             report["baseline_rss_mb"] = peak_rss_mb()
             cpu_times = report["cpu_times"] = []  # the process's CPU time at the end of each step
+            rss = report["rss_mb"] = []  # and its resident size
             log = common.MetricsLogger.log
 
             def timed_log(self, step, metrics):
                 if "step_time" in metrics:
                     cpu_times.append(time.process_time())
+                    rss.append(rss_mb())
                 return log(self, step, metrics)
 
             common.MetricsLogger.log = timed_log
@@ -127,6 +158,7 @@ def child(spec_json: str):
 
 
 def trl_run(spec: dict, report: dict):
+    import torch
     import trl
     from transformers import TrainerCallback
     from trl import RLOOConfig, RLOOTrainer
@@ -135,7 +167,7 @@ def trl_run(spec: dict, report: dict):
 
     report["baseline_rss_mb"] = peak_rss_mb()
     report["trl_version"] = trl.__version__
-    step_times, report["step_cpu_times"] = [], []
+    step_times, report["step_cpu_times"], report["rss_mb"] = [], [], []
 
     class StepTimer(TrainerCallback):
         def on_step_begin(self, args, state, control, **kwargs):
@@ -144,7 +176,9 @@ def trl_run(spec: dict, report: dict):
         def on_step_end(self, args, state, control, **kwargs):
             step_times.append(time.perf_counter() - self.start)
             report["step_cpu_times"].append(time.process_time() - self.cpu_start)
+            report["rss_mb"].append(rss_mb())
 
+    # rloo.py's learning rate, scheduler and optimizer; bf16 as asked (TRL's default is on), no gradient checkpointing
     config = RLOOConfig(
         output_dir=spec["output_dir"],
         max_steps=spec["steps"],
@@ -165,10 +199,11 @@ def trl_run(spec: dict, report: dict):
         save_strategy="no",
         eval_strategy="no",
         report_to="none",
-        bf16=False,
+        bf16=spec["bf16"],
+        use_cpu=not torch.cuda.is_available(),  # transformers allows bf16 on a CPU only with use_cpu
         gradient_checkpointing=False,
         disable_tqdm=True,
-    )  # rloo.py's learning rate, scheduler and optimizer; TRL's bf16 and gradient checkpointing (default on) off
+    )
     trainer = RLOOTrainer(
         model=spec["model"],
         reward_funcs=accuracy_reward,
@@ -210,7 +245,110 @@ def build_random_model(path: Path) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def script_argv(args: Args, algorithm: str, model: str, data_file: Path, length: int, run_dir: Path) -> list[str]:
+def build_llama135m(path: Path) -> int:
+    """A randomly initialized Llama of LLAMA_135M's shape (134.5M parameters) saved to `path` with a 49,152-entry
+    tokenizer; returns its parameter count.
+
+    The tokenizer is the embedded byte-level BPE (361 entries: the same special tokens and chat template as the real
+    model's) extended to 49,152 entries by merges of byte pairs, so that every id the random model samples decodes to
+    text and the prompts still tokenize; no download, no corpus. The compute depends on the vocabulary's size, not on
+    which strings it holds."""
+    import torch
+    from tokenizers import Tokenizer
+    from transformers import AutoModelForCausalLM, LlamaConfig, PreTrainedTokenizerFast
+
+    tokenizer = common.load_tokenizer(common.EMBEDDED_MODEL)
+    spec = json.loads(tokenizer.backend_tokenizer.to_str())
+    vocab, merges = spec["model"]["vocab"], spec["model"]["merges"]
+    byte_chars = [c for c in vocab if len(c) == 1][:256]  # the byte-level alphabet (one character per byte)
+    for a in byte_chars:
+        for b in byte_chars:
+            if len(vocab) == LLAMA_135M["vocab_size"]:
+                break
+            if a + b not in vocab:
+                vocab[a + b] = len(vocab)
+                merges.append([a, b])
+    require(
+        len(vocab) == LLAMA_135M["vocab_size"], f"tokenizer: {len(vocab)} entries, expected {LLAMA_135M['vocab_size']}"
+    )
+    big = PreTrainedTokenizerFast(
+        tokenizer_object=Tokenizer.from_str(json.dumps(spec)),
+        eos_token=tokenizer.eos_token,
+        pad_token=tokenizer.pad_token,
+        unk_token=tokenizer.unk_token,
+        padding_side="left",
+    )
+    big.chat_template = tokenizer.chat_template
+    config = LlamaConfig(
+        **LLAMA_135M, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, bos_token_id=None
+    )
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config)
+    model.save_pretrained(path)
+    big.save_pretrained(path)
+    return sum(p.numel() for p in model.parameters())
+
+
+def logprob_gap(model_path: str, args: Args, length: int) -> dict:
+    """How far the log-probs that --bf16 samples with (the bf16 copy of the policy) are from those training computes
+    (the float32 policy under bf16 autocast: π_θ_old and the KL's log π) and from pure float32, on one step's batch of
+    completions drawn by the bf16 sampler. Per token: the mean and largest |Δ log π|; per completion: the spread of
+    Σ_t Δ log π, the log of the sequence-level importance ratio that a sampler/learner mismatch would put in the
+    loss."""
+    from types import SimpleNamespace
+
+    import torch
+
+    import rloo
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    tokenizer = common.load_tokenizer(model_path)
+    policy = common.load_causal_lm(model_path, dtype=torch.float32).to(device).eval()
+    sampler = common.load_causal_lm(model_path, dtype=torch.bfloat16).to(device).eval()
+    common.sync_sampler(sampler, policy)
+    G = args.num_generations
+    prompts = common.arithmetic_dataset("train")["prompt"][: args.completions_per_step // G]
+    texts = [common.prompt_text(tokenizer, p) for p in prompts for _ in range(G)]
+    sampling = SimpleNamespace(temperature=1.0, top_p=1.0, top_k=0, max_completion_length=length)
+    torch.manual_seed(0)
+    out = common.generate(sampler, tokenizer, texts, common.sampling_config(tokenizer, sampling))
+    mask, _ = rloo.end_of_completion(out["completion_ids"], tokenizer.eos_token_id)
+    completion_ids = out["completion_ids"].masked_fill(mask == 0, tokenizer.pad_token_id)
+    input_ids, attention_mask = (
+        torch.cat([out["prompt_ids"], completion_ids], 1),
+        torch.cat([out["prompt_mask"], mask], 1),
+    )
+    T = completion_ids.shape[1]
+    with torch.no_grad():
+        sampled = rloo.completion_logprobs(sampler, input_ids, attention_mask, T, 1.0)[0]
+        with torch.autocast(device, dtype=torch.bfloat16):
+            autocast = rloo.completion_logprobs(policy, input_ids, attention_mask, T, 1.0)[0]
+        fp32 = rloo.completion_logprobs(policy, input_ids, attention_mask, T, 1.0)[0]
+
+    def gap(a, b) -> dict:
+        delta = (a - b) * mask
+        sequence = delta.sum(1)
+        return {
+            "token_abs_mean": (delta.abs().sum() / mask.sum()).item(),
+            "token_abs_max": delta.abs().max().item(),
+            "sequence_mean": sequence.mean().item(),
+            "sequence_std": sequence.std().item(),
+            "sequence_abs_max": sequence.abs().max().item(),
+        }
+
+    return {
+        "completions": len(texts),
+        "mean_length": mask.sum(1).float().mean().item(),
+        "mean_token_logprob": ((fp32 * mask).sum() / mask.sum()).item(),
+        "sampler_vs_autocast": gap(sampled, autocast),
+        "sampler_vs_fp32": gap(sampled, fp32),
+        "autocast_vs_fp32": gap(autocast, fp32),
+    }
+
+
+def script_argv(
+    args: Args, algorithm: str, model: str, data_file: Path, length: int, run_dir: Path, precision: str
+) -> list[str]:
     G = args.num_generations if algorithm in GROUPED else 1
     argv = [
         "--model_name_or_path",
@@ -232,7 +370,8 @@ def script_argv(args: Args, algorithm: str, model: str, data_file: Path, length:
         "--overwrite_output_dir",
         "--prompts_per_step",
         str(args.completions_per_step // G),
-    ]
+    ] + (["--bf16"] if precision == "bf16" else [])
+    argv += args.script_flags.split()
     if algorithm == "ppo":
         return argv + ["--kl_coef", str(args.beta)]
     return argv + ["--num_generations", str(G), "--beta", str(args.beta)]
@@ -269,6 +408,7 @@ def run_child(args: Args, spec: dict, run_dir: Path) -> dict:
         child_report["step_cpu_times"] = [None] + [b - a for a, b in zip(marks, marks[1:])]
     step_cpu_times = child_report["step_cpu_times"][max(args.warmup_steps, 1) :]
     peak_rss = usage.ru_maxrss / 1024
+    rss = child_report["rss_mb"]
     return {
         "median_step_time_s": median_step_time,
         "median_step_cpu_time_s": statistics.median(step_cpu_times) if step_cpu_times else None,
@@ -279,6 +419,9 @@ def run_child(args: Args, spec: dict, run_dir: Path) -> dict:
         "baseline_rss_mb": child_report["baseline_rss_mb"],
         "rss_above_baseline_mb": peak_rss - child_report["baseline_rss_mb"],
         "cuda_max_allocated_mb": child_report.get("cuda_max_allocated_mb"),
+        "rss_first_measured_mb": rss[args.warmup_steps] if len(rss) > args.warmup_steps else None,
+        "rss_last_mb": rss[-1] if rss else None,  # with the first measured step's: growth over the run
+        "rss_by_step_mb": rss,
         "step_times_s": [r["step_time"] for r in records],
         "wall_s": time.perf_counter() - start,
         **({"trl_version": child_report["trl_version"]} if "trl_version" in child_report else {}),
@@ -295,15 +438,23 @@ FIGURES = [
     "baseline_rss_mb",
     "rss_above_baseline_mb",
     "cuda_max_allocated_mb",
+    "rss_first_measured_mb",
+    "rss_last_mb",
 ]
 
 
 def summarize(runs: list[dict]) -> list[dict]:
     """The median of each figure over the repeats of a (config, algorithm)."""
     summary = []
-    for key in dict.fromkeys((r["config"], r["algorithm"]) for r in runs):
-        group = [r for r in runs if (r["config"], r["algorithm"]) == key]
-        row = {"config": key[0], "algorithm": key[1], "repeats": len(group), "parameters": group[0]["parameters"]}
+    for key in dict.fromkeys((r["config"], r["algorithm"], r["precision"]) for r in runs):
+        group = [r for r in runs if (r["config"], r["algorithm"], r["precision"]) == key]
+        row = {
+            "config": key[0],
+            "algorithm": key[1],
+            "precision": key[2],
+            "repeats": len(group),
+            "parameters": group[0]["parameters"],
+        }
         for name in FIGURES:
             values = [r[name] for r in group if r[name] is not None]
             row[name] = statistics.median(values) if values else None
@@ -315,6 +466,7 @@ def print_table(summary: list[dict], cuda: bool):
     header = [
         "config",
         "algorithm",
+        "precision",
         "runs",
         "step time (s)",
         "CPU s/step",
@@ -328,6 +480,7 @@ def print_table(summary: list[dict], cuda: bool):
         [
             r["config"],
             r["algorithm"],
+            r["precision"],
             str(r["repeats"]),
             f"{r['median_step_time_s']:.3f}",
             "-" if r["median_step_cpu_time_s"] is None else f"{r['median_step_cpu_time_s']:.3f}",
@@ -348,11 +501,16 @@ def print_table(summary: list[dict], cuda: bool):
 
 def main(args: Args):
     algorithms, configs = common.split_list(args.algorithms), common.split_list(args.configs)
+    precisions = common.split_list(args.precisions)
+    for name in precisions:
+        require(name in PRECISIONS, f"--precisions: unknown precision {name!r} (choose from {', '.join(PRECISIONS)})")
     for name in algorithms:
         require(name in ALGORITHMS, f"--algorithms: unknown algorithm {name!r} (choose from {', '.join(ALGORITHMS)})")
     for name in configs:
         require(name in CONFIGS, f"--configs: unknown config {name!r} (choose from {', '.join(CONFIGS)})")
-    require(bool(algorithms) and bool(configs), "--algorithms, --configs: nothing to run")
+    require(
+        bool(algorithms) and bool(configs) and bool(precisions), "--algorithms, --configs, --precisions: nothing to run"
+    )
     require(
         args.steps > args.warmup_steps >= 0,
         f"--steps: {args.steps} leaves no measured step after --warmup_steps {args.warmup_steps}",
@@ -385,14 +543,40 @@ def main(args: Args):
     models = {"embedded": (common.EMBEDDED_MODEL, common.load_causal_lm(common.EMBEDDED_MODEL).num_parameters())}
     if "random30m" in configs:
         models["random30m"] = (str(work_dir / "random30m"), build_random_model(work_dir / "random30m"))
+    if "llama135m" in configs:
+        models["llama135m"] = (str(work_dir / "llama135m"), build_llama135m(work_dir / "llama135m"))
+
+    if args.logprob_gap:
+        if args.num_threads:
+            torch.set_num_threads(args.num_threads)
+        gaps = {
+            config: logprob_gap(models[config][0], args, args.max_completion_length or CONFIGS[config])
+            for config in configs
+        }
+        for config, result in gaps.items():
+            print(
+                f"{config}: {result['completions']} completions, mean length {result['mean_length']:.1f}, mean log π "
+                f"{result['mean_token_logprob']:.3f}"
+            )
+            for pair in ("sampler_vs_autocast", "sampler_vs_fp32", "autocast_vs_fp32"):
+                g = result[pair]
+                print(
+                    f"  {pair:>19}: |Δ log π| per token mean {g['token_abs_mean']:.5f} max {g['token_abs_max']:.4f}; "
+                    f"Σ_t Δ per completion mean {g['sequence_mean']:+.4f} std {g['sequence_std']:.4f} max |·| "
+                    f"{g['sequence_abs_max']:.4f}"
+                )
+        Path(args.output_json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.output_json).write_text(json.dumps({"settings": asdict(args), "logprob_gap": gaps}, indent=1))
+        print(f"wrote {args.output_json}")
+        return
 
     runs = []
     for repeat in range(args.repeats):
         for config in configs:
             model, parameters = models[config]
             length = args.max_completion_length or CONFIGS[config]
-            for algorithm in algorithms:
-                run_dir = work_dir / f"{config}-{algorithm}-{repeat}"
+            for algorithm, precision in [(a, p) for a in algorithms for p in precisions]:
+                run_dir = work_dir / f"{config}-{algorithm}-{precision}-{repeat}"
                 G = args.num_generations if algorithm in GROUPED else 1
                 spec = {
                     "algorithm": algorithm,
@@ -403,13 +587,15 @@ def main(args: Args):
                     "num_generations": G,
                     "beta": args.beta,
                     "max_completion_length": length,
-                    "argv": script_argv(args, algorithm, model, data_file, length, run_dir),
+                    "bf16": precision == "bf16",
+                    "argv": script_argv(args, algorithm, model, data_file, length, run_dir, precision),
                 }
                 result = run_child(args, spec, run_dir)
                 runs.append(
                     {
                         "config": config,
                         "algorithm": algorithm,
+                        "precision": precision,
                         "repeat": repeat,
                         "parameters": parameters,
                         "max_completion_length": length,
@@ -417,9 +603,11 @@ def main(args: Args):
                     }
                 )
                 print(
-                    f"[{repeat + 1}/{args.repeats}] {config:>9} {algorithm:>9}: {result['median_step_time_s']:.3f} "
-                    "s/step, "
-                    f"peak RSS {result['peak_rss_mb']:.0f} MB ({result['wall_s']:.0f} s)",
+                    f"[{repeat + 1}/{args.repeats}] {config:>9} {algorithm:>9} {precision}: "
+                    f"{result['median_step_time_s']:.3f} s/step, "
+                    f"peak RSS {result['peak_rss_mb']:.0f} MB, RSS {result['rss_first_measured_mb'] or 0:.0f} → "
+                    f"{result['rss_last_mb'] or 0:.0f} MB "
+                    f"({result['wall_s']:.0f} s)",
                     flush=True,
                 )
 

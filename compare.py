@@ -411,8 +411,8 @@ def heldout_measurements(policy_paths: list[str], config, reward_model_path: str
                 input_ids = torch.cat([out["prompt_ids"], out["completion_ids"]], 1)
                 attention_mask = torch.cat([out["prompt_mask"], completion_mask], 1)
                 T = out["completion_ids"].shape[1]
-                logprobs = completion_logprobs(policy, input_ids, attention_mask, T, config.temperature)
-                ref_logprobs = completion_logprobs(reference, input_ids, attention_mask, T, config.temperature)
+                logprobs = completion_logprobs(policy, input_ids, attention_mask, T, config.temperature)[0]
+                ref_logprobs = completion_logprobs(reference, input_ids, attention_mask, T, config.temperature)[0]
                 sums += ((logprobs - ref_logprobs) * completion_mask).sum(1).tolist()
                 completions += common.decode_completions(tokenizer, out["completion_ids"])
         completions = [common.as_completion(p, c) for p, c in zip(prompts, completions)]

@@ -59,6 +59,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 import torch.nn.functional as F
+import torch.utils.checkpoint
 from tqdm.auto import tqdm
 from transformers import get_scheduler
 
@@ -200,29 +201,50 @@ def check_args(args: Args):
 # The same text in rloo.py, grpo.py, reinforce.py and ppo.py.
 # ----------------------------------------------------------------------------------------------------------------------
 def completion_logprobs(
-    model, input_ids, attention_mask, num_completion_tokens: int, temperature: float, entropy: bool = False
+    model,
+    input_ids,
+    attention_mask,
+    num_completion_tokens: int,
+    temperature: float,
+    entropy: bool = False,
+    chunk_elements: int = 2**24,
 ):
-    """log π(y_t | x, y_<t), (B, T), of the last T tokens of `input_ids` (the completion) under
-    softmax(logits / temperature).
+    """log π(y_t | x, y_<t), (B, T), in float32, of the last T tokens of `input_ids` (the completion) under
+    softmax(logits / temperature); with `entropy=True` also the detached full-vocabulary entropy (B, T), a diagnostic
+    (else None).
 
-    Only the T completion positions get logits (`logits_to_keep`), and the log-prob of the sampled token is
-    logit - logsumexp: the (B, T, V) log-softmax is never materialized. With `entropy=True`, also returns the detached
-    full-vocabulary entropy (B, T), a diagnostic. Position ids come from the attention mask, as in generation, so a
-    left-padded prompt gets the same positions here as when it was sampled.
+    Only the T completion positions get logits (`logits_to_keep`), in the model's dtype (bf16 under --bf16), and the
+    log-prob of the sampled token is logit − logsumexp: the (B, T, V) log-softmax is never materialized. Those logits
+    are the largest tensor for a real vocabulary, so their float32 copy exists for one chunk of positions at a time
+    (`chunk_elements` logits, 64 MB) and the backward pass recomputes it (checkpointing) instead of keeping it. Position
+    ids come from the attention mask, as in generation, so a left-padded prompt gets the same positions here as when it
+    was sampled.
     """
     position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
     kept = num_completion_tokens + 1  # the last prompt position predicts the first completion token
     output = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, logits_to_keep=kept)
-    logits = output.logits[:, :-1].float() / temperature  # (B, T, V): position t predicts completion token t
+    logits = output.logits[:, :-1]  # (B, T, V): position t predicts completion token t
     targets = input_ids[:, -num_completion_tokens:]
-    logsumexp = logits.logsumexp(-1)
-    logprobs = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - logsumexp
+    chunk = max(1, chunk_elements // (logits.shape[0] * logits.shape[2]))  # positions per chunk
+    pieces = list(zip(logits.split(chunk, 1), targets.split(chunk, 1)))
+    recompute = torch.utils.checkpoint.checkpoint
+    logprobs = torch.cat([recompute(logprobs_of, z, y, temperature, use_reentrant=False) for z, y in pieces], 1)
     if not entropy:
-        return logprobs
+        return logprobs, None
     with torch.no_grad():
-        probs = torch.softmax(logits, -1)
-        token_entropy = logsumexp - (probs * logits).sum(-1)
-    return logprobs, token_entropy
+        return logprobs, torch.cat([entropy_of(z, temperature) for z, _ in pieces], 1)
+
+
+def logprobs_of(logits, targets, temperature: float):
+    """log softmax(logits / temperature) at the targets, in float32. (B, t, V), (B, t) -> (B, t)"""
+    logits = logits.float() / temperature
+    return logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - logits.logsumexp(-1)
+
+
+def entropy_of(logits, temperature: float):
+    """The entropy of softmax(logits / temperature), in float32. (B, t, V) -> (B, t)"""
+    logits = logits.float() / temperature
+    return logits.logsumexp(-1) - (torch.softmax(logits, -1) * logits).sum(-1)
 
 
 def end_of_completion(completion_ids: torch.Tensor, end_ids: int | list[int]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -400,7 +422,10 @@ def main(args: Args):
     # ---- plumbing: models: policy, reference (only when β > 0), reward functions ----
     checkpoint = common.resolve_checkpoint(args.resume_from_checkpoint, args.output_dir)
     tokenizer = common.load_tokenizer(args.model_name_or_path)
-    model = common.load_causal_lm(args.model_name_or_path)  # a resumed run gets its weights from the checkpoint below
+    # float32 master weights whatever the checkpoint's dtype (with --use_peft --bf16 the frozen base is bf16); a
+    # resumed run gets its weights from the checkpoint below
+    master_dtype = torch.bfloat16 if args.bf16 and args.use_peft else torch.float32
+    model = common.load_causal_lm(args.model_name_or_path, dtype=master_dtype)
     splits = {args.dataset_train_split: train_dataset, args.dataset_test_split: eval_dataset}
     common.check_prompt_lengths(tokenizer, model, args.max_completion_length, splits)  # prompt + completion fit
     if args.use_peft:
@@ -416,7 +441,9 @@ def main(args: Args):
     model.train()
     ref_model = None
     if args.beta > 0 and not args.use_peft:
-        ref_model = common.load_causal_lm(args.model_name_or_path).to(device).eval().requires_grad_(False)
+        frozen_dtype = torch.bfloat16 if args.bf16 else torch.float32  # nothing to update: bf16 once, under --bf16
+        ref_model = common.load_causal_lm(args.model_name_or_path, dtype=frozen_dtype)
+        ref_model = ref_model.to(device).eval().requires_grad_(False)
     reward_funcs = load_reward_funcs(args.reward_funcs, args.reward_model_path, device)
     weights = reward_weights(args.reward_weights, reward_funcs)
     check_columns(reward_funcs, train_dataset)  # every column a reward function needs, before anything runs
@@ -431,7 +458,9 @@ def main(args: Args):
         num_warmup_steps=int(args.warmup_ratio * total_updates),
         num_training_steps=total_updates,
     )
-    model, optimizer = accelerator.prepare(model, optimizer)  # DDP / DeepSpeed / FSDP wrapping, device placement
+    model, optimizer = common.prepare(
+        accelerator, model, optimizer
+    )  # DDP / DeepSpeed / FSDP wrapping, device placement
     accelerator.register_for_checkpointing(scheduler)  # saved and restored, but stepped once per update by us
     start_step, num_tokens = 0, 0
     if checkpoint is not None:
@@ -442,6 +471,7 @@ def main(args: Args):
         from vllm_colocate import VLLMGenerator
 
         vllm = VLLMGenerator(accelerator, args, tokenizer, model)
+    sampler = common.bf16_sampler(accelerator, model, args)  # --bf16: a bf16 copy of the policy samples
     common.claim_output_dir(accelerator, args)  # every check is done: from here on, this run writes
     logger = common.MetricsLogger(
         args.output_dir, args.report_to, asdict(args), resume_step=start_step, enabled=accelerator.is_main_process
@@ -451,12 +481,12 @@ def main(args: Args):
     def reference_logprobs(input_ids, attention_mask, T):
         policy = accelerator.unwrap_model(model)
         with torch.no_grad(), accelerator.autocast(), policy.disable_adapter() if args.use_peft else nullcontext():
-            return completion_logprobs(ref_model or policy, input_ids, attention_mask, T, args.temperature)
+            return completion_logprobs(ref_model or policy, input_ids, attention_mask, T, args.temperature)[0]
 
     def run_eval(step: int) -> dict:
         if eval_dataset is None or args.eval_strategy == "no":
             return {}
-        with common.generation_model(accelerator, model) as policy:
+        with common.generation_model(accelerator, model, sampler) as policy:
             metrics = common.evaluate(policy, tokenizer, eval_dataset, args, eval_rewards, seed=args.seed + step)
         logger.log(step, metrics)
         return metrics
@@ -469,7 +499,7 @@ def main(args: Args):
         # ==== 1. rollout: G completions per prompt, each ended at its first end token ====
         prompts = [p for p in rows["prompt"] for _ in range(G)]  # each prompt's G completions are contiguous
         texts = [common.prompt_text(tokenizer, p) for p in prompts]
-        rollout = common.sample_completions(accelerator, model, tokenizer, texts, generation_config, vllm)
+        rollout = common.sample_completions(accelerator, model, tokenizer, texts, generation_config, vllm, sampler)
         completion_mask, is_truncated = end_of_completion(rollout["completion_ids"], generation_config.eos_token_id)
         completion_ids = rollout["completion_ids"].masked_fill(completion_mask == 0, tokenizer.pad_token_id)  # (B, T)
 
@@ -498,6 +528,7 @@ def main(args: Args):
     with common.graceful_interrupt() as interrupted:
         while step < args.max_steps and not common.any_process(accelerator, interrupted.is_set()):
             step_start = time.perf_counter()
+            logging_step = (step + 1) % args.logging_steps == 0 or step + 1 == args.max_steps  # entropy then
 
             # ==== 1-2. rollout and score (rollout_and_score, above) ====
             rows = common.rows_of_step(train_dataset, step, args.prompts_per_step, args.seed, my_prompts)
@@ -556,13 +587,19 @@ def main(args: Args):
                             ref_logprobs[mb] = reference_logprobs(input_ids[mb], attention_mask[mb], T)
                         with accelerator.autocast():
                             logprobs, token_entropy = completion_logprobs(
-                                model, input_ids[mb], attention_mask[mb], T, args.temperature, entropy=True
+                                model,
+                                input_ids[mb],
+                                attention_mask[mb],
+                                T,
+                                args.temperature,
+                                entropy=iteration == 0 and logging_step,
                             )
                         mask = completion_mask[mb]
                         if iteration == 0:
                             # π_θ_old = the sampling policy = π_θ before this batch's first update
                             old_logprobs[mb] = logprobs.detach()
-                            entropy[mb] = token_entropy
+                            if logging_step:
+                                entropy[mb] = token_entropy
                             if args.beta > 0:
                                 kl[mb] = per_token_kl(old_logprobs[mb], ref_logprobs[mb]) * mask
                         A = advantages[mb]
@@ -597,6 +634,7 @@ def main(args: Args):
                 common.warn_no_reward_signal(accelerator, reward_funcs, args)
             step += 1
             progress.update()
+            common.release_freed_memory()  # else glibc's heap keeps it: the resident size would grow
             num_tokens += accelerator.reduce(attention_mask.sum(), "sum").item()
 
             # ==== 7-8. plumbing: log (statistics over the whole batch, from every process), evaluate, save ====

@@ -63,7 +63,7 @@ def sampled_and_computed_logprobs(model, tokenizer, monkeypatch, **sampling):
     sampler = torch.log_softmax(recorded[0].float(), -1).gather(-1, out["completion_ids"][..., None]).squeeze(-1)
     input_ids = torch.cat([out["prompt_ids"], out["completion_ids"]], 1)
     attention_mask = torch.cat([out["prompt_mask"], completion_mask], 1)
-    computed = rloo.completion_logprobs(model, input_ids, attention_mask, T, args.temperature)
+    computed = rloo.completion_logprobs(model, input_ids, attention_mask, T, args.temperature)[0]
     return sampler, computed, completion_mask.bool()
 
 

@@ -257,14 +257,14 @@ def test_vanilla_pg_gradient_on_the_model_equals_the_hand_computed_one(tiny_mode
     kl = torch.linspace(-0.2, 0.3, 2 * T).view(2, T)
     values = torch.linspace(0.1, 0.6, 2 * T).view(2, T)
 
-    logprobs = ppo.completion_logprobs(model, enc.input_ids, enc.attention_mask, T, 1.0)
+    logprobs = ppo.completion_logprobs(model, enc.input_ids, enc.attention_mask, T, 1.0)[0]
     advantages, _ = gae_advantages(
         per_token_rewards(scores, kl, mask, 0.05), values, mask, **{k: VANILLA_PG[k] for k in ("gamma", "lam")}
     )
     loss, _, _ = policy_loss(logprobs, logprobs.detach(), advantages, mask, cliprange=0.2, num_tokens=int(mask.sum()))
     ppo_grads = torch.autograd.grad(loss, list(model.parameters()))
 
-    logprobs = ppo.completion_logprobs(model, enc.input_ids, enc.attention_mask, T, 1.0)
+    logprobs = ppo.completion_logprobs(model, enc.input_ids, enc.attention_mask, T, 1.0)[0]
     by_hand = 0.0
     for i in range(2):
         r = [-0.05 * kl[i, t].item() + (scores[i].item() if t == T - 1 else 0.0) for t in range(T)]

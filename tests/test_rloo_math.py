@@ -125,10 +125,10 @@ def test_loss_gradient_raises_the_probability_of_positive_advantage_completions(
     mask = torch.ones(2, T)
 
     def sequence_logprobs():
-        return (rloo.completion_logprobs(model, enc.input_ids, enc.attention_mask, T, 1.0) * mask).sum(1)
+        return (rloo.completion_logprobs(model, enc.input_ids, enc.attention_mask, T, 1.0)[0] * mask).sum(1)
 
     before = sequence_logprobs().detach()
-    logprobs = rloo.completion_logprobs(model, enc.input_ids, enc.attention_mask, T, 1.0)
+    logprobs = rloo.completion_logprobs(model, enc.input_ids, enc.attention_mask, T, 1.0)[0]
     advantages = leave_one_out_advantages(torch.tensor([1.0, 0.0]), 2)  # +1, −1
     loss, _ = rloo_loss(
         logprobs, logprobs.detach(), mask, advantages, torch.ones(2), epsilon=0.2, epsilon_high=0.2, batch_size=2
