@@ -723,17 +723,7 @@ def write_markdown_rm(
         "",
         "## Settings",
         "",
-        "| algorithm | command (seed 0 shown; the others differ only in --seed and --output_dir) | learning rate | KL "
-        "coefficient | prompts × completions per step | updates per batch |",
-        "|---|---|---|---|---|---|",
-    ]
-    for name, s in settings.items():
-        lines.append(
-            f"| {summaries[name]['label']} | `{s['command']}` | {s['learning_rate']:g} | {s['kl_coefficient']:g} "
-            f"({s['kl_place']}) "
-            f"| {s['prompts_per_step']} × {s['num_generations']} | {s['updates_per_batch']} |"
-        )
-    lines += [
+        *settings_table(summaries, settings),
         "",
         f"Shared by all: model `{first['model_name_or_path']}`, dataset `{first['dataset_name']}`, reward "
         f"`{first['reward_funcs']}` plus the reward model "
@@ -744,6 +734,22 @@ def write_markdown_rm(
         "",
     ]
     path.write_text("\n".join(lines))
+
+
+def settings_table(summaries: dict, settings: dict) -> list[str]:
+    """The markdown table of each algorithm's command and effective settings, for both reports."""
+    lines = [
+        "| algorithm | command (seed 0 shown; the others differ only in --seed and --output_dir) | learning rate | KL "
+        "coefficient | prompts × completions per step | updates per batch |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, s in settings.items():
+        lines.append(
+            f"| {summaries[name]['label']} | `{s['command']}` | {s['learning_rate']:g} | {s['kl_coefficient']:g} "
+            f"({s['kl_place']}) "
+            f"| {s['prompts_per_step']} × {s['num_generations']} | {s['updates_per_batch']} |"
+        )
+    return lines
 
 
 def write_markdown(
@@ -834,17 +840,7 @@ def write_markdown(
         "`--save_steps 0` to write no "
         "checkpoints, the seed and the output folder). The effective values that differ between algorithms:",
         "",
-        "| algorithm | command (seed 0 shown; the others differ only in --seed and --output_dir) | learning rate | KL "
-        "coefficient | prompts × completions per step | updates per batch |",
-        "|---|---|---|---|---|---|",
-    ]
-    for name, s in settings.items():
-        lines.append(
-            f"| {summaries[name]['label']} | `{s['command']}` | {s['learning_rate']:g} | {s['kl_coefficient']:g} "
-            f"({s['kl_place']}) "
-            f"| {s['prompts_per_step']} × {s['num_generations']} | {s['updates_per_batch']} |"
-        )
-    lines += [
+        *settings_table(summaries, settings),
         "",
         f"Shared by all: model `{first['model_name_or_path']}`, dataset `{first['dataset_name']}`, reward "
         f"`{first['reward_funcs']}`, "
