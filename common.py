@@ -17,6 +17,7 @@ import ctypes
 import dataclasses
 import difflib
 import functools
+import gc
 import importlib.util
 import json
 import logging
@@ -85,6 +86,7 @@ def cli(main, args_class, argv=None):
     output_dir = getattr(args, "output_dir", None)
     try:
         main(args)
+        close_process_group()
     except ConfigError as error:
         exit_with_error(error)
     except KeyboardInterrupt:
@@ -97,6 +99,18 @@ def cli(main, args_class, argv=None):
     finally:
         if output_dir is not None:
             release_output_dir(output_dir)
+
+
+def close_process_group():
+    """End a multi-process run: free the loop's DDP wrappers (main has returned; `gc.collect` breaks its closures'
+    reference cycles), then destroy the process group. In this order, and not with `accelerator.end_training()` at the
+    end of the loop: a DDP wrapper freed after the group holds its last reference and destroys gloo's worker threads
+    while holding the GIL, which a worker may still need to release the tensors of the loop's last collective. That is
+    a hang at exit, one run in a few under CPU load (pytorch/pytorch#56297); the group's own destructor releases the
+    GIL."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        gc.collect()
+        torch.distributed.destroy_process_group()
 
 
 def exit_with_error(error: ConfigError):

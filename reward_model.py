@@ -396,7 +396,6 @@ def main(args: Args):
     common.save_final_model(accelerator, args.output_dir, model, tokenizer, args.save_merged_model)
     last_eval = run_eval(step)
     logger.close()
-    accelerator.end_training()
     if first_eval and last_eval:
         accelerator.print(
             f"held-out pair accuracy {first_eval['eval/accuracy']:.3f} → {last_eval['eval/accuracy']:.3f}"

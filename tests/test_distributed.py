@@ -144,14 +144,8 @@ def training_records(output_dir: Path) -> list[dict]:
     return [r for r in common.read_metrics(str(output_dir)) if "loss" in r or "loss/policy_avg" in r]
 
 
-# KNOWN REGRESSION (this stop's note): reinforce.py under `accelerate launch` with 2 CPU processes hangs in this test
-# since the restructuring of this session (the same command run by hand finished); until it is found, a hang here
-# fails after the subprocess timeout instead of stalling the suite.
-REINFORCE_HANGS = pytest.mark.xfail(reason="2-process reinforce.py hangs here: cause not yet found", strict=False)
-
-
 @pytest.mark.slow
-@pytest.mark.parametrize("script", [pytest.param(s, marks=REINFORCE_HANGS) if s == "reinforce" else s for s in FLAGS])
+@pytest.mark.parametrize("script", FLAGS)
 def test_two_processes_make_the_one_process_update(tmp_path, script):
     run(script, tmp_path / "one", 1)
     run(script, tmp_path / "two", 2)
