@@ -104,6 +104,9 @@ def start_run(script: str, out: Path, *flags: str, slow: tuple[str, Path] | None
         stderr=subprocess.PIPE,
         text=True,
         env={**os.environ, "HF_HUB_OFFLINE": "1"},
+        # a pytest started in the background (`cmd &`, nohup) passes SIGINT on as ignored, and Python then never
+        # turns it into KeyboardInterrupt: the run gets Ctrl-C's default, whatever started the tests
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
 
 
