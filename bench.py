@@ -100,7 +100,9 @@ class Args:
     max_completion_length: int = arg(
         0, "max generated tokens per completion (0: the config's, 24 embedded, 64 random30m)"
     )
-    script_flags: str = arg("", "extra flags for every algorithm script, e.g. '--use_peft' (not for trl_rloo)")
+    script_flags: str = arg(
+        "", "extra flags for every algorithm script, with '=': --script_flags='--use_peft --bf16' (not for trl_rloo)"
+    )
     num_threads: int = arg(1, "OMP_NUM_THREADS in each child (0: leave unset, PyTorch's default of one per core)")
     trl_python: str = arg(sys.executable, "python of an environment with trl installed, for trl_rloo")
     logprob_gap: bool = arg(
