@@ -16,6 +16,7 @@ import contextlib
 import ctypes
 import dataclasses
 import difflib
+import errno
 import functools
 import gc
 import importlib.util
@@ -30,6 +31,7 @@ import signal
 import socket
 import sys
 import threading
+import time
 from pathlib import Path
 
 import torch
@@ -77,28 +79,31 @@ def parse_args(args_class, argv=None):
 
 def cli(main, args_class, argv=None):
     """Parse `args_class` from the command line and run `main(args)`. A ConfigError (bad input, or a TrainingError) is
-    one line `error: ...` on stderr, on a line of its own, and exit status 2; a Ctrl-C outside a training step (or a
-    second one) is one line and exit status 130. The run's lock on --output_dir is released however main ends."""
+    one line `error: ...` on stderr, on a line of its own, and exit status 2. Ctrl-C or SIGTERM outside a training step
+    (loading, the first or the final evaluation; or a second signal) stops at once: one line saying what was kept, and
+    exit status 130 (SIGINT) or 143 (SIGTERM). The run's lock on --output_dir is released however main ends."""
     try:
         args = parse_args(args_class, argv)
     except ConfigError as error:
         exit_with_error(error)
     output_dir = getattr(args, "output_dir", None)
-    try:
-        main(args)
-        close_process_group()
-    except ConfigError as error:
-        exit_with_error(error)
-    except KeyboardInterrupt:
-        close_progress_bars()
-        print(
-            f"stopped at once by Ctrl-C: the checkpoints in {output_dir} are complete (never half-written)",
-            file=sys.stderr,
-        )
-        sys.exit(130)
-    finally:
-        if output_dir is not None:
-            release_output_dir(output_dir)
+    started = time.time()
+    with signals_stop_at_once() as received:
+        try:
+            main(args)
+            close_process_group()
+        except ConfigError as error:
+            exit_with_error(error)
+        except KeyboardInterrupt:
+            for signum in STOP_SIGNALS:  # already stopping: a third signal must not cut the line or keep the lock
+                signal.signal(signum, signal.SIG_IGN)
+            close_progress_bars()
+            signum = received[0] if received else signal.SIGINT
+            print(stopped_at_once(signum, output_dir, started), file=sys.stderr)
+            sys.exit(128 + signum)
+        finally:
+            if output_dir is not None:
+                release_output_dir(output_dir)
 
 
 def close_process_group():
@@ -236,6 +241,42 @@ def graceful_interrupt():
     finally:
         for signum, action in previous.items():
             signal.signal(signum, action)
+
+
+@contextlib.contextmanager
+def signals_stop_at_once():
+    """SIGTERM stops the process as Ctrl-C does, with a KeyboardInterrupt (not silently, by the default action), so
+    that `cli` says what was kept and releases the lock; the yielded list collects the signals received. Inside the
+    training loop `graceful_interrupt` takes over, and hands back to this after the first signal."""
+    received = []
+    if threading.current_thread() is not threading.main_thread():  # only the main thread can handle signals
+        yield received
+        return
+
+    def stop(signum, frame):
+        received.append(signum)
+        raise KeyboardInterrupt
+
+    previous = {signum: signal.signal(signum, stop) for signum in STOP_SIGNALS}
+    try:
+        yield received
+    finally:
+        for signum, action in previous.items():
+            signal.signal(signum, action)
+
+
+def stopped_at_once(signum: int, output_dir: str | None, started: float) -> str:
+    """The line of a run stopped at once by `signum`: what it kept. The final model is saved before the final
+    evaluation, so a model written since the run `started` means that only the evaluation's figures are lost."""
+    name = "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
+    if output_dir is not None:
+        model_files = [Path(output_dir) / file for file in ("config.json", "adapter_config.json")]
+        if any(path.is_file() and path.stat().st_mtime >= started for path in model_files):
+            return (
+                f"stopped at once by {name}: the trained model is saved in {output_dir}; only the final evaluation "
+                "is lost"
+            )
+    return f"stopped at once by {name}: the checkpoints in {output_dir} are complete (never half-written)"
 
 
 @contextlib.contextmanager
@@ -611,14 +652,16 @@ def sampling_config(tokenizer, args, greedy: bool = False) -> GenerationConfig:
 
 
 def disable_dropout(model):
-    """Dropout off everywhere (TRL's `disable_dropout`): dropout modules, LoRA's included, and the attention dropout
-    that transformers' attention layers apply as a float attribute. Then a train-mode forward equals the eval-mode
-    sampler's, and π_old, the KL and the ratio of one batch are computed on the same function."""
+    """Dropout off everywhere (TRL's `disable_dropout`): dropout modules, LoRA's included, and the dropout rates that
+    transformers' layers keep as float attributes and pass to `F.dropout` themselves (`attention_dropout` in Llama and
+    Qwen2, `dropout` in OPT's attention, `attn_pdrop` / `resid_pdrop` in GPT-2's family). Then a train-mode forward
+    equals the eval-mode sampler's, and π_old, the KL and the ratio of one batch are computed on the same function."""
     for module in model.modules():
         if isinstance(module, torch.nn.Dropout):
             module.p = 0.0
-        if isinstance(getattr(module, "attention_dropout", None), float):
-            module.attention_dropout = 0.0
+        for name, value in list(vars(module).items()):
+            if isinstance(value, float) and ("dropout" in name or name.endswith("pdrop")):
+                setattr(module, name, 0.0)
     return model
 
 
@@ -695,8 +738,10 @@ NO_SIGNAL_STEPS = 10  # steps in a row without any reward signal before the warn
 
 
 def warn_no_reward_signal(accelerator: Accelerator, reward_funcs: dict, args):
-    """Said once when, for NO_SIGNAL_STEPS steps in a row, every group's completions scored the same: the advantages are
-    then zero (up to the KL term) and the run cannot learn from the reward."""
+    """Said when, for NO_SIGNAL_STEPS training steps in a row (logged or not), every group's completions scored the
+    same: the advantages are then zero (up to the KL term) and the run cannot learn from the reward. The scripts count
+    the steps and call this once per such stretch: a step with signal starts the count again, so it is said again if
+    the signal goes away again."""
     if accelerator.is_main_process:
         print(
             f"\nwarning: no reward signal for {NO_SIGNAL_STEPS} steps in a row: the completions of every group got "
@@ -799,8 +844,8 @@ def save_checkpoint(
     states under DeepSpeed / FSDP), for resuming; `training_state.pt` with the step, the script's extras and the size of
     every other file (what `checkpoint_problem` checks). Written to a temporary folder, with signals held
     (`signals_deferred`), and renamed at the end: never half-written, and no earlier checkpoint is touched. A write
-    that fails (a full disk) removes the temporary folder and stops every process with one line. Every process must
-    call it."""
+    that fails (a full disk; whatever the error: torch raises RuntimeError, safetensors its own) removes the temporary
+    folder and stops every process with one line. Every process must call it."""
     final = Path(output_dir) / f"checkpoint-{step}"
     tmp = Path(output_dir) / f".checkpoint-{step}.tmp"
     failure = None
@@ -811,7 +856,7 @@ def save_checkpoint(
         try:
             accelerator.save_state(str(tmp / "accelerator_state"))
             save_model(accelerator, tmp, model, tokenizer)
-        except OSError as error:
+        except Exception as error:
             failure = error
         if not any_process(accelerator, failure is not None) and accelerator.is_main_process:  # every file is written
             try:
@@ -821,14 +866,32 @@ def save_checkpoint(
                     os.replace(final, tmp.with_suffix(".old"))
                 os.replace(tmp, final)
                 shutil.rmtree(tmp.with_suffix(".old"), ignore_errors=True)
-            except OSError as error:
+            except Exception as error:
                 failure = error
         if any_process(accelerator, failure is not None):
+            reason = write_failure(failure, Path(output_dir))  # before the removal frees the space
             if accelerator.is_main_process:
                 shutil.rmtree(tmp, ignore_errors=True)
-            reason = failure.strerror or str(failure) if failure is not None else "failed on another process"
             raise ConfigError(f"--output_dir: cannot write {final} ({reason}); the earlier checkpoints are kept")
     return final
+
+
+LOW_DISK_SPACE = 64 * 2**20  # bytes: a failed write with less free than this was most likely the disk filling up
+
+
+def write_failure(error: Exception | None, folder: Path) -> str:
+    """Why a write into `folder` failed, in a few words: the error's first line, and that the disk may be full when
+    little space is left."""
+    if error is None:
+        return "failed on another process"
+    if isinstance(error, OSError) and error.strerror:
+        reason = error.strerror
+    else:
+        reason = f"{type(error).__name__}: {first_line(error)}"
+    free = shutil.disk_usage(folder).free
+    if free < LOW_DISK_SPACE and getattr(error, "errno", None) != errno.ENOSPC:
+        reason += f"; the disk may be full: {free / 2**20:.1f} MB free"
+    return reason
 
 
 CHECKPOINT_NAME = re.compile(r"checkpoint-(\d+)")
@@ -856,28 +919,52 @@ def checkpoint_problem(path: Path) -> str | None:
 
 
 def resolve_checkpoint(resume_from_checkpoint: str | None, output_dir: str) -> Path | None:
-    """None, a checkpoint folder, or 'latest': the highest-step complete checkpoint-N in output_dir. Folders that are
-    not complete checkpoints (`checkpoint_problem`) are skipped, each said in one line; other names (checkpoint-best)
-    are ignored."""
+    """None, a checkpoint folder, or 'latest': the highest-step complete checkpoint-N in output_dir. Each folder
+    skipped is said in one line with the reason: one that is not a complete checkpoint (`checkpoint_problem`), another
+    name (checkpoint-best), a temporary folder whose write did not finish (.checkpoint-N.tmp). So are the lines of
+    output_dir/metrics.jsonl torn by a kill, which the resumed run drops."""
     if not resume_from_checkpoint:
         return None
+    say = print if PartialState().is_main_process else lambda line: None
+    torn = torn_metrics_lines(output_dir)
+    if torn:
+        say(f"--resume_from_checkpoint: dropping {torn} line(s) of metrics.jsonl that do not parse (torn by a kill)")
     if resume_from_checkpoint != "latest":
         path = Path(resume_from_checkpoint)
         require(path.is_dir(), f"--resume_from_checkpoint: {path} is not a checkpoint (no such folder)")
         problem = checkpoint_problem(path)
         require(problem is None, f"--resume_from_checkpoint: {path} is not a checkpoint ({problem})")
         return path
-    found = [p for p in Path(output_dir).glob("checkpoint-*") if p.is_dir() and CHECKPOINT_NAME.fullmatch(p.name)]
-    skipped = []
+    folders = sorted(p for p in Path(output_dir).glob("*checkpoint-*") if p.is_dir())
+    found = [p for p in folders if CHECKPOINT_NAME.fullmatch(p.name)]
+    skipped = [f"{p.name} ({not_numbered(p.name)})" for p in folders if p not in found and not_numbered(p.name)]
     for path in sorted(found, key=lambda p: int(p.name.split("-")[1]), reverse=True):
         problem = checkpoint_problem(path)
         if problem is None:
-            if skipped and PartialState().is_main_process:
-                print(f"--resume_from_checkpoint latest: {path.name}, skipping {'; '.join(skipped)}")
+            for folder in skipped:
+                say(f"--resume_from_checkpoint latest: {path.name}, skipping {folder}")
             return path
         skipped.append(f"{path.name} ({problem})")
     detail = f" is complete (skipped {'; '.join(skipped)})" if skipped else ""
     raise ConfigError(f"--resume_from_checkpoint latest: no checkpoint-N folder in {output_dir}{detail}")
+
+
+def not_numbered(name: str) -> str | None:
+    """Why `latest` passes over a folder whose name looks like a checkpoint's but is not checkpoint-N."""
+    if name.startswith(".checkpoint-"):
+        return "a write that did not finish" if name.endswith(".tmp") else "a temporary folder"
+    if name.startswith("checkpoint-"):
+        return "not named checkpoint-N: pass it to --resume_from_checkpoint by its path"
+    return None
+
+
+def torn_metrics_lines(output_dir: str) -> int:
+    """How many lines of output_dir/metrics.jsonl do not parse (`read_metrics` skips them)."""
+    path = Path(output_dir) / "metrics.jsonl"
+    if not path.is_file():
+        return 0
+    lines = [line for line in path.read_text().splitlines() if line.strip()]
+    return len(lines) - len(read_metrics(output_dir))
 
 
 def load_training_state(accelerator: Accelerator, checkpoint: Path) -> dict:
@@ -938,13 +1025,17 @@ def save_final_model(accelerator: Accelerator, output_dir: str, model, tokenizer
 # The output folder: one run at a time, and a fresh run never mixes with another run's files
 # ----------------------------------------------------------------------------------------------------------------------
 LOCK_FILE = ".run.lock"
+LOCK_HEARTBEAT_S = 30  # a running run touches its lock this often
+LOCK_STALE_S = 300  # a lock untouched this long is stale, whatever host wrote it (a node lost, a pod preempted)
 
 
 def claim_output_dir(accelerator: Accelerator, args):
     """Make --output_dir this run's, just before its first file is written (main process; every process stops alike).
 
-    - A lock file, `.run.lock`, holds this run's pid and host until the run ends (`cli` removes it). Another live
-      run's lock stops this one; a lock whose process is gone (a crash, a kill) is stale and taken over.
+    - A lock file, `.run.lock`, holds this run's pid, host and start until the run ends (`cli` removes it), and the
+      run touches it every LOCK_HEARTBEAT_S seconds. Another live run's lock stops this one. A lock is stale, and
+      taken over, when its process is gone from this host (a crash, a kill) or when it has not been touched for
+      LOCK_STALE_S seconds, whatever host wrote it (a job requeued on another node, a preempted pod, a reused pid).
     - A fresh run (no --resume_from_checkpoint) into a folder holding another run's metrics.jsonl or checkpoints
       stops, unless --overwrite_output_dir, which deletes them first (they would mix with this run's, and `latest`
       would resume the other run's).
@@ -961,35 +1052,57 @@ def claim_output_dir(accelerator: Accelerator, args):
 
 
 def take_lock(out: Path) -> str | None:
-    """Create out/.run.lock for this process, taking over a stale one; the reason it cannot, or None."""
+    """Create out/.run.lock for this process, taking over a stale one, and start its heartbeat; the reason it cannot,
+    or None."""
     out.mkdir(parents=True, exist_ok=True)
     lock = out / LOCK_FILE
     me = {"pid": os.getpid(), "host": socket.gethostname()}
     while True:
         try:
             with open(lock, "x") as f:  # exclusive creation: of two runs starting together, one gets the lock
-                json.dump(me, f)
+                json.dump({**me, "since": time.strftime("%Y-%m-%d %H:%M:%S %Z")}, f)
+            threading.Thread(
+                target=heartbeat, args=(lock, lock.read_text()), name=f"heartbeat {lock}", daemon=True
+            ).start()
             return None
         except FileExistsError:
             try:
-                holder = json.loads(lock.read_text())
+                holder, age = json.loads(lock.read_text()), time.time() - lock.stat().st_mtime
+            except FileNotFoundError:  # released meanwhile
+                continue
             except (OSError, ValueError):
-                holder = {}  # torn by a crash while written
-            if holder == me:  # an earlier run in this same process (main called twice, as the tests do)
+                holder, age = {}, 0.0  # torn by a crash while written
+            pid, host = holder.get("pid"), holder.get("host")
+            if {"pid": pid, "host": host} == me:  # an earlier run in this same process (main called twice, as tests do)
                 lock.unlink()
                 continue
-            if holder.get("host") not in (me["host"], None):
-                return (
-                    f"--output_dir: {out} is in use by pid {holder.get('pid')} on {holder['host']}; if that run is "
-                    f"gone, delete {lock}"
+            if age > LOCK_STALE_S:
+                print(
+                    f"--output_dir: taking over the lock of pid {pid} on {host}: no heartbeat for {age / 60:.0f} "
+                    "minutes, its run is gone"
                 )
-            if holder.get("pid") and process_alive(holder["pid"]):
+            elif host in (me["host"], None) and not (pid and process_alive(pid)):
+                print(f"--output_dir: taking over the stale lock of a run that is gone (pid {pid})")
+            else:
                 return (
-                    f"--output_dir: {out} is in use by another run (pid {holder['pid']}); wait for it or choose "
-                    "another folder"
+                    f"--output_dir: {out} is in use by another run (pid {pid} on {host}, since {holder.get('since')}, "
+                    f"heartbeat {age:.0f} s ago): wait for it or choose another folder. If that run is gone, its "
+                    f"lock is taken over {LOCK_STALE_S // 60} minutes after its last heartbeat (or delete {lock})"
                 )
-            print(f"--output_dir: taking over the stale lock of a run that is gone (pid {holder.get('pid')})")
             lock.unlink(missing_ok=True)
+
+
+def heartbeat(lock: Path, content: str):
+    """Touch `lock` every LOCK_HEARTBEAT_S seconds while it holds `content` (a daemon thread of the run that took it);
+    it ends once the lock is released or taken over."""
+    while True:
+        time.sleep(LOCK_HEARTBEAT_S)
+        try:
+            if lock.read_text() != content:
+                return
+            os.utime(lock)
+        except OSError:
+            return
 
 
 def process_alive(pid: int) -> bool:
@@ -1038,7 +1151,8 @@ def release_output_dir(output_dir: str):
     """Remove this process's lock from output_dir, if it holds one."""
     lock = Path(output_dir) / LOCK_FILE
     try:
-        if json.loads(lock.read_text()) == {"pid": os.getpid(), "host": socket.gethostname()}:
+        holder = json.loads(lock.read_text())
+        if (holder.get("pid"), holder.get("host")) == (os.getpid(), socket.gethostname()):
             lock.unlink()
     except (OSError, ValueError):
         pass

@@ -47,6 +47,10 @@ leave-one-out advantages scale by G/(G−1) = 4/3.
 One forward pass per completion and iteration: the policy log-probs of the first iteration, detached, are π_θ_old,
 so no separate "old log-prob" pass is spent; β = 0 (the default) loads no reference model.
 
+Sampling draws from softmax(logits / τ), the distribution the log-probs above are computed from, whatever the
+checkpoint's generation_config.json sets. --top_k > 0 or --top_p < 1 truncate what is sampled but not the log-probs
+(the full softmax, as in TRL), so they make training off-policy; both are off by default.
+
 Copy grpo.py with common.py (plumbing: arguments, data, processes, sampling, evaluation, checkpoints, logging)
 and rewards.py (reward functions, reward-model scoring; it stands alone); vllm_colocate.py only for --use_vllm.
 
@@ -116,8 +120,8 @@ class Args:
     )
     # generation
     temperature: float = arg(1.0, "sampling temperature; log-probs use the same logits / temperature")
-    top_p: float = arg(1.0, "nucleus sampling (1.0 = off)")
-    top_k: int = arg(0, "top-k sampling (0 = off)")
+    top_p: float = arg(1.0, "nucleus sampling (1.0 = off); < 1 is off-policy (log-probs of the full softmax, as TRL)")
+    top_k: int = arg(0, "top-k sampling (0 = off); > 0 is off-policy (log-probs of the full softmax, as TRL)")
     max_completion_length: int = arg(24, "max generated tokens per completion")
     use_vllm: bool = arg(
         False, "sample with a colocated vLLM engine (needs vllm and a GPU); weights synced after each update"

@@ -1,5 +1,5 @@
 """PPO: Proximal Policy Optimization for language models, token by token, with a learned value model (Schulman et al.
-2017; as used for RLHF by Ziegler et al. 2019 and described in "Back to Basics", Ahmadian et al. 2024, §2–3).
+2017; as used for RLHF by Ziegler et al. 2019 and described in "Back to Basics", Ahmadian et al. 2024).
 
 Four models: the policy π_θ (trained); a frozen reference π_ref (the initial policy; with LoRA, the policy with its
 adapters disabled); a reward source r (reward functions as in rloo.py, or a reward model); a value model V_ψ (trained;
@@ -7,7 +7,7 @@ a scalar head read at every position). For every prompt x, sample one completion
 (--temperature) and
 score it. Each token y_t is an action taken in the state s_t = (x, y_<t). Then:
 
-    KL-shaped per-token reward (Back to Basics Eq. 3, spread over the tokens; Ziegler et al. Eq. 2)
+    KL-shaped per-token reward (Ziegler et al. Eq. 2, spread over the tokens)
         kl_t = log π_θ(y_t | s_t) − log π_ref(y_t | s_t)                                  (k1, the default)
         kl_t = exp(log π_ref − log π_θ) − (log π_ref − log π_θ) − 1                          (k3, --kl_estimator k3)
         (as a reward, k3 estimates the KL's value without bias but its policy gradient E[k3 · ∇log π] is not ∇KL;
@@ -49,6 +49,10 @@ trains on its own prompts_per_step / N prompts, split into num_mini_batches. The
 that normalizes both losses, the KL of the adaptive controller and the logged metrics are summed or gathered over all
 processes, so with one mini-batch an update is the one-process update of the same batch (with more, a mini-batch is N
 random shares, one per process, rather than a random subset of the whole batch).
+
+Sampling draws from softmax(logits / τ), the distribution the log-probs above are computed from, whatever the
+checkpoint's generation_config.json sets. --top_k > 0 or --top_p < 1 truncate what is sampled but not the log-probs
+(the full softmax, as in TRL), so they make training off-policy; both are off by default.
 
 Copy ppo.py with common.py (plumbing: arguments, data, processes, sampling, evaluation, checkpoints, logging)
 and rewards.py (reward functions, reward-model scoring; it stands alone); vllm_colocate.py only for --use_vllm.
@@ -126,8 +130,8 @@ class Args:
     )
     # generation
     temperature: float = arg(1.0, "sampling temperature; log-probs use the same logits / temperature")
-    top_p: float = arg(1.0, "nucleus sampling (1.0 = off)")
-    top_k: int = arg(0, "top-k sampling (0 = off)")
+    top_p: float = arg(1.0, "nucleus sampling (1.0 = off); < 1 is off-policy (log-probs of the full softmax, as TRL)")
+    top_k: int = arg(0, "top-k sampling (0 = off); > 0 is off-policy (log-probs of the full softmax, as TRL)")
     max_completion_length: int = arg(24, "max generated tokens per completion")
     use_vllm: bool = arg(
         False, "sample with a colocated vLLM engine (needs vllm and a GPU); weights synced after each step"

@@ -6,7 +6,7 @@ policy π_θ at temperature τ (--temperature) and score them with the reward r 
 a reward model).
 The whole completion is one action. Then:
 
-    KL-shaped reward (Eq. 3; the KL is a penalty inside the reward, computed on the sampled tokens, not differentiated)
+    KL-shaped reward (the KL is a penalty inside the reward, computed on the sampled tokens, not differentiated)
         R_i = r(x, y_i) − β · Σ_t kl_{i,t}
         kl_{i,t} = log π_θ(y_t | x, y_<t) − log π_ref(y_t | x, y_<t)                     (k1, the default)
         kl_{i,t} = exp(log π_ref − log π_θ) − (log π_ref − log π_θ) − 1                    (k3, --kl_estimator k3)
@@ -43,6 +43,10 @@ processes, which is the mean over the whole batch. The whole batch's R are gathe
 (accelerator.gather): their sum and count join the running mean, so b_MA is the same on every process, and REINFORCE++
 whitens with their mean and std. Logged statistics are gathered over the whole batch; only the main process writes
 logs, checkpoints and the model.
+
+Sampling draws from softmax(logits / τ), the distribution the log-probs above are computed from, whatever the
+checkpoint's generation_config.json sets. --top_k > 0 or --top_p < 1 truncate what is sampled but not the log-probs
+(the full softmax, as in TRL), so they make training off-policy; both are off by default.
 
 Copy reinforce.py with common.py (plumbing: arguments, data, processes, sampling, evaluation, checkpoints, logging)
 and rewards.py (reward functions, reward-model scoring; it stands alone); vllm_colocate.py only for --use_vllm.
@@ -109,8 +113,8 @@ class Args:
     )
     # generation
     temperature: float = arg(1.0, "sampling temperature; log-probs use the same logits / temperature")
-    top_p: float = arg(1.0, "nucleus sampling (1.0 = off)")
-    top_k: int = arg(0, "top-k sampling (0 = off)")
+    top_p: float = arg(1.0, "nucleus sampling (1.0 = off); < 1 is off-policy (log-probs of the full softmax, as TRL)")
+    top_k: int = arg(0, "top-k sampling (0 = off); > 0 is off-policy (log-probs of the full softmax, as TRL)")
     max_completion_length: int = arg(24, "max generated tokens per completion")
     use_vllm: bool = arg(
         False, "sample with a colocated vLLM engine (needs vllm and a GPU); weights synced after each update"

@@ -3,14 +3,14 @@
 For every prompt x, sample G = num_generations completions y_1..y_G from the policy π_θ at temperature τ (--temperature)
 and score them with the reward r (a weighted sum of reward functions, or a reward model). Then:
 
-    KL-shaped reward (Eq. 3; the KL is a penalty inside the reward, computed on the sampled tokens, not differentiated)
+    KL-shaped reward (the KL is a penalty inside the reward, computed on the sampled tokens, not differentiated)
         R_i = r(x, y_i) − β · Σ_t kl_{i,t}
         kl_{i,t} = log π_θ(y_t | x, y_<t) − log π_ref(y_t | x, y_<t)                     (k1, the default)
         kl_{i,t} = exp(log π_ref − log π_θ) − (log π_ref − log π_θ) − 1                    (k3, --kl_estimator k3)
         (as a reward, k3 estimates the KL's value without bias but its policy gradient E[k3 · ∇log π] is not ∇KL;
          k1's is: ∇KL = E[k1 · ∇log π], since E[∇log π] = 0)
 
-    Leave-one-out baseline and advantage (the RLOO estimator of §2.3: Eq. 7 with b = the mean of the other samples)
+    Leave-one-out baseline and advantage (the paper's RLOO estimator: Eq. 7 with b = the mean of the other samples)
         b_i = 1/(G−1) · Σ_{j≠i} R_j,        A_i = R_i − b_i  = G/(G−1) · (R_i − mean_j R_j)
 
     Sequence-level clipped surrogate, averaged over the B = prompts_per_step · G completions
@@ -31,6 +31,10 @@ prompts and samples, scores and baselines their groups itself, so a leave-one-ou
 process. Each process's loss is the mean over its own completions and DDP averages the gradients, which is the mean
 over the whole batch; the batch-wide statistics (the advantage std for normalize_advantages, every logged metric)
 are gathered from all processes. The update equals the one-process update for the same global batch (tested).
+
+Sampling draws from softmax(logits / τ), the distribution the log-probs above are computed from, whatever the
+checkpoint's generation_config.json sets. --top_k > 0 or --top_p < 1 truncate what is sampled but not the log-probs
+(the full softmax, as in TRL), so they make training off-policy; both are off by default.
 
 Copy rloo.py with common.py (plumbing: arguments, data, processes, sampling, evaluation, checkpoints, logging)
 and rewards.py (reward functions, reward-model scoring; it stands alone); vllm_colocate.py only for --use_vllm.
@@ -92,8 +96,8 @@ class Args:
     )
     # generation
     temperature: float = arg(1.0, "sampling temperature; log-probs use the same logits / temperature")
-    top_p: float = arg(1.0, "nucleus sampling (1.0 = off)")
-    top_k: int = arg(0, "top-k sampling (0 = off)")
+    top_p: float = arg(1.0, "nucleus sampling (1.0 = off); < 1 is off-policy (log-probs of the full softmax, as TRL)")
+    top_k: int = arg(0, "top-k sampling (0 = off); > 0 is off-policy (log-probs of the full softmax, as TRL)")
     max_completion_length: int = arg(24, "max generated tokens per completion")
     use_vllm: bool = arg(
         False, "sample with a colocated vLLM engine (needs vllm and a GPU); weights synced after each update"

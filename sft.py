@@ -159,19 +159,26 @@ def build_tiny_model(args, dataset):
 
 
 def tokenize(tokenizer, dataset, max_length: int) -> list[dict]:
-    """input_ids and labels (-100 on prompt tokens) per prompt/completion pair; each completion ends with EOS."""
+    """input_ids and labels (-100 on prompt tokens) per prompt/completion pair; each completion ends with EOS. A
+    sequence longer than max_length keeps its first max_length tokens (said once, with how many were cut)."""
     prompt_texts = [common.prompt_text(tokenizer, p) for p in dataset["prompt"]]
     completion_texts = [c if isinstance(c, str) else c[-1]["content"] for c in dataset["completion"]]
     prompt_ids = tokenizer(prompt_texts, add_special_tokens=False).input_ids
     completion_ids = tokenizer(completion_texts, add_special_tokens=False).input_ids
-    rows = []
+    rows, cut = [], 0
     for prompt, completion in zip(prompt_ids, completion_ids):
         completion = completion + [tokenizer.eos_token_id]
+        cut += len(prompt) + len(completion) > max_length
         rows.append(
             {
                 "input_ids": (prompt + completion)[:max_length],
                 "labels": ([-100] * len(prompt) + completion)[:max_length],
             }
+        )
+    if cut:
+        print(
+            f"warning: --max_length {max_length}: cut {cut} of {len(rows)} training sequences to their first "
+            f"{max_length} tokens (the rest of each completion, its EOS included, is not trained on)"
         )
     return rows
 

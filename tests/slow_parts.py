@@ -1,9 +1,10 @@
 """Run a training script with one part slowed down, for the tests that send a signal while that part runs:
 
-    python tests/slow_parts.py checkpoint|final_evaluation FLAG_FILE script.py [flags]
+    python tests/slow_parts.py checkpoint|first_evaluation|final_evaluation FLAG_FILE script.py [flags]
 
-checkpoint: each model write of a checkpoint touches FLAG_FILE, then takes 3 s more. final_evaluation: the evaluation
-after the last step (the second one, with --eval_steps 0) touches FLAG_FILE, then takes 60 s more.
+checkpoint: each model write of a checkpoint touches FLAG_FILE, then takes 3 s more. first_evaluation and
+final_evaluation: the evaluation before the first step, or after the last one (the second, with --eval_steps 0), touches
+FLAG_FILE, then takes 60 s more.
 """
 
 import importlib
@@ -34,7 +35,7 @@ def main():
     if part == "checkpoint":
         common.save_model = slowed(common.save_model, flag_file, 3)
     else:
-        common.evaluate = slowed(common.evaluate, flag_file, 60, skip=1)
+        common.evaluate = slowed(common.evaluate, flag_file, 60, skip=0 if part == "first_evaluation" else 1)
     module = importlib.import_module(Path(script).stem)
     common.cli(module.main, module.Args, sys.argv[4:])
 

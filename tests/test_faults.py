@@ -1,21 +1,28 @@
 """Nothing lost, one line for every mistake (issue 10), in every script where it applies.
 
 Faults: a run stopped by Ctrl-C or SIGTERM keeps a checkpoint, a second signal while that checkpoint is written does not
-destroy it, a stop during the final evaluation keeps the trained model, `latest` resumes the newest complete
-checkpoint, a full disk keeps the previous checkpoint, a run owns its --output_dir. Mistakes: one line
-`error: --flag: ...`, exit status 2, nothing written.
+destroy it, a stop during an evaluation outside the loop is one line and keeps the trained model, `latest` resumes the
+newest complete checkpoint, a full disk keeps the previous checkpoint, a run owns its --output_dir (a lock with a
+heartbeat). Mistakes: one line `error: --flag: ...`, exit status 2, nothing written.
+
+rloo.py's cases run in the fast subset; the other scripts' cases that take more than a few seconds are marked slow.
 """
 
 import errno
 import json
+import os
 import shutil
 import signal
 import subprocess
 import sys
+import threading
+import time
 
 import pytest
 import torch
-from conftest import ROOT, logged, start_run, wait_for
+from conftest import LOGGED_KEY, ROOT, logged, start_run, wait_for
+from safetensors import SafetensorError
+from transformers import modeling_utils
 
 import common
 import grpo
@@ -41,8 +48,28 @@ TINY = {  # in-process runs of a step or two
     "grpo.py": dict(prompts_per_step=4, num_generations=4, max_steps=2, eval_steps=0, logging_steps=1, save_steps=0),
     "reinforce.py": dict(prompts_per_step=4, max_steps=2, eval_steps=0, logging_steps=1, save_steps=0),
     "ppo.py": dict(prompts_per_step=4, num_ppo_epochs=1, max_steps=2, eval_steps=0, logging_steps=1, save_steps=0),
+    "sft.py": dict(
+        train_batch_size=8, samples_per_problem=2, num_generations_eval=1, max_steps=2, eval_steps=0, logging_steps=1
+    ),
+    "reward_model.py": dict(train_batch_size=8, pairs_per_problem=1, max_steps=2, eval_steps=0, logging_steps=1),
 }
 NOISE = ("Removed shared tensor", "Writing model shards", "LOAD REPORT")
+
+
+def every(scripts, *values, fast=("rloo.py",)):
+    """pytest params (script, *values), one per script; those not in `fast` are marked slow."""
+    return [pytest.param(script, *values, marks=() if script in fast else pytest.mark.slow) for script in scripts]
+
+
+def run_tiny(script: str, out, **overrides):
+    """The script's TINY run in this process, writing to `out`."""
+    module = SCRIPTS[script]
+    module.main(module.Args(output_dir=str(out), **{**TINY[script], **overrides}))
+
+
+def tiny_flags(script: str, **overrides) -> list[str]:
+    """The script's TINY run as command-line flags."""
+    return [text for name, value in {**TINY[script], **overrides}.items() for text in (f"--{name}", str(value))]
 
 
 def cli_error(script: str, argv: list[str], capsys) -> str:
@@ -70,44 +97,67 @@ def test_sigterm_saves_a_checkpoint_and_exits_143_quietly(tmp_path, interrupt_ru
     assert not (tmp_path / "out" / common.LOCK_FILE).exists()  # the lock goes with the run
 
 
-@pytest.mark.parametrize("second", [signal.SIGINT, pytest.param(signal.SIGTERM, marks=pytest.mark.slow)])
-def test_a_second_signal_while_the_checkpoint_is_written_does_not_destroy_it(tmp_path, second):
+@pytest.mark.parametrize(
+    "script, second",
+    [*every(SCRIPTS, signal.SIGINT), pytest.param("rloo.py", signal.SIGTERM, marks=pytest.mark.slow)],
+)
+def test_a_second_signal_while_the_checkpoint_is_written_does_not_destroy_it(tmp_path, script, second):
     out, flag = tmp_path / "out", tmp_path / "saving"
-    process = start_run("rloo.py", out, slow=("checkpoint", flag))
-    wait_for(logged(out, "reward"), process)
+    process = start_run(script, out, slow=("checkpoint", flag))
+    wait_for(logged(out, LOGGED_KEY[script]), process)
     process.send_signal(signal.SIGINT)
     wait_for(flag.exists, process)  # the checkpoint is being written (slowly)
     process.send_signal(second)
     stdout, stderr = process.communicate(timeout=120)
-    assert process.returncode in (130, -signal.SIGTERM), stderr  # stopped at once, but only after the write
-    assert "Traceback" not in stderr
+    assert process.returncode == 128 + second, stderr  # stopped at once, but only after the write
+    assert "Traceback" not in stderr and stderr.strip().splitlines()[-1].startswith("stopped at once by ")
     checkpoint = common.resolve_checkpoint("latest", str(out))
     assert torch.load(checkpoint / "training_state.pt", weights_only=False)["step"] == max(
         r["step"] for r in common.read_metrics(out)
     )
-    assert not list(out.glob(".checkpoint-*"))
+    assert not list(out.glob(".checkpoint-*")) and not (out / common.LOCK_FILE).exists()
 
 
-def test_a_stop_during_the_final_evaluation_keeps_the_trained_model(tmp_path):
+@pytest.mark.parametrize(
+    "script, signum",
+    [pytest.param("rloo.py", signal.SIGINT, marks=pytest.mark.slow), *every(SAMPLING, signal.SIGTERM)],
+)
+def test_a_stop_during_the_final_evaluation_keeps_the_trained_model(tmp_path, script, signum):
+    """Outside the training loop a signal stops at once, SIGTERM as Ctrl-C: one line saying what was kept, exit status
+    128 + its number, the lock released. The final model is saved before the final evaluation."""
     from transformers import AutoModelForCausalLM
 
     out, flag = tmp_path / "out", tmp_path / "evaluating"
-    process = start_run(
-        "rloo.py", out, "--max_steps", "2", "--num_generations_eval", "1", slow=("final_evaluation", flag)
-    )
+    process = start_run(script, out, "--max_steps", "2", "--num_generations_eval", "1", slow=("final_evaluation", flag))
     wait_for(flag.exists, process)
-    process.send_signal(signal.SIGINT)
+    process.send_signal(signum)
     stdout, stderr = process.communicate(timeout=120)
-    assert process.returncode == 130
-    assert stderr.strip().splitlines()[-1].startswith("stopped at once by Ctrl-C") and "Traceback" not in stderr
+    assert process.returncode == 128 + signum, stderr
+    name = "Ctrl-C" if signum == signal.SIGINT else "SIGTERM"
+    assert stderr.strip().splitlines()[-1] == (
+        f"stopped at once by {name}: the trained model is saved in {out}; only the final evaluation is lost"
+    )
+    assert "Traceback" not in stderr and not (out / common.LOCK_FILE).exists()
     assert AutoModelForCausalLM.from_pretrained(out) is not None  # the model of step 2, saved before the evaluation
 
 
-def test_latest_resumes_the_newest_complete_checkpoint(tmp_path, capsys):
+def test_sigterm_during_the_first_evaluation_is_one_line_and_releases_the_folder(tmp_path):
+    out, flag = tmp_path / "out", tmp_path / "evaluating"
+    process = start_run("rloo.py", out, "--num_generations_eval", "1", slow=("first_evaluation", flag))
+    wait_for(flag.exists, process)
+    process.send_signal(signal.SIGTERM)
+    stdout, stderr = process.communicate(timeout=120)
+    assert process.returncode == 143, stderr
+    assert stderr.strip().splitlines()[-1].startswith("stopped at once by SIGTERM: the checkpoints in ")
+    assert "Traceback" not in stderr and not (out / common.LOCK_FILE).exists()
+
+
+@pytest.mark.parametrize("script", every(SCRIPTS))
+def test_latest_resumes_the_newest_complete_checkpoint(tmp_path, capsys, script):
     """checkpoint-best, a half-copied checkpoint-99, a truncated training_state.pt, a leftover temporary folder and a
-    torn last metrics line are all skipped, each said; the run resumes from checkpoint-2."""
+    torn last metrics line are all skipped, each said in a line of its own; the run resumes from checkpoint-2."""
     out = tmp_path / "out"
-    rloo.main(rloo.Args(output_dir=str(out), **{**TINY["rloo.py"], "save_steps": 1}))
+    run_tiny(script, out, save_steps=1)
     shutil.copytree(out / "checkpoint-1", out / "checkpoint-best")
     shutil.copytree(out / "checkpoint-2", out / "checkpoint-99")
     optimizer = out / "checkpoint-99" / "accelerator_state" / "optimizer.bin"
@@ -120,33 +170,62 @@ def test_latest_resumes_the_newest_complete_checkpoint(tmp_path, capsys):
         f.write('{"step": 3, "rew')  # killed mid-write
     capsys.readouterr()
     assert common.resolve_checkpoint("latest", str(out)).name == "checkpoint-2"
-    said = capsys.readouterr().out
-    assert (
-        "checkpoint-99 (accelerator_state/optimizer.bin has 100 of" in said
-        and "checkpoint-50 (training_state.pt does not load" in said
-    )
-    rloo.main(rloo.Args(output_dir=str(out), resume_from_checkpoint="latest", **{**TINY["rloo.py"], "max_steps": 3}))
-    assert [r["step"] for r in common.read_metrics(out) if "reward" in r] == [1, 2, 3]
+    said = capsys.readouterr().out.splitlines()
+    assert [line.split(" (")[0] for line in said] == [
+        "--resume_from_checkpoint: dropping 1 line(s) of metrics.jsonl that do not parse",
+        "--resume_from_checkpoint latest: checkpoint-2, skipping .checkpoint-70.tmp",
+        "--resume_from_checkpoint latest: checkpoint-2, skipping checkpoint-best",
+        "--resume_from_checkpoint latest: checkpoint-2, skipping checkpoint-99",
+        "--resume_from_checkpoint latest: checkpoint-2, skipping checkpoint-50",
+    ]
+    assert said[1].endswith("(a write that did not finish)") and "(not named checkpoint-N" in said[2]
+    assert "(accelerator_state/optimizer.bin has 100 of" in said[3] and "(training_state.pt does not load" in said[4]
+    run_tiny(script, out, resume_from_checkpoint="latest", max_steps=3)
+    assert [r["step"] for r in common.read_metrics(out) if LOGGED_KEY[script] in r] == [1, 2, 3]
 
 
-def test_a_full_disk_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
+FULL_DISK = {  # what each writer raises on a full disk, as seen on a 25 MB tmpfs
+    "OSError": OSError(errno.ENOSPC, "No space left on device"),
+    "torch": RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 6114688 vs 6114576"),
+    "safetensors": SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)"),
+}
+
+
+@pytest.mark.parametrize(
+    "script, writer",
+    [*every(SCRIPTS, "torch"), ("rloo.py", "safetensors"), pytest.param("rloo.py", "OSError", marks=pytest.mark.slow)],
+)
+def test_a_full_disk_keeps_the_previous_checkpoint(tmp_path, monkeypatch, capsys, script, writer):
+    """torch.save (accelerate's optimizer.bin) raises RuntimeError, safetensors (the model) its own error, Python's own
+    writes OSError: each is one line naming the checkpoint and the error, exit status 2; the earlier checkpoint is kept
+    and no temporary folder is left to fill the disk (or make the next run refuse the folder)."""
     out = tmp_path / "out"
-    save = torch.save
+    torch_save, safetensors_save = torch.save, modeling_utils.safe_save_file
 
-    def disk_full_at_step_2(obj, path, *args, **kwargs):
-        if str(path).endswith("training_state.pt") and obj["step"] == 2:
-            raise OSError(errno.ENOSPC, "No space left on device")
-        return save(obj, path, *args, **kwargs)
+    def fail(real):
+        def write(obj, path, *args, **kwargs):
+            if ".checkpoint-2.tmp" in str(path) and (real is safetensors_save) == (writer == "safetensors"):
+                raise FULL_DISK[writer]
+            return real(obj, path, *args, **kwargs)
 
-    monkeypatch.setattr(torch, "save", disk_full_at_step_2)
-    with pytest.raises(
-        ConfigError,
-        match=r"--output_dir: cannot write .*checkpoint-2 \(No space left on device\); "
-        r"the earlier checkpoints are kept",
-    ):
-        rloo.main(rloo.Args(output_dir=str(out), **{**TINY["rloo.py"], "max_steps": 3, "save_steps": 1}))
+        return write
+
+    monkeypatch.setattr(torch, "save", fail(torch_save))
+    monkeypatch.setattr(modeling_utils, "safe_save_file", fail(safetensors_save))
+    usage = shutil.disk_usage(tmp_path)
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage._replace(free=2**20))  # 1 MB left
+    line = cli_error(script, [*tiny_flags(script, max_steps=3, save_steps=1), "--output_dir", str(out)], capsys)
+    reason = (
+        "No space left on device"
+        if writer == "OSError"
+        else f"{type(FULL_DISK[writer]).__name__}: {FULL_DISK[writer]}; the disk may be full: 1.0 MB free"
+    )
+    assert (
+        line == f"error: --output_dir: cannot write {out / 'checkpoint-2'} ({reason}); the earlier checkpoints are kept"
+    )
     assert common.checkpoint_problem(out / "checkpoint-1") is None
     assert not (out / "checkpoint-2").exists() and not list(out.glob(".checkpoint-*"))
+    assert not (out / common.LOCK_FILE).exists()
 
 
 @pytest.mark.parametrize("script", RL)
@@ -165,16 +244,18 @@ def test_a_reward_function_that_raises_stops_the_run_after_a_checkpoint(tmp_path
 
 
 @pytest.mark.parametrize("returned", ["0.5", "None"])
-def test_a_reward_function_must_return_a_list(tmp_path, returned):
+@pytest.mark.parametrize("script", every(RL))
+def test_a_reward_function_must_return_a_list(tmp_path, script, returned):
     module = tmp_path / "scalar.py"
     module.write_text(f"def scalar(completions, **kwargs):\n    return {returned}\n")
     with pytest.raises(
         TrainingError, match=f"reward function scalar: returned {returned}, not a list with one value per completion"
     ):
-        rloo.main(rloo.Args(output_dir=str(tmp_path / "out"), reward_funcs=f"{module}:scalar", **TINY["rloo.py"]))
+        run_tiny(script, tmp_path / "out", reward_funcs=f"{module}:scalar")
 
 
-def test_the_error_line_starts_on_a_line_of_its_own(tmp_path):
+@pytest.mark.parametrize("script", every(RL))
+def test_the_error_line_starts_on_a_line_of_its_own(tmp_path, script):
     """Not after the progress bar (tqdm ends its lines with a carriage return only)."""
     module = tmp_path / "flaky.py"
     module.write_text(
@@ -184,17 +265,12 @@ def test_the_error_line_starts_on_a_line_of_its_own(tmp_path):
     result = subprocess.run(
         [
             sys.executable,
-            str(ROOT / "rloo.py"),
+            str(ROOT / script),
+            *tiny_flags(script, max_steps=5, logging_steps=10),
             "--output_dir",
             str(tmp_path / "out"),
             "--reward_funcs",
             f"{module}:flaky",
-            "--max_steps",
-            "5",
-            "--prompts_per_step",
-            "4",
-            "--eval_steps",
-            "0",
         ],
         capture_output=True,
         text=True,
@@ -209,39 +285,76 @@ def test_the_error_line_starts_on_a_line_of_its_own(tmp_path):
 # ----------------------------------------------------------------------------------------------------------------------
 # Output folders
 # ----------------------------------------------------------------------------------------------------------------------
-def test_a_fresh_run_into_another_runs_folder_stops_unless_asked_to_continue_or_start_over(tmp_path):
+@pytest.mark.parametrize("script", every(SCRIPTS))
+def test_a_fresh_run_into_another_runs_folder_stops_unless_asked_to_continue_or_start_over(tmp_path, script):
     out = tmp_path / "out"
-    tiny = {**TINY["rloo.py"], "max_steps": 1, "save_steps": 1}
-    rloo.main(rloo.Args(output_dir=str(out), **tiny))
+    run_tiny(script, out, max_steps=1, save_steps=1)
     before = (out / "metrics.jsonl").read_text()
     with pytest.raises(
         ConfigError,
         match="--output_dir: .* holds another run \\(checkpoint-1, metrics.jsonl\\): continue it with "
         "--resume_from_checkpoint latest, start over with --overwrite_output_dir",
     ):
-        rloo.main(rloo.Args(output_dir=str(out), **tiny))
+        run_tiny(script, out, max_steps=1, save_steps=1)
     assert (out / "metrics.jsonl").read_text() == before
-    rloo.main(rloo.Args(output_dir=str(out), resume_from_checkpoint="latest", **{**tiny, "max_steps": 2}))
-    assert [r["step"] for r in common.read_metrics(out) if "reward" in r] == [1, 2]
-    rloo.main(rloo.Args(output_dir=str(out), overwrite_output_dir=True, **{**tiny, "save_steps": 0}))
-    assert [r["step"] for r in common.read_metrics(out) if "reward" in r] == [1] and not list(out.glob("checkpoint-*"))
+    run_tiny(script, out, resume_from_checkpoint="latest", max_steps=2, save_steps=1)
+    assert [r["step"] for r in common.read_metrics(out) if LOGGED_KEY[script] in r] == [1, 2]
+    run_tiny(script, out, overwrite_output_dir=True, max_steps=1, save_steps=0)
+    assert [r["step"] for r in common.read_metrics(out) if LOGGED_KEY[script] in r] == [1]
+    assert not list(out.glob("checkpoint-*"))
 
 
-def test_a_live_runs_lock_stops_a_second_run_and_a_dead_runs_lock_does_not(tmp_path, capsys):
+@pytest.mark.parametrize("script", every(SCRIPTS))
+def test_a_live_runs_lock_stops_a_second_run_and_a_dead_runs_lock_does_not(tmp_path, capsys, script):
     out = tmp_path / "out"
     out.mkdir()
     other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
         (out / common.LOCK_FILE).write_text(json.dumps({"pid": other.pid, "host": common.socket.gethostname()}))
-        with pytest.raises(ConfigError, match=f"--output_dir: .* is in use by another run \\(pid {other.pid}\\)"):
-            rloo.main(rloo.Args(output_dir=str(out), **TINY["rloo.py"]))
+        with pytest.raises(ConfigError, match=f"--output_dir: .* is in use by another run \\(pid {other.pid} on "):
+            run_tiny(script, out)
         assert sorted(p.name for p in out.iterdir()) == [common.LOCK_FILE]  # nothing written
     finally:
         other.kill()
         other.wait()
     capsys.readouterr()
-    rloo.main(rloo.Args(output_dir=str(out), **TINY["rloo.py"]))  # a crashed run's lock is stale
+    run_tiny(script, out)  # a crashed run's lock is stale
     assert f"taking over the stale lock of a run that is gone (pid {other.pid})" in capsys.readouterr().out
+
+
+def test_a_lock_without_a_heartbeat_is_stale_whatever_host_wrote_it(tmp_path, capsys):
+    """A run killed on another node (a Slurm requeue, a preempted pod) cannot be asked whether it lives: its lock is
+    stale once its heartbeat (the file's mtime) is older than LOCK_STALE_S; a fresh one still refuses, and says who
+    holds it, since when, and what to do."""
+    lock = tmp_path / common.LOCK_FILE
+    lock.write_text(json.dumps({"pid": 4242, "host": "node-17", "since": "2025-01-01 10:00:00 UTC"}))
+    refused = common.take_lock(tmp_path)
+    assert refused.startswith(
+        f"--output_dir: {tmp_path} is in use by another run (pid 4242 on node-17, since 2025-01-01 10:00:00 UTC, "
+        "heartbeat 0 s ago): wait for it or choose another folder. If that run is gone, its lock is taken over 5 "
+        "minutes after its last heartbeat"
+    )
+    old = time.time() - common.LOCK_STALE_S - 60
+    os.utime(lock, (old, old))
+    assert common.take_lock(tmp_path) is None
+    assert "taking over the lock of pid 4242 on node-17: no heartbeat for 6 minutes" in capsys.readouterr().out
+    assert json.loads(lock.read_text())["pid"] == os.getpid()
+    common.release_output_dir(str(tmp_path))
+    assert not lock.exists()
+
+
+def test_a_running_runs_lock_has_a_heartbeat(tmp_path, monkeypatch):
+    """The run touches its lock every LOCK_HEARTBEAT_S seconds; the heartbeat ends with the lock."""
+    monkeypatch.setattr(common, "LOCK_HEARTBEAT_S", 0.05)
+    assert common.take_lock(tmp_path) is None
+    lock = tmp_path / common.LOCK_FILE
+    os.utime(lock, (0, 0))
+    time.sleep(0.5)
+    assert time.time() - lock.stat().st_mtime < 5
+    (beating,) = [thread for thread in threading.enumerate() if thread.name == f"heartbeat {lock}"]
+    common.release_output_dir(str(tmp_path))
+    time.sleep(0.5)
+    assert not beating.is_alive()
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -360,3 +473,16 @@ def test_required_columns_come_from_the_signature():
     assert required_columns(accuracy_reward) == ["ground_truth"]
     assert required_columns(format_reward) == []
     assert required_columns(mine) == ["answer", "unit"]
+
+
+def test_sft_says_how_many_training_sequences_it_cuts(tiny_tokenizer, capsys):
+    """A prompt and completion longer than --max_length are cut to its first tokens: one warning, before training."""
+    from datasets import Dataset
+
+    dataset = Dataset.from_list([{"prompt": "1 + 1 =", "completion": " 2" * n} for n in (1, 40, 2, 60)])
+    rows = sft.tokenize(tiny_tokenizer, dataset, max_length=24)
+    assert [len(row["input_ids"]) for row in rows][1::2] == [24, 24]
+    assert capsys.readouterr().out == (
+        "warning: --max_length 24: cut 2 of 4 training sequences to their first 24 tokens (the rest of each "
+        "completion, its EOS included, is not trained on)\n"
+    )

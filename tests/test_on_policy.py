@@ -4,6 +4,7 @@ passes that must agree; "not applicable" rewards as in TRL; a run that cannot le
 
 import copy
 import dataclasses
+import json
 import math
 
 import pytest
@@ -24,8 +25,10 @@ from rloo import leave_one_out_advantages
 TWO_STEPS = dict(
     max_steps=2, eval_steps=0, logging_steps=1, save_steps=0, num_generations_eval=1, max_completion_length=8
 )
-# sft.py tokenizes its whole built-in demonstration set (78k examples, ~25 s) before its first step: full suite only
-ALL_SCRIPTS = [rloo, grpo, reinforce, ppo, pytest.param(sft, marks=pytest.mark.slow), reward_model]
+ALL_SCRIPTS = [rloo, grpo, reinforce, ppo, sft, reward_model]
+# sft.py and reward_model.py tokenize their whole built-in data set before the first step (sft's default, 78k
+# demonstrations, takes ~25 s): two per problem, one pair per problem, is enough for two steps
+SMALL_DATA = dict(samples_per_problem=2, pairs_per_problem=1)
 RL_SCRIPTS = {
     rloo: dict(prompts_per_step=2, num_generations=2),
     grpo: dict(prompts_per_step=2, num_generations=2),
@@ -104,6 +107,41 @@ def test_disable_dropout_covers_attention_and_lora_dropout(hub_model):
     torch.testing.assert_close(model(ids).logits, model(ids).logits, atol=0, rtol=0)
 
 
+@pytest.mark.parametrize(
+    "config",
+    [
+        # attention dropout as a float attribute of the attention layer: Llama's `attention_dropout`, OPT's `dropout`
+        dict(model_type="llama", attention_dropout=0.5, num_key_value_heads=2),
+        dict(model_type="opt", dropout=0.5, attention_dropout=0.5, ffn_dim=64, word_embed_proj_dim=32),
+        dict(model_type="gpt2", attn_pdrop=0.5, resid_pdrop=0.5, embd_pdrop=0.5, n_embd=32, n_layer=2, n_head=4),
+    ],
+    ids=lambda config: config["model_type"],
+)
+def test_disable_dropout_covers_the_dropout_rates_layers_keep_as_floats(config):
+    """Not every architecture holds its dropout in nn.Dropout modules: the attention layers of Llama, Qwen2 and OPT
+    pass a float attribute to F.dropout themselves. Each of these tiny models gives bit-equal outputs twice in train
+    mode once disable_dropout has run."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    sizes = dict(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        max_position_embeddings=32,
+    )
+    config = dict(config)
+    model_type = config.pop("model_type")
+    model = AutoModelForCausalLM.from_config(AutoConfig.for_model(model_type, **sizes, **config))
+    model.train()
+    ids = torch.randint(0, 64, (2, 16))
+    torch.manual_seed(0)
+    assert not torch.equal(model(ids).logits, model(ids).logits)
+    common.disable_dropout(model)
+    torch.testing.assert_close(model(ids).logits, model(ids).logits, atol=0, rtol=0)
+
+
 def test_ppo_with_lora_starts_every_update_at_ratio_one(tmp_path, hub_model):
     """One PPO epoch over one mini-batch: the update pass sees the rollout pass's function, so ρ ≡ 1 and nothing is
     clipped. With LoRA's dropout on (the old behaviour) tokens left the clip range before any update."""
@@ -120,6 +158,48 @@ def test_ppo_with_lora_starts_every_update_at_ratio_one(tmp_path, hub_model):
     )
     for record in [r for r in common.read_metrics(tmp_path) if "policy/approxkl_avg" in r]:
         assert record["policy/approxkl_avg"] == 0 and record["policy/clipfrac_avg"] == 0
+
+
+@pytest.mark.parametrize("disable_dropout", [True, False])
+@pytest.mark.parametrize("script", [rloo, grpo, reinforce, ppo, reward_model], ids=lambda m: m.__name__)
+def test_what_a_script_trains_has_no_dropout_unless_asked(tmp_path, hub_model, monkeypatch, script, disable_dropout):
+    """Every model the script hands to accelerator.prepare (the ones it trains: PPO's value model too) gives the same
+    output twice in train mode; with --disable_dropout False the fixture's attention and LoRA dropout stay on."""
+    from accelerate import Accelerator
+
+    trained = []
+    prepare = Accelerator.prepare
+    monkeypatch.setattr(
+        Accelerator,
+        "prepare",
+        lambda self, *objects: (
+            trained.extend(o for o in objects if isinstance(o, torch.nn.Module)) or prepare(self, *objects)
+        ),
+    )
+    fields = {f.name for f in dataclasses.fields(script.Args)}
+    small = {**TWO_STEPS, **RL_SCRIPTS.get(script, {}), **SMALL_DATA, "max_steps": 1, "train_batch_size": 8}
+    script.main(
+        script.Args(
+            model_name_or_path=hub_model,
+            output_dir=str(tmp_path),
+            use_peft=True,
+            lora_dropout=0.5,
+            disable_dropout=disable_dropout,
+            eval_strategy="no",
+            **{k: v for k, v in small.items() if k in fields},
+        )
+    )
+    assert len(trained) == (2 if script is ppo else 1)
+    ids = torch.randint(5, 300, (1, 16))
+    for model in trained:
+        # LoRA's B and PPO's value head start at zero and one step on a random model (no reward signal) leaves them
+        # there, which would hide the dropout before them: give them weights
+        with torch.no_grad():
+            for parameter in model.parameters():
+                if not parameter.any():
+                    parameter.normal_()
+        model.train()
+        assert torch.equal(model(input_ids=ids).logits, model(input_ids=ids).logits) == disable_dropout
 
 
 # ---- 3. "not applicable" rewards, as TRL
@@ -189,6 +269,50 @@ def test_a_batch_no_reward_applies_to_teaches_nothing(tmp_path, script):
         assert record.get("reward", record.get("objective/scores")) is None
 
 
+def test_ppo_unscorable_rows_change_nothing_the_scorable_rows_learn(tmp_path, monkeypatch, recorded_gradients):
+    """Six prompts, the reward function returns None for two: the first update (policy and value gradient, with both
+    whitenings on) and the logged score are those of a run on the four scorable prompts alone. The completions are
+    fixed texts per prompt (tests/fixed_rollouts.py), so both runs train on the same scorable rows."""
+    from fixed_rollouts import fixed_generate
+
+    monkeypatch.setattr(common, "generate", fixed_generate)
+    module = tmp_path / "some.py"
+    module.write_text(
+        "def some(completions, scorable, **kwargs):\n"
+        "    return [len(c[-1]['content']) % 7 if s else None for c, s in zip(completions, scorable)]\n"
+    )
+    problems = common.arithmetic_split("train")[:6]
+    scorable = [True, False, True, True, False, True]
+    runs = {}
+    for name, keep in (("mixed", [True] * 6), ("scorable", scorable)):
+        rows = [
+            {"prompt": [{"role": "user", "content": common.arithmetic_question(a, op, b)}], "scorable": s}
+            for (a, op, b, _), s, k in zip(problems, scorable, keep)
+            if k
+        ]
+        (tmp_path / f"{name}.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+        start = len(recorded_gradients)
+        ppo.main(
+            ppo.Args(
+                output_dir=str(tmp_path / name),
+                dataset_name=str(tmp_path / f"{name}.jsonl"),
+                reward_funcs=f"{module}:some",
+                whiten_rewards=True,
+                **{**TWO_STEPS, "max_steps": 1},
+                prompts_per_step=len(rows),
+                num_ppo_epochs=1,
+            )
+        )
+        (record,) = [r for r in common.read_metrics(tmp_path / name) if "objective/scores" in r]
+        runs[name] = recorded_gradients[start : start + 2], record  # the policy's gradient, then the value model's
+    (mixed_policy, mixed_value), mixed = runs["mixed"]
+    (policy, value), alone = runs["scorable"]
+    assert mixed["objective/scores"] == pytest.approx(alone["objective/scores"])
+    torch.testing.assert_close(mixed_policy, policy)
+    torch.testing.assert_close(mixed_value, value)
+    assert policy.abs().max() > 0 and value.abs().max() > 0
+
+
 # ---- 4. PPO evaluates with its training end tokens
 # --------------------------------------------------------------------
 def test_ppo_evaluation_ends_completions_where_training_does(tmp_path, monkeypatch):
@@ -209,17 +333,20 @@ def test_ppo_evaluation_ends_completions_where_training_does(tmp_path, monkeypat
 
 # ---- 5. a run that cannot learn says so; evaluation can be switched off
 # -----------------------------------------------
-def test_a_run_without_reward_signal_says_so_once(tmp_path, capsys):
+@pytest.mark.parametrize("script", list(RL_SCRIPTS), ids=lambda m: m.__name__)
+def test_a_run_without_reward_signal_says_so_once(tmp_path, capsys, script):
+    """Every completion scores 0: after NO_SIGNAL_STEPS training steps in a row (logged or not: this run logs every
+    5th step), one warning naming the functions."""
     module = tmp_path / "zero.py"
     module.write_text("def zero(completions, **kwargs):\n    return [0.0] * len(completions)\n")
-    rloo.main(
-        rloo.Args(
+    script.main(
+        script.Args(
             output_dir=str(tmp_path / "out"),
             reward_funcs=f"accuracy,{module}:zero",
             reward_weights="0,1",
             eval_strategy="no",
-            **{**TWO_STEPS, "max_steps": common.NO_SIGNAL_STEPS + 2},
-            **RL_SCRIPTS[rloo],
+            **{**TWO_STEPS, "max_steps": common.NO_SIGNAL_STEPS + 2, "logging_steps": 5},
+            **RL_SCRIPTS[script],
         )
     )
     err = capsys.readouterr().err
@@ -231,7 +358,7 @@ def test_a_run_without_reward_signal_says_so_once(tmp_path, capsys):
 def test_eval_strategy_no_never_evaluates(tmp_path, script, monkeypatch):
     monkeypatch.setattr(common, "evaluate", lambda *a, **k: pytest.fail("evaluated"))
     fields = {f.name for f in dataclasses.fields(script.Args)}
-    small = {**TWO_STEPS, **RL_SCRIPTS.get(script, {}), "max_steps": 1, "train_batch_size": 8}
+    small = {**TWO_STEPS, **RL_SCRIPTS.get(script, {}), **SMALL_DATA, "max_steps": 1, "train_batch_size": 8}
     overrides = {k: v for k, v in small.items() if k in fields}
     script.main(script.Args(output_dir=str(tmp_path), eval_strategy="no", **overrides))
     assert not any(key.startswith("eval/") for r in common.read_metrics(tmp_path) for key in r)
@@ -243,7 +370,9 @@ def test_eval_strategy_no_never_evaluates(tmp_path, script, monkeypatch):
 def test_every_script_trains_two_steps_on_a_hub_like_checkpoint(tmp_path, hub_model, script):
     fields = {f.name for f in dataclasses.fields(script.Args)}
     overrides = {
-        k: v for k, v in {**TWO_STEPS, **RL_SCRIPTS.get(script, {}), "train_batch_size": 8}.items() if k in fields
+        k: v
+        for k, v in {**TWO_STEPS, **RL_SCRIPTS.get(script, {}), **SMALL_DATA, "train_batch_size": 8}.items()
+        if k in fields
     }
     script.main(script.Args(model_name_or_path=hub_model, output_dir=str(tmp_path), **overrides))
     assert [r["step"] for r in common.read_metrics(tmp_path) if "learning_rate" in r] == [1, 2]

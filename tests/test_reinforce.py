@@ -117,7 +117,7 @@ def test_kl_estimators_and_the_kl_shaped_reward():
     k3 = per_token_kl(logprobs, ref_logprobs, "k3")
     assert k1.tolist()[0] == pytest.approx([math.log(2), 0.0])
     assert k3.tolist()[0] == pytest.approx([0.5 + math.log(2) - 1, 0.0])
-    # Eq. 3: R = r − β Σ_t kl_t, then the baseline
+    # the KL-shaped reward R = r − β Σ_t kl_t, then the baseline
     shaped = torch.tensor([1.0]) - 0.1 * k1.sum(1)
     assert reinforce_advantages(
         shaped, baseline="moving_average", reward_sum=1.0, reward_count=4
