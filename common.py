@@ -322,6 +322,7 @@ def make_accelerator(args) -> Accelerator:
     """accelerate's Accelerator: one process, or whatever `accelerate launch` set up. `--bf16` forces bf16 autocast;
     otherwise the launch config's mixed precision applies."""
     accelerator = Accelerator(mixed_precision="bf16" if args.bf16 else None)
+    map_large_blocks()
     if accelerator.state.deepspeed_plugin is not None:  # no DataLoader is prepared, so DeepSpeed's batch bookkeeping
         accelerator.state.deepspeed_plugin.deepspeed_config["train_micro_batch_size_per_gpu"] = 1  # needs a number
     return accelerator
@@ -720,6 +721,24 @@ def release_freed_memory():
     trim = getattr(_libc(), "malloc_trim", None)
     if trim is not None:
         trim(0)
+
+
+M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter (malloc.h)
+MMAP_THRESHOLD = 4 * 2**20  # bytes: a block at least this large gets a mapping of its own, unmapped when freed
+
+
+def map_large_blocks():
+    """Fix glibc's mmap threshold at MMAP_THRESHOLD (4 MB), so that within a step every large tensor is a mapping of
+    its own, returned to the operating system as soon as it is freed.
+
+    Left to itself the threshold rises to 32 MB as large blocks are freed, and from then on activations come from the
+    heap, whose free fragments stay resident until `release_freed_memory` at the end of the step. Measured on rloo.py
+    --use_peft, fp32, 135M parameters, 32 completions: 4.8 GB in use at the peak of the backward pass but 8.4 GB
+    resident (6.4 GB with the fixed threshold). A threshold set in the environment (MALLOC_MMAP_THRESHOLD_) is left
+    as it is; without glibc this does nothing."""
+    mallopt = getattr(_libc(), "mallopt", None)
+    if mallopt is not None and "MALLOC_MMAP_THRESHOLD_" not in os.environ:
+        mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)
 
 
 @functools.cache

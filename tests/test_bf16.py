@@ -2,6 +2,10 @@
 the chunked log-softmax (the same numbers and gradients as one chunk, no float32 copy of the logits kept), and a bf16
 run that learns."""
 
+import os
+import subprocess
+import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -151,3 +155,36 @@ def test_release_freed_memory_returns_the_freed_heap_to_the_os():
     common.release_freed_memory()
     assert before - rss_mb() > 200
     del keep
+
+
+MAPPED_AFTER_A_LARGE_FREE = """
+import ctypes, sys, torch
+sys.path.insert(0, {root!r})
+import common
+FIELDS = "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost".split()  # struct mallinfo2
+class MallInfo(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in FIELDS]
+libc = ctypes.CDLL(None)
+libc.mallinfo2.restype = MallInfo
+if {fixed}:
+    common.map_large_blocks()
+big = torch.ones(4 * 2**20)
+del big  # a 16 MB block, freed: glibc's dynamic threshold rises to its size
+mapped = libc.mallinfo2().hblkhd
+block = torch.ones(2**21)  # 8 MB
+print(libc.mallinfo2().hblkhd - mapped >= 8 * 2**20)
+"""
+
+
+@pytest.mark.parametrize("fixed", [False, True])
+def test_map_large_blocks_keeps_large_tensors_out_of_the_heap(fixed):
+    """After a large block is freed, glibc serves the next tensors of up to 32 MB from its heap (where freed fragments
+    stay resident until the step ends); with common.map_large_blocks, which every script runs through
+    make_accelerator, an 8 MB tensor still gets a mapping of its own. In a fresh process each: the threshold is
+    process-wide."""
+    if getattr(common._libc(), "mallinfo2", None) is None:
+        pytest.skip("not glibc 2.33 or newer")
+    code = MAPPED_AFTER_A_LARGE_FREE.format(root=str(Path(common.__file__).parent), fixed=fixed)
+    env = {k: v for k, v in os.environ.items() if k != "MALLOC_MMAP_THRESHOLD_"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True).stdout
+    assert out.strip() == str(fixed)
