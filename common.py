@@ -32,6 +32,7 @@ import socket
 import sys
 import threading
 import time
+import warnings
 from pathlib import Path
 
 import torch
@@ -45,6 +46,10 @@ from transformers.utils import logging as transformers_logging
 
 # defined in rewards.py, which imports nothing from this project so that it can be copied alone
 from rewards import ConfigError, TrainingError, as_completion, first_line, is_conversational, split_list  # noqa: F401
+
+# peft reads transformers' deprecated `is_gradient_checkpointing` in every get_peft_model: a FutureWarning the user of
+# --use_peft cannot act on
+warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
 
 ROOT = Path(__file__).resolve().parent
 EMBEDDED_MODEL = str(ROOT / "models" / "tiny-arith")
@@ -650,6 +655,14 @@ def sampling_config(tokenizer, args, greedy: bool = False) -> GenerationConfig:
         pad_token_id=tokenizer.pad_token_id,
         **sampling,
     )
+
+
+def checkpoint_activations(model):
+    """--gradient_checkpointing: recompute each layer's activations in the backward pass instead of keeping them.
+    transformers 5 renamed `gradient_checkpointing_enable` to `activation_checkpointing_enable` (the old name warns);
+    the new name where the installed version has it."""
+    enable = getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
+    enable()
 
 
 def disable_dropout(model):

@@ -475,7 +475,7 @@ def main(args: Args):
     if args.disable_dropout:
         common.disable_dropout(model)
     if args.gradient_checkpointing:
-        model.gradient_checkpointing_enable()
+        common.checkpoint_activations(model)
         if args.use_peft:
             model.enable_input_require_grads()
     model.train()
@@ -504,7 +504,7 @@ def main(args: Args):
     if args.disable_dropout:
         common.disable_dropout(value_model)
     if args.gradient_checkpointing:
-        value_model.gradient_checkpointing_enable()
+        common.checkpoint_activations(value_model)
         if args.use_peft:
             value_model.enable_input_require_grads()
     value_model.train()

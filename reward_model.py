@@ -276,7 +276,7 @@ def main(args: Args):
     if args.disable_dropout:
         common.disable_dropout(model)
     if args.gradient_checkpointing:
-        model.gradient_checkpointing_enable()
+        common.checkpoint_activations(model)
         if args.use_peft:
             model.enable_input_require_grads()
     model.train()

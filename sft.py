@@ -255,7 +255,7 @@ def main(args: Args):
 
         model = get_peft_model(model, common.lora_config(args))
     if args.gradient_checkpointing:
-        model.gradient_checkpointing_enable()
+        common.checkpoint_activations(model)
         model.config.use_cache = False
     model.train()
     common.check_max_length(model, args.max_length)

@@ -118,6 +118,21 @@ def test_a_second_signal_while_the_checkpoint_is_written_does_not_destroy_it(tmp
     assert not list(out.glob(".checkpoint-*")) and not (out / common.LOCK_FILE).exists()
 
 
+@pytest.mark.parametrize("script", every(SCRIPTS))
+def test_lora_with_gradient_checkpointing_warns_nothing(tmp_path, script):
+    """transformers 5 deprecated the names `gradient_checkpointing_enable` (which the scripts no longer call) and
+    `is_gradient_checkpointing` (which peft reads in get_peft_model): neither FutureWarning reaches the user."""
+    flags = tiny_flags(script, max_steps=1, use_peft=True, gradient_checkpointing=True, eval_strategy="no")
+    run = subprocess.run(
+        [sys.executable, str(ROOT / script), *flags, "--output_dir", str(tmp_path / "out")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert run.returncode == 0, run.stderr
+    assert "Warning" not in run.stderr, run.stderr
+
+
 @pytest.mark.parametrize(
     "script, signum",
     [pytest.param("rloo.py", signal.SIGINT, marks=pytest.mark.slow), *every(SAMPLING, signal.SIGTERM)],
