@@ -7,6 +7,8 @@ from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+if "PYTEST_XDIST_WORKER" in os.environ:  # under `pytest -n`: one thread per worker and per run it starts, so the
+    os.environ["OMP_NUM_THREADS"] = "1"  # workers share the cores instead of each taking all of them
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
