@@ -144,10 +144,8 @@ def test_release_freed_memory_returns_the_freed_heap_to_the_os():
         with open("/proc/self/statm") as f:
             return int(f.read().split()[1]) * 4096 / 2**20
 
-    big = torch.ones(
-        8 * 2**20
-    )  # a 32 MB block, freed: glibc raises its mmap threshold, later blocks come from its heap
-    del big
+    big = torch.ones(4 * 2**20)  # a 16 MB block, freed: glibc raises its mmap threshold (a 32 MB one would not: over
+    del big  # its 32 MB ceiling), so the 1 MB blocks below come from its heap, as they do under map_large_blocks
     blocks = [torch.ones(2**18) for _ in range(300)]  # 300 MB of 1 MB tensors
     keep = blocks[-1]
     del blocks
