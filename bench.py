@@ -313,8 +313,9 @@ def logprob_gap(model_path: str, args: Args, length: int) -> dict:
     texts = [common.prompt_text(tokenizer, p) for p in prompts for _ in range(G)]
     sampling = SimpleNamespace(temperature=1.0, top_p=1.0, top_k=0, max_completion_length=length)
     torch.manual_seed(0)
-    out = common.generate(sampler, tokenizer, texts, common.sampling_config(tokenizer, sampling))
-    mask, _ = rloo.end_of_completion(out["completion_ids"], tokenizer.eos_token_id)
+    generation_config = common.sampling_config(sampler, tokenizer, sampling)
+    out = common.generate(sampler, tokenizer, texts, generation_config)
+    mask, _ = rloo.end_of_completion(out["completion_ids"], generation_config.eos_token_id)
     completion_ids = out["completion_ids"].masked_fill(mask == 0, tokenizer.pad_token_id)
     input_ids, attention_mask = (
         torch.cat([out["prompt_ids"], completion_ids], 1),

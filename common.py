@@ -65,14 +65,17 @@ def arg(default, help: str):
 
 def parse_args(args_class, argv=None):
     """`args_class` from the command line. Prefixes of flags are not accepted (`--num_generation` is not
-    `--num_generations_eval`); an unknown flag or a value of the wrong type is a ConfigError naming the flag."""
+    `--num_generations_eval`); an unknown flag or a value of the wrong type is a ConfigError naming the flag. Only the
+    command line counts: no `<script>.args` file next to the script is read (HfArgumentParser's default)."""
     parser = HfArgumentParser(args_class, allow_abbrev=False)
 
     def error(message: str):  # argparse's "argument --flag/--flag-alias: invalid int value: 'x'" -> "--flag: ..."
         raise ConfigError(re.sub(r"^argument (--[^/:]+)(/[^:]*)?: ", r"\1: ", message))
 
     parser.error = error
-    args, unknown = parser.parse_args_into_dataclasses(args=argv, return_remaining_strings=True)
+    args, unknown = parser.parse_args_into_dataclasses(
+        args=argv, return_remaining_strings=True, look_for_args_file=False
+    )
     if unknown:
         flags = [f"--{field.name}" for field in dataclasses.fields(args_class)]
         close = difflib.get_close_matches(unknown[0].split("=")[0], flags, n=1)
@@ -639,19 +642,27 @@ def lora_config(args, task_type: str = "CAUSAL_LM"):
     )
 
 
-def sampling_config(tokenizer, args, greedy: bool = False) -> GenerationConfig:
+def sampling_config(model, tokenizer, args, greedy: bool = False) -> GenerationConfig:
     """softmax(logits / temperature), or greedy decoding, and nothing else; `generate` keeps a checkpoint's own
     generation_config.json (repetition penalty, min_new_tokens, its top_k, ...) out of it.
+
+    A completion ends at any of the checkpoint's end ids (`eos_token_id`, from its generation_config.json, else its
+    config.json: an int or a list, such as Llama-3-Instruct's <|eot_id|> next to <|end_of_text|> or Qwen2.5-Instruct's
+    two) and at the tokenizer's EOS, as in TRL. Of that file only this field is read: it says what the model's tokens
+    mean, the rest how to sample. The scripts end each completion at this config's `eos_token_id` (a list).
 
     The log-probs are those of the full softmax(logits / temperature), as in TRL: with --top_k > 0 or --top_p < 1 the
     sampler draws from a truncated distribution that the log-probs do not describe, so training is off-policy.
     """
+    shipped = model.generation_config.eos_token_id
+    shipped = [shipped] if isinstance(shipped, int) else list(shipped or [])  # an int, a list or None
+    end_ids = sorted({tokenizer.eos_token_id, *shipped} - {None})
     # top_k 0 = off (None would let transformers fill in its default of 50); greedy decoding takes no sampling flags
     sampling = {} if greedy else {"temperature": args.temperature, "top_p": args.top_p, "top_k": args.top_k}
     return GenerationConfig(
         do_sample=not greedy,
         max_new_tokens=args.max_completion_length,
-        eos_token_id=tokenizer.eos_token_id,
+        eos_token_id=end_ids,
         pad_token_id=tokenizer.pad_token_id,
         **sampling,
     )
@@ -828,9 +839,9 @@ def masked_mean(values: torch.Tensor, mask: torch.Tensor, dim=None) -> torch.Ten
 def evaluate(model, tokenizer, eval_dataset: Dataset, args, reward_fns: dict, seed: int, end_ids=None) -> dict:
     """Mean of each reward function on held-out prompts: `eval/<name>` sampled (`num_generations_eval` samples per
     prompt at the training temperature) and `eval/<name>_greedy`; a completion ends at the training's end tokens
-    (`end_ids`, default the tokenizer's EOS). Runs under its own RNG, so evaluating never changes what training samples.
-    With several processes, each scores an equal share of the prompts (padded by repeating the last one, which is
-    dropped again) and every process returns the same means."""
+    (`end_ids`, default the checkpoint's: `sampling_config`). Runs under its own RNG, so evaluating never changes what
+    training samples. With several processes, each scores an equal share of the prompts (padded by repeating the last
+    one, which is dropped again) and every process returns the same means."""
     processes = PartialState()  # the process layout `accelerate launch` set up (one process without it)
     was_training = model.training
     model.eval()
@@ -839,8 +850,8 @@ def evaluate(model, tokenizer, eval_dataset: Dataset, args, reward_fns: dict, se
     with torch.random.fork_rng(devices=[torch.cuda.current_device()] if torch.cuda.is_available() else []):
         torch.manual_seed(seed + 1000 * processes.process_index)
         for suffix, repeats, config in (
-            ("", args.num_generations_eval, sampling_config(tokenizer, args)),
-            ("_greedy", 1, sampling_config(tokenizer, args, greedy=True)),
+            ("", args.num_generations_eval, sampling_config(model, tokenizer, args)),
+            ("_greedy", 1, sampling_config(model, tokenizer, args, greedy=True)),
         ):
             config.eos_token_id = end_ids or config.eos_token_id
             rows = [row for row in eval_dataset for _ in range(repeats)]

@@ -396,7 +396,7 @@ def heldout_measurements(policy_paths: list[str], config, reward_model_path: str
         else None
     )
     texts = [common.prompt_text(tokenizer, p) for p in prompts]
-    generation_config = common.sampling_config(tokenizer, config)
+    generation_config = common.sampling_config(reference, tokenizer, config)
     measured = []
     for path in policy_paths:
         policy = common.load_causal_lm(path).to(device).eval()

@@ -122,7 +122,7 @@ class Args:
     kl_target: float = arg(6.0, "--adaptive_kl: target sequence KL in nats")
     kl_horizon: int = arg(10000, "--adaptive_kl: horizon in completions")
     stop_token: str = arg(
-        "eos", "the token that ends a completion: 'eos' (the tokenizer's) or any text that is one token"
+        "eos", "the token that ends a completion: 'eos' (the checkpoint's end tokens) or any text that is one token"
     )
     missing_eos_penalty: float | None = arg(None, "subtracted from the score of a completion without the stop token")
     disable_dropout: bool = arg(
@@ -282,25 +282,27 @@ def per_token_kl(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: 
     return log_ratio if estimator == "k1" else torch.exp(-log_ratio) + log_ratio - 1
 
 
-def stop_token_id(tokenizer, stop_token: str) -> int:
-    """--stop_token as a token id: 'eos' is the tokenizer's EOS; any other text must be exactly one token."""
+def stop_token_ids(tokenizer, stop_token: str, end_ids: list[int]) -> list[int]:
+    """--stop_token as the ids a completion that has stopped ends with: 'eos' is any of the checkpoint's end ids
+    (`end_ids`, the sampling config's); any other text must be exactly one token."""
     if stop_token == "eos":
-        return tokenizer.eos_token_id
+        return end_ids
     ids = tokenizer.encode(stop_token, add_special_tokens=False)
     require(len(ids) == 1, f"--stop_token: {stop_token!r} is {len(ids)} tokens for this tokenizer, not one")
-    return ids[0]
+    return ids
 
 
-def ends_with(completion_ids: torch.Tensor, completion_mask: torch.Tensor, token_id: int) -> torch.Tensor:
-    """Whether each completion's last real token is `token_id` (B,): False for a truncated completion, or one that
-    ended at another end token (the tokenizer's EOS when --stop_token is something else)."""
+def ends_with(completion_ids: torch.Tensor, completion_mask: torch.Tensor, token_ids: list[int]) -> torch.Tensor:
+    """Whether each completion's last real token is one of `token_ids` (B,): False for a truncated completion, or one
+    that ended at another end token (the checkpoint's when --stop_token is something else)."""
     last = (completion_mask.sum(1) - 1).clamp(min=0)
-    return (completion_ids.gather(1, last[:, None]).squeeze(1) == token_id) & (completion_mask.sum(1) > 0)
+    last_token = completion_ids.gather(1, last[:, None]).squeeze(1)
+    return torch.isin(last_token, torch.tensor(token_ids, device=last_token.device)) & (completion_mask.sum(1) > 0)
 
 
-def load_value_model(path: str, flag: str):
-    """A sequence-classification model with one label: a reward model (a LoRA one merged into its base model), or a
-    causal LM given a fresh head, zero-initialized so that V ≡ 0 at the start."""
+def load_value_model(path: str, flag: str, dtype: torch.dtype):
+    """A sequence-classification model with one label, in `dtype`: a reward model (a LoRA one merged into its base
+    model), or a causal LM given a fresh head, zero-initialized so that V ≡ 0 at the start."""
     from transformers import AutoModelForSequenceClassification
 
     try:
@@ -308,13 +310,15 @@ def load_value_model(path: str, flag: str):
             from peft import AutoPeftModelForSequenceClassification
 
             value_model, missing_keys = (
-                AutoPeftModelForSequenceClassification.from_pretrained(path, num_labels=1).merge_and_unload(),
+                AutoPeftModelForSequenceClassification.from_pretrained(
+                    path, num_labels=1, dtype=dtype
+                ).merge_and_unload(),
                 [],
             )
         else:
             with common.new_head_expected():  # from a causal LM: a new head, zeroed below
                 value_model, info = AutoModelForSequenceClassification.from_pretrained(
-                    path, num_labels=1, output_loading_info=True
+                    path, num_labels=1, output_loading_info=True, dtype=dtype
                 )
             missing_keys = info["missing_keys"]
             common.warn_missing_weights(missing_keys, flag)
@@ -461,7 +465,6 @@ def main(args: Args):
     # ---- plumbing: models: policy, reference (only when kl_coef > 0), reward functions, value model ----
     checkpoint = common.resolve_checkpoint(args.resume_from_checkpoint, args.output_dir)
     tokenizer = common.load_tokenizer(args.model_name_or_path)
-    stop_id = stop_token_id(tokenizer, args.stop_token)
     # float32 master weights whatever the checkpoint's dtype (with --use_peft --bf16 the frozen base is bf16); a
     # resumed run gets its weights from the checkpoint below
     master_dtype = torch.bfloat16 if args.bf16 and args.use_peft else torch.float32
@@ -469,7 +472,7 @@ def main(args: Args):
     splits = {args.dataset_train_split: train_dataset, args.dataset_test_split: eval_dataset}
     common.check_prompt_lengths(tokenizer, model, args.max_completion_length, splits)  # prompt + completion fit
     if args.use_peft:
-        from peft import get_peft_model
+        from peft import cast_mixed_precision_params, get_peft_model
 
         model = get_peft_model(model, common.lora_config(args))
     if args.disable_dropout:
@@ -495,12 +498,13 @@ def main(args: Args):
         else "--model_name_or_path"
     )
     value_model = load_value_model(
-        args.value_model_path or args.reward_model_path or args.model_name_or_path, value_flag
+        args.value_model_path or args.reward_model_path or args.model_name_or_path, value_flag, master_dtype
     )
     # its forward also reads the head at the last non-pad token
     value_model.config.pad_token_id = tokenizer.pad_token_id
     if args.use_peft:
         value_model = get_peft_model(value_model, common.lora_config(args, task_type="SEQ_CLS"))
+        cast_mixed_precision_params(value_model, master_dtype)  # trained: peft's copy of the score head too, float32
     if args.disable_dropout:
         common.disable_dropout(value_model)
     if args.gradient_checkpointing:
@@ -508,9 +512,10 @@ def main(args: Args):
         if args.use_peft:
             value_model.enable_input_require_grads()
     value_model.train()
-    generation_config = common.sampling_config(tokenizer, args)
-    # a completion ends at EOS or the stop token
-    generation_config.eos_token_id = sorted({tokenizer.eos_token_id, stop_id})
+    generation_config = common.sampling_config(model, tokenizer, args)
+    stop_ids = stop_token_ids(tokenizer, args.stop_token, generation_config.eos_token_id)
+    # a completion ends at the checkpoint's end tokens or the stop token
+    generation_config.eos_token_id = sorted({*generation_config.eos_token_id, *stop_ids})
 
     params = [p for p in model.parameters() if p.requires_grad]
     value_params = [p for p in value_model.parameters() if p.requires_grad]
@@ -621,7 +626,7 @@ def main(args: Args):
             T = completion_ids.shape[1]
             rewards, rewards_per_func = batch["rewards"].to(device), batch["rewards_per_func"]
             scores = rewards  # r(x, y), on the last token below
-            stopped = ends_with(completion_ids, completion_mask, stop_id)  # the others get --missing_eos_penalty
+            stopped = ends_with(completion_ids, completion_mask, stop_ids)  # the others get --missing_eos_penalty
             if args.missing_eos_penalty is not None:
                 scores -= args.missing_eos_penalty * (~stopped).float()
 

@@ -360,7 +360,7 @@ def main(args: Args):
     reward_funcs = load_reward_funcs(args.reward_funcs, args.reward_model_path, device)
     weights = reward_weights(args.reward_weights, reward_funcs)
     check_columns(reward_funcs, train_dataset)  # every column a reward function needs, before anything runs
-    generation_config = common.sampling_config(tokenizer, args)
+    generation_config = common.sampling_config(model, tokenizer, args)
 
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=args.learning_rate, weight_decay=args.weight_decay)
@@ -385,7 +385,7 @@ def main(args: Args):
     if args.use_vllm:  # after resuming, so the engine starts from the resumed weights
         from vllm_colocate import VLLMGenerator
 
-        vllm = VLLMGenerator(accelerator, args, tokenizer, model)
+        vllm = VLLMGenerator(accelerator, args, tokenizer, model, generation_config.eos_token_id)
     sampler = common.bf16_sampler(accelerator, model, args)  # --bf16: a bf16 copy of the policy samples
     common.claim_output_dir(accelerator, args)  # every check is done: from here on, this run writes
     logger = common.MetricsLogger(

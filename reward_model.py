@@ -257,10 +257,12 @@ def main(args: Args):
     checkpoint = common.resolve_checkpoint(args.resume_from_checkpoint, args.output_dir)
     tokenizer = common.load_tokenizer(args.model_name_or_path)
     path = args.model_name_or_path  # a resumed run gets its weights from the checkpoint below
+    # float32 master weights whatever the checkpoint's dtype (with --use_peft --bf16 the frozen base is bf16)
+    master_dtype = torch.bfloat16 if args.bf16 and args.use_peft else torch.float32
     try:
         with common.new_head_expected():  # a causal LM gets a new score head: transformers' report of it is expected
             model, info = AutoModelForSequenceClassification.from_pretrained(
-                path, num_labels=1, output_loading_info=True
+                path, num_labels=1, output_loading_info=True, dtype=master_dtype
             )
     except (OSError, ValueError) as error:
         raise ConfigError(
@@ -270,9 +272,10 @@ def main(args: Args):
     common.check_max_length(model, args.max_length)
     model.config.pad_token_id = tokenizer.pad_token_id  # the head reads the last token that is not padding
     if args.use_peft:
-        from peft import get_peft_model
+        from peft import cast_mixed_precision_params, get_peft_model
 
         model = get_peft_model(model, common.lora_config(args, task_type="SEQ_CLS"))
+        cast_mixed_precision_params(model, master_dtype)  # trained: peft's copy of the score head too, float32
     if args.disable_dropout:
         common.disable_dropout(model)
     if args.gradient_checkpointing:

@@ -17,7 +17,7 @@ class VLLMGenerator:
     weights are copied into it at the start (a resumed run's) and after every update (`sync_weights`). vllm is
     imported only here."""
 
-    def __init__(self, accelerator: Accelerator, args, tokenizer, model, end_ids: list[int] | None = None):
+    def __init__(self, accelerator: Accelerator, args, tokenizer, model, end_ids: list[int]):
         try:
             import vllm
         except ImportError:
@@ -49,9 +49,6 @@ class VLLMGenerator:
             max_model_len=args.vllm_max_model_length,
             generation_config="vllm",  # the checkpoint's generation_config.json sets no sampling defaults
         )
-        self.end_ids = end_ids or [
-            tokenizer.eos_token_id
-        ]  # a completion ends at any of these (EOS, or PPO's --stop_token)
         self.sampling_params = vllm.SamplingParams(  # softmax(logits / temperature), as sampling_config: no penalties
             n=1,
             temperature=args.temperature,
@@ -63,7 +60,7 @@ class VLLMGenerator:
             frequency_penalty=0.0,
             min_tokens=0,
             max_tokens=args.max_completion_length,
-            stop_token_ids=self.end_ids,
+            stop_token_ids=end_ids,  # the sampling config's end ids (and PPO's --stop_token): ended as generate ends
         )
         self.tokenizer = tokenizer
         self.sync_weights(accelerator, model)

@@ -6,6 +6,9 @@ adds a system turn, dropout in the attention (the embedded model has none), and 
 chat checkpoints ship (temperature, top-k/top-p, repetition penalty, min_new_tokens, suppressed and banned tokens, a
 second end token). A script that lets any of that leak into sampling, or keeps dropout on between two passes that must
 agree, fails the tests that run on it.
+
+Two copies of the embedded model stand for two more things most hub checkpoints do: store their weights in bfloat16
+(`make_bf16_checkpoint`), and end a turn with a token that is not the tokenizer's EOS (`make_turn_end_checkpoint`).
 """
 
 from pathlib import Path
@@ -75,6 +78,32 @@ def make_hub_like_checkpoint(folder: Path) -> Path:
         suppress_tokens=[tokenizer.unk_token_id],
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=[tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<|user|>")],
+    )
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def make_bf16_checkpoint(folder: Path) -> Path:
+    """The embedded model saved in bfloat16, as most hub checkpoints are stored (config.json says `"dtype":
+    "bfloat16"`): transformers then loads it in bf16 unless asked for another dtype."""
+    model = common.load_causal_lm(common.EMBEDDED_MODEL, dtype=torch.bfloat16)
+    model.save_pretrained(folder)
+    common.load_tokenizer(common.EMBEDDED_MODEL).save_pretrained(folder)
+    return folder
+
+
+def make_turn_end_checkpoint(folder: Path) -> Path:
+    """The embedded model shipped as Llama-3-Instruct is: the tokenizer's EOS is a token the model never emits
+    (<|endoftext|>, here also the pad token), and generation_config.json lists, as a second end id, the token that ends
+    each of its turns (<|im_end|>, which ends nearly every completion the model samples)."""
+    tokenizer = common.load_tokenizer(common.EMBEDDED_MODEL)
+    model = common.load_causal_lm(common.EMBEDDED_MODEL)
+    tokenizer.eos_token = "<|endoftext|>"
+    model.config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config = GenerationConfig(
+        eos_token_id=[tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<|im_end|>")],
+        pad_token_id=tokenizer.pad_token_id,
     )
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)

@@ -115,7 +115,7 @@ def test_end_of_completion_masks_everything_after_the_first_end_token(tiny_model
         common.prompt_text(tiny_tokenizer, [{"role": "user", "content": common.arithmetic_question(a, "+", 1)}])
         for a in range(6)
     ]
-    out = common.generate(tiny_model, tiny_tokenizer, texts, common.sampling_config(tiny_tokenizer, Args))
+    out = common.generate(tiny_model, tiny_tokenizer, texts, common.sampling_config(tiny_model, tiny_tokenizer, Args))
     eos = tiny_tokenizer.eos_token_id
     completion_mask, is_truncated = script.end_of_completion(out["completion_ids"], eos)
     for ids, mask, truncated in zip(out["completion_ids"], completion_mask, is_truncated):
@@ -215,6 +215,6 @@ def test_sampling_config_samples_from_the_distribution_the_logprobs_assume(tiny_
             )
         ]
 
-    assert processors(common.sampling_config(tiny_tokenizer, Args)) == ["TemperatureLogitsWarper"]
+    assert processors(common.sampling_config(tiny_model, tiny_tokenizer, Args)) == ["TemperatureLogitsWarper"]
     Args.top_k = 5
-    assert "TopKLogitsWarper" in processors(common.sampling_config(tiny_tokenizer, Args))
+    assert "TopKLogitsWarper" in processors(common.sampling_config(tiny_model, tiny_tokenizer, Args))

@@ -58,11 +58,10 @@ def sampled_and_computed_logprobs(model, tokenizer, monkeypatch, **sampling):
         [{"role": "user", "content": common.arithmetic_question(a, op, b)}]
         for a, op, b, _ in common.arithmetic_split("train")[:8]
     ]
-    out = common.generate(
-        model, tokenizer, [common.prompt_text(tokenizer, p) for p in prompts], common.sampling_config(tokenizer, args)
-    )
+    config = common.sampling_config(model, tokenizer, args)
+    out = common.generate(model, tokenizer, [common.prompt_text(tokenizer, p) for p in prompts], config)
     T = out["completion_ids"].shape[1]
-    completion_mask, _ = rloo.end_of_completion(out["completion_ids"], tokenizer.eos_token_id)
+    completion_mask, _ = rloo.end_of_completion(out["completion_ids"], config.eos_token_id)
     sampler = torch.log_softmax(recorded[0].float(), -1).gather(-1, out["completion_ids"][..., None]).squeeze(-1)
     input_ids = torch.cat([out["prompt_ids"], out["completion_ids"]], 1)
     attention_mask = torch.cat([out["prompt_mask"], completion_mask], 1)

@@ -136,10 +136,10 @@ def test_stop_token_other_than_eos():
 
 
 def test_stop_token_must_be_one_token(tiny_tokenizer):
-    assert ppo.stop_token_id(tiny_tokenizer, "eos") == tiny_tokenizer.eos_token_id
-    assert ppo.stop_token_id(tiny_tokenizer, ">") == tiny_tokenizer.encode(">", add_special_tokens=False)[0]
+    assert ppo.stop_token_ids(tiny_tokenizer, "eos", [2, 7]) == [2, 7]  # 'eos': every end id of the checkpoint
+    assert ppo.stop_token_ids(tiny_tokenizer, ">", [2]) == tiny_tokenizer.encode(">", add_special_tokens=False)
     with pytest.raises(ConfigError, match="--stop_token: '</answer>' is 3 tokens"):
-        ppo.stop_token_id(tiny_tokenizer, "</answer>")
+        ppo.stop_token_ids(tiny_tokenizer, "</answer>", [2])
 
 
 def test_missing_eos_penalty_checks_the_configured_stop_token(tmp_path):
