@@ -300,7 +300,7 @@ def ends_with(completion_ids: torch.Tensor, completion_mask: torch.Tensor, token
     return torch.isin(last_token, torch.tensor(token_ids, device=last_token.device)) & (completion_mask.sum(1) > 0)
 
 
-def load_value_model(path: str, flag: str, dtype: torch.dtype):
+def load_value_model(path: str, flag: str, dtype: torch.dtype = torch.float32):
     """A sequence-classification model with one label, in `dtype`: a reward model (a LoRA one merged into its base
     model), or a causal LM given a fresh head, zero-initialized so that V ≡ 0 at the start."""
     from transformers import AutoModelForSequenceClassification

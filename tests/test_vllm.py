@@ -114,6 +114,7 @@ def test_vllm_samples_softmax_over_temperature_whatever_the_checkpoint_ships(tmp
         args(tmp_path, temperature=0.8),
         common.load_tokenizer(common.EMBEDDED_MODEL),
         common.load_causal_lm(common.EMBEDDED_MODEL),
+        end_ids=[2],  # the embedded model's EOS
     )
     assert vllm.llm.kwargs["generation_config"] == "vllm"
     neutral = dict(
