@@ -12,7 +12,6 @@ taken; whatever a reward module does wrong while it loads or runs is one line.
 rloo.py's cases run in the fast subset; the other scripts' cases that take more than a few seconds are marked slow.
 """
 
-import functools
 import json
 
 import numpy as np
@@ -23,9 +22,10 @@ from test_faults import RL, SCRIPTS, cli_error, every, run_tiny, tiny_flags
 
 import common
 import reward_model
+import rewards
 import sft
 from common import ConfigError, TrainingError
-from rewards import compute_rewards, load_reward_funcs, reward_inputs
+from rewards import compute_rewards, load_reward_funcs
 
 USER = [{"role": "user", "content": "Compute 1 + 1. Answer in the form <answer>N</answer>."}]
 PAIRS = ("sft.py", "reward_model.py")
@@ -184,7 +184,7 @@ def test_a_prompt_that_ends_with_the_assistants_turn_is_continued(tiny_tokenizer
     text = common.prompt_text(tiny_tokenizer, prefilled)
     assert text.endswith("<|im_start|>assistant\nLet me think:")
     assert common.prompt_text(tiny_tokenizer, USER).endswith("<|im_start|>assistant\n")
-    assert reward_inputs(prefilled, " <answer>2</answer>") == (
+    assert rewards.reward_inputs(prefilled, " <answer>2</answer>") == (
         USER,
         [{"role": "assistant", "content": "Let me think: <answer>2</answer>"}],
     )
@@ -203,8 +203,18 @@ def test_a_prompt_that_ends_with_the_assistants_turn_is_continued(tiny_tokenizer
 
 @pytest.mark.parametrize("script", every(RL))
 def test_rl_trains_on_prefilled_conversations_from_jsonl(tmp_path, script):
+    """The reward functions of every RL script see the continued answer, and the prompt without its prefill."""
     rows = [{"prompt": [*USER, {"role": "assistant", "content": "<answer>"}], "ground_truth": "2"}] * 8
-    run_tiny(script, tmp_path / "out", dataset_name=write_jsonl(tmp_path / "d.jsonl", rows), max_steps=1)
+    (tmp_path / "check.py").write_text(
+        "def continued(prompts, completions, **kwargs):\n"
+        "    assert all(p[-1]['role'] == 'user' and c[0]['content'].startswith('<answer>')\n"
+        "               for p, c in zip(prompts, completions))\n"
+        "    return [1.0] * len(completions)\n"
+    )
+    data = write_jsonl(tmp_path / "d.jsonl", rows)
+    run_tiny(
+        script, tmp_path / "out", dataset_name=data, reward_funcs=f"{tmp_path / 'check.py'}:continued", max_steps=1
+    )
     assert len([r for r in common.read_metrics(tmp_path / "out") if "step_time" in r]) == 1
 
 
@@ -231,7 +241,8 @@ def test_what_a_reasonable_reward_function_returns_is_taken(returned):
 
 
 def test_none_is_not_applicable_in_any_container():
-    assert scores(lambda completions, **kwargs: np.array([1.0, None, 0.0], dtype=object)).isnan().tolist() == [
+    returned = np.array([np.float32(1.0), None, np.int64(0)], dtype=object)
+    assert scores(lambda completions, **kwargs: returned).isnan().tolist() == [
         False,
         True,
         False,
@@ -239,10 +250,13 @@ def test_none_is_not_applicable_in_any_container():
 
 
 def test_awaitables_from_any_callable_are_awaited():
-    async def later(completions, value, **kwargs):
-        return [value] * len(completions)
+    """An object whose __call__ is async (a client with a connection pool, say) is awaited like an async function."""
 
-    assert scores(functools.partial(later, value=0.25)).tolist() == [0.25] * 3
+    class Judge:
+        async def __call__(self, completions, **kwargs):
+            return [0.25] * len(completions)
+
+    assert scores(Judge()).tolist() == [0.25] * 3
 
 
 @pytest.mark.parametrize(
