@@ -945,7 +945,8 @@ def evaluate(model, tokenizer, eval_dataset: Dataset, args, reward_fns: dict, se
                         scores[name].update(zip(batch_indices, fn(prompts=prompts, completions=completions, **kwargs)))
             for name, local in scores.items():
                 merged = {i: v for part in gather_object([local]) for i, v in part.items()}
-                metrics[f"eval/{name}{suffix}"] = sum(merged.values()) / len(merged)
+                applies = [value for value in merged.values() if value is not None]  # None: not applicable
+                metrics[f"eval/{name}{suffix}"] = sum(applies) / len(applies) if applies else math.nan
     model.train(was_training)
     return metrics
 

@@ -95,10 +95,21 @@ def extract_answer(text: str) -> str | None:
     return None if match is None else match.group(1).strip()
 
 
-def accuracy_reward(completions, ground_truth, **kwargs) -> list[float]:
-    """1.0 when the extracted answer equals the ground truth, else 0.0."""
+def same_answer(answer: str | None, truth) -> bool:
+    """'84' matches '84', 84 and 84.0 (a csv column with an empty cell is read as floats)."""
+    if answer == str(truth):
+        return True
+    try:
+        return float(answer) == float(truth)
+    except (TypeError, ValueError):
+        return False
+
+
+def accuracy_reward(completions, ground_truth, **kwargs) -> list[float | None]:
+    """1.0 when the extracted answer equals the ground truth, else 0.0; None (not applicable) where the row has no
+    ground truth."""
     return [
-        1.0 if extract_answer(completion_text(c)) == str(answer) else 0.0
+        None if answer is None else float(same_answer(extract_answer(completion_text(c)), answer))
         for c, answer in zip(completions, ground_truth)
     ]
 
@@ -252,6 +263,12 @@ def check_columns(reward_funcs: dict, dataset, flag: str = "--dataset_name"):
                 raise ConfigError(
                     f"{flag}: the dataset has no {column!r} column, which reward function {name} needs "
                     f"(columns: {dataset.column_names})"
+                )
+            empty = sum(value is None for value in dataset[column])
+            if empty:
+                print(
+                    f"{flag}: {empty} of {len(dataset)} rows have no {column!r} (None), which reward function {name} "
+                    "needs: it gets None for them"
                 )
         parameters = inspect.signature(function).parameters
         if not any(p.kind == p.VAR_KEYWORD for p in parameters.values()):

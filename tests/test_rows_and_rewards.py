@@ -126,6 +126,31 @@ def test_every_file_format_gives_the_same_rows(tmp_path, capsys):
         common.load_split(str(tmp_path / "none.csv"), "train")
 
 
+def test_a_csv_ground_truth_read_as_floats_or_left_empty(tmp_path, capsys, tiny_model, tiny_tokenizer):
+    """csv reads a numeric column with an empty cell as floats and None: 2.0 is the answer 2, and a row without a
+    ground truth is not applicable to accuracy (None), said once, and left out of eval/accuracy."""
+    import rloo
+    from rewards import accuracy_reward, check_columns
+
+    (tmp_path / "d.csv").write_text("prompt,ground_truth\n1 + 1 =,2\n2 + 2 =,\n3 + 3 =,6\n")
+    dataset = common.load_split(str(tmp_path / "d.csv"), "train")
+    assert dataset["ground_truth"] == [2.0, None, 6.0]
+    funcs = load_reward_funcs("accuracy")
+    check_columns(funcs, dataset)
+    assert capsys.readouterr().out == (
+        "--dataset_name: 1 of 3 rows have no 'ground_truth' (None), which reward function accuracy_reward needs: it "
+        "gets None for them\n"
+    )
+    texts = ["<answer>2</answer>", "<answer>4</answer>", "<answer>6.0</answer>"]
+    _, per_func = compute_rewards(
+        funcs, torch.ones(1), dataset["prompt"], texts, [[]] * 3, {"ground_truth": dataset["ground_truth"]}
+    )
+    assert per_func[[0, 2], 0].tolist() == [1.0, 1.0] and per_func[1, 0].isnan()
+    args = rloo.Args(num_generations_eval=1, max_completion_length=4)
+    metrics = common.evaluate(tiny_model, tiny_tokenizer, dataset, args, {"accuracy": accuracy_reward}, seed=0)
+    assert 0.0 <= metrics["eval/accuracy"] <= 1.0
+
+
 @pytest.mark.parametrize("script", every(SCRIPTS))
 def test_empty_rows_are_skipped_with_a_count_and_the_rest_trains(tmp_path, capsys, script):
     rows = [good_row(script, i) for i in range(10)]
