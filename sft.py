@@ -166,7 +166,8 @@ def tokenize(tokenizer, dataset, max_length: int) -> list[dict]:
     for i, completion in enumerate(dataset["completion"]):
         require(
             isinstance(completion, str) or len(completion) == 1,
-            f"--dataset_name: 'completion' of row {i}: expected one assistant message, got {len(completion)} messages",
+            f"--dataset_name: 'completion' of training row {i}: expected one assistant message, got "
+            f"{len(completion)} messages",
         )
     prompt_texts = [common.prompt_text(tokenizer, p) for p in dataset["prompt"]]
     completion_texts = [c if isinstance(c, str) else c[-1]["content"] for c in dataset["completion"]]

@@ -179,7 +179,9 @@ def test_sft_skips_empty_completions_and_prompts_that_fill_max_length(tmp_path, 
     assert row["labels"][-1] == tiny_tokenizer.eos_token_id
     assert "--max_length 24: skipping 1 of 2 training rows whose prompt alone is that long" in capsys.readouterr().out
     two = Dataset.from_list([{"prompt": USER, "completion": [{"role": "assistant", "content": "a"}] * 2}])
-    with pytest.raises(ConfigError, match="'completion' of row 0: expected one assistant message, got 2 messages"):
+    with pytest.raises(
+        ConfigError, match="'completion' of training row 0: expected one assistant message, got 2 messages"
+    ):
         sft.tokenize(tiny_tokenizer, two, max_length=24)
 
 
