@@ -513,7 +513,9 @@ def load_split(
             raise ConfigError(f"{flag}: cannot load {dataset_name!r}: {first_line(error)}") from None
     require(len(dataset) > 0, f"{flag}: the {split!r} split of {dataset_name} has no rows")
     dataset = usable_rows(dataset, split, columns, flag)
-    require(len(dataset) > 0, f"{flag}: the {split!r} split of {dataset_name} has no row to train on")
+    require(
+        len(dataset) > 0, f"{flag}: the {split!r} split of {dataset_name} has no usable row (every row was skipped)"
+    )
     return dataset
 
 

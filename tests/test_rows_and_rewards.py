@@ -122,7 +122,9 @@ def test_every_file_format_gives_the_same_rows(tmp_path, capsys):
     assert common.load_split(str(tmp_path / "d.jsonl"), "train")["prompt"] == [USER, USER]
     assert "skipping 3 of 5 rows of the 'train' split: 3 with an empty 'prompt' (row 1, ...)" in capsys.readouterr().out
     (tmp_path / "none.csv").write_text("prompt,ground_truth\n,1\n  ,2\n")
-    with pytest.raises(ConfigError, match="--dataset_name: the 'train' split of .* has no row to train on"):
+    with pytest.raises(
+        ConfigError, match="--dataset_name: the 'train' split of .* has no usable row \\(every row was skipped\\)"
+    ):
         common.load_split(str(tmp_path / "none.csv"), "train")
 
 
