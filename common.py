@@ -484,10 +484,15 @@ FILE_BUILDERS = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "
 
 
 def load_split(
-    dataset_name: str, split: str, builtin: dict | None = None, flag: str = "--dataset_name"
+    dataset_name: str,
+    split: str,
+    builtin: dict | None = None,
+    flag: str = "--dataset_name",
+    columns: tuple[str, ...] = ("prompt",),
 ) -> Dataset | None:
     """One split of a dataset: a built-in name (its splits are 'train' and 'test'), a local data file, a local folder,
-    or a hub dataset name. A single local file is its 'train' split. Returns None when the split does not exist."""
+    or a hub dataset name. A single local file is its 'train' split. Returns None when the split does not exist.
+    The text `columns` the script reads are checked row by row (`usable_rows`)."""
     if builtin and dataset_name in builtin:
         return builtin[dataset_name](split) if split in ("train", "test") else None
     path = Path(dataset_name)
@@ -510,7 +515,84 @@ def load_split(
         except Exception as error:
             raise ConfigError(f"{flag}: cannot load {dataset_name!r}: {first_line(error)}") from None
     require(len(dataset) > 0, f"{flag}: the {split!r} split of {dataset_name} has no rows")
+    dataset = usable_rows(dataset, split, columns, flag)
+    require(
+        len(dataset) > 0, f"{flag}: the {split!r} split of {dataset_name} has no usable row (every row was skipped)"
+    )
     return dataset
+
+
+ROLES = ("system", "developer", "user", "assistant", "tool")
+
+
+def usable_rows(dataset: Dataset, split: str, columns: tuple[str, ...], flag: str = "--dataset_name") -> Dataset:
+    """The rows of `dataset` a script can train on, its text `columns` (those it has) read as TRL reads them: a string,
+    or a conversation, a list of {"role", "content"} messages with string content. A row that means nothing (a
+    number, a message without a role or content, an unknown role, a prompt that ends with the system's turn, a
+    completion that does not end with the assistant's, a string prompt with a conversational completion) stops the
+    run with one line naming the column, the split and the row. A row with nothing to train on (None, a text or a
+    conversation that is empty or whitespace, chosen equal to rejected) is skipped, and one line says how many."""
+    present = [column for column in columns if column in dataset.column_names]
+    skipped = {}  # why -> row indices
+    for i, values in enumerate(zip(*(dataset[column] for column in present))):
+        row = dict(zip(present, values))
+        blank = [
+            column
+            for column, value in row.items()
+            if is_blank(value, f"{flag}: {column!r} of row {i} of the {split!r} split", completion=column != "prompt")
+        ]
+        for column in ("completion", "chosen", "rejected"):
+            if column in row and "prompt" in row and not {column, "prompt"} & set(blank):
+                require(
+                    isinstance(row["prompt"], str) == isinstance(row[column], str),
+                    f"{flag}: row {i} of the {split!r} split: 'prompt' and {column!r} must both be strings or both "
+                    "lists of messages",
+                )
+        if blank:
+            skipped.setdefault(f"an empty {blank[0]!r}", []).append(i)
+        elif "chosen" in row and row.get("chosen") == row.get("rejected"):
+            skipped.setdefault("chosen equal to rejected", []).append(i)
+    if skipped:
+        reasons = ", ".join(
+            f"{len(rows)} with {why} (row {rows[0]}{', ...' if len(rows) > 1 else ''})" for why, rows in skipped.items()
+        )
+        dropped = {i for rows in skipped.values() for i in rows}
+        print(f"{flag}: skipping {len(dropped)} of {len(dataset)} rows of the {split!r} split: {reasons}")
+        dataset = dataset.select([i for i in range(len(dataset)) if i not in dropped])
+    return dataset
+
+
+def is_blank(value, where: str, completion: bool) -> bool:
+    """Whether a text column's value holds no text (None, whitespace, a conversation without any); a ConfigError when
+    it is neither a string nor a conversation the chat template can render."""
+    if value is None or isinstance(value, str):
+        return value is None or not value.strip()
+    require(isinstance(value, list), f"{where}: expected a string or a list of messages, got {type(value).__name__}")
+    for k, message in enumerate(value):
+        missing = [key for key in ("role", "content") if not isinstance(message, dict) or key not in message]
+        require(
+            not missing,
+            f"{where}: message {k} has no {' or '.join(missing)} (expected {{'role': ..., 'content': ...}})",
+        )
+        require(
+            message["role"] in ROLES,
+            f"{where}: message {k} has the unknown role {message['role']!r} (known: {', '.join(ROLES)})",
+        )
+        content = message["content"]
+        require(
+            isinstance(content, str), f"{where}: message {k} has {type(content).__name__} content, expected a string"
+        )
+    if value and completion:
+        require(
+            value[-1]["role"] == "assistant", f"{where}: ends with the {value[-1]['role']}'s turn, not the assistant's"
+        )
+    elif value:
+        require(
+            value[-1]["role"] in ("user", "tool", "assistant"),
+            f"{where}: ends with the {value[-1]['role']}'s turn: nothing to answer (a prompt ends with the user's "
+            "turn, or the assistant's, which is continued)",
+        )
+    return not any(message["content"].strip() for message in value)
 
 
 def rows_of_step(dataset: Dataset, step: int, prompts_per_step: int, seed: int, my_share: slice) -> Dataset:
@@ -565,13 +647,18 @@ def check_max_length(model, max_length: int):
 
 
 def prompt_text(tokenizer, prompt) -> str:
-    """A conversational prompt goes through the chat template; a standard (string) prompt is used as it is."""
+    """A conversational prompt goes through the chat template as TRL renders it: after the user's (or a tool's) turn,
+    the generation prompt opens the assistant's; a prompt that ends with the assistant's turn has that turn continued
+    (`continue_final_message`), not closed. A standard (string) prompt is used as it is."""
     if is_conversational(prompt):
         require(
             tokenizer.chat_template is not None,
             "--model_name_or_path: conversational prompts need a tokenizer with a chat template",
         )
-        return tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
+        continued = bool(prompt) and prompt[-1]["role"] == "assistant"
+        return tokenizer.apply_chat_template(
+            prompt, tokenize=False, add_generation_prompt=not continued, continue_final_message=continued
+        )
     require(isinstance(prompt, str), f"prompt: expected a string or a list of messages, got {type(prompt).__name__}")
     return prompt
 
@@ -871,7 +958,8 @@ def evaluate(model, tokenizer, eval_dataset: Dataset, args, reward_fns: dict, se
                         scores[name].update(zip(batch_indices, fn(prompts=prompts, completions=completions, **kwargs)))
             for name, local in scores.items():
                 merged = {i: v for part in gather_object([local]) for i, v in part.items()}
-                metrics[f"eval/{name}{suffix}"] = sum(merged.values()) / len(merged)
+                applies = [value for value in merged.values() if value is not None]  # None: not applicable
+                metrics[f"eval/{name}{suffix}"] = sum(applies) / len(applies) if applies else math.nan
     model.train(was_training)
     return metrics
 

@@ -53,6 +53,9 @@ from common import ConfigError, arg, require
 from rewards import reward_model_text
 
 ARITHMETIC_PAIRS = ("demonstrator", "number")
+# checked row by row as they load (common.usable_rows): a pair with an empty side, or chosen equal to rejected, is
+# skipped; without a prompt column, chosen and rejected hold the whole text or conversation (TRL's implicit prompt)
+TEXT_COLUMNS = ("prompt", "chosen", "rejected")
 
 
 @dataclass
@@ -238,12 +241,12 @@ def main(args: Args):
             split, args.pairs_per_problem, args.seed, args.arithmetic_pairs
         )
     }
-    train_dataset = common.load_split(args.dataset_name, args.dataset_train_split, builtin)
+    train_dataset = common.load_split(args.dataset_name, args.dataset_train_split, builtin, columns=TEXT_COLUMNS)
     require(
         train_dataset is not None,
         f"--dataset_train_split: {args.dataset_name} has no split {args.dataset_train_split!r}",
     )
-    eval_dataset = common.load_split(args.dataset_name, args.dataset_test_split, builtin)
+    eval_dataset = common.load_split(args.dataset_name, args.dataset_test_split, builtin, columns=TEXT_COLUMNS)
     for dataset in (train_dataset, eval_dataset) if eval_dataset is not None else (train_dataset,):
         for column in ("chosen", "rejected"):
             require(

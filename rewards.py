@@ -4,11 +4,13 @@ A reward function follows TRL's contract:
 
     def my_reward(prompts, completions, completion_ids, **columns) -> list[float | None]
 
-one value per completion; `completions` are strings for standard prompts and `[{"role": "assistant", "content": ...}]`
-for conversational ones; every other dataset column (e.g. `ground_truth`) arrives as a keyword argument. `None` means
-"not applicable to this sample" and is skipped in the weighted sum (TRL's semantics). `async def` functions are awaited
-concurrently. Select functions with `--reward_funcs accuracy,format` (built-ins) or `module:function`, weight them
-with `--reward_weights 1.0,0.2`, and add a trained reward model with `--reward_model_path`.
+one value per completion (a list, a numpy array or a 1-D tensor of Python, numpy or torch numbers or bools, as TRL
+takes); `completions` are strings for standard prompts and `[{"role": "assistant", "content": ...}]` for
+conversational ones; every other dataset column (e.g. `ground_truth`) arrives as a keyword argument. `None` means
+"not applicable to this sample" and is skipped in the weighted sum (TRL's semantics). `async def` functions (any that
+return an awaitable) are awaited concurrently. Select functions with `--reward_funcs accuracy,format` (built-ins) or
+`module:function`, weight them with `--reward_weights 1.0,0.2`, and add a trained reward model with
+`--reward_model_path`.
 """
 
 import asyncio
@@ -52,9 +54,19 @@ def is_conversational(prompt) -> bool:
     return isinstance(prompt, list) and all(isinstance(m, dict) and "role" in m for m in prompt)
 
 
+def reward_inputs(prompt, text: str):
+    """(prompt, completion) as reward functions see them, TRL's convention: a conversational prompt gets its completion
+    as an assistant message, a standard one as plain text. A conversation that ends with the assistant's turn is
+    continued (not answered): that turn's text starts the completion, and the prompt is the conversation before it."""
+    if not is_conversational(prompt):
+        return prompt, text
+    if prompt and prompt[-1]["role"] == "assistant":
+        return prompt[:-1], [{"role": "assistant", "content": prompt[-1]["content"] + text}]
+    return prompt, [{"role": "assistant", "content": text}]
+
+
 def as_completion(prompt, text: str):
-    """TRL's convention: conversational prompts get completions as a message list, standard ones as plain text."""
-    return [{"role": "assistant", "content": text}] if is_conversational(prompt) else text
+    return reward_inputs(prompt, text)[1]
 
 
 def failed_on_any_process(failed: bool) -> bool:
@@ -83,10 +95,21 @@ def extract_answer(text: str) -> str | None:
     return None if match is None else match.group(1).strip()
 
 
-def accuracy_reward(completions, ground_truth, **kwargs) -> list[float]:
-    """1.0 when the extracted answer equals the ground truth, else 0.0."""
+def same_answer(answer: str | None, truth) -> bool:
+    """'84' matches '84', 84 and 84.0 (a csv column with an empty cell is read as floats)."""
+    if answer == str(truth):
+        return True
+    try:
+        return float(answer) == float(truth)
+    except (TypeError, ValueError):
+        return False
+
+
+def accuracy_reward(completions, ground_truth, **kwargs) -> list[float | None]:
+    """1.0 when the extracted answer equals the ground truth, else 0.0; None (not applicable) where the row has no
+    ground truth."""
     return [
-        1.0 if extract_answer(completion_text(c)) == str(answer) else 0.0
+        None if answer is None else float(same_answer(extract_answer(completion_text(c)), answer))
         for c, answer in zip(completions, ground_truth)
     ]
 
@@ -109,11 +132,21 @@ def import_function(spec: str):
             module_spec.loader.exec_module(module)
         else:
             module = importlib.import_module(module_name)
-        function = getattr(module, function_name)
-    except (ImportError, AttributeError, FileNotFoundError) as error:
-        raise ConfigError(f"--reward_funcs: cannot import {spec!r}: {error}") from None
-    if not callable(function):
-        raise ConfigError(f"--reward_funcs: {spec!r} is not callable")
+    except SyntaxError as error:
+        raise ConfigError(
+            f"--reward_funcs: cannot import {spec!r}: {error.filename}:{error.lineno}: {error.msg}"
+        ) from None
+    except FileNotFoundError:
+        raise ConfigError(f"--reward_funcs: cannot import {spec!r}: no such file: {module_name}") from None
+    except Exception as error:  # whatever the module raises while it loads (an import inside it, its own code)
+        raise ConfigError(
+            f"--reward_funcs: cannot import {spec!r}: {type(error).__name__}: {first_line(error)}"
+        ) from None
+    if not hasattr(module, function_name):
+        raise ConfigError(f"--reward_funcs: {module_name} has no function {function_name!r}")
+    function = getattr(module, function_name)
+    if not callable(function) or inspect.isclass(function):
+        raise ConfigError(f"--reward_funcs: {spec!r} is a {type(function).__name__}, not a function")
     return function
 
 
@@ -176,7 +209,10 @@ def load_reward_funcs(reward_funcs: str, reward_model_path: str | None = None, d
                 f"--reward_funcs: unknown reward function {spec!r} (built-in: {', '.join(BUILTIN_REWARDS)}; or "
                 "module:function)"
             )
-        functions[function.__name__] = function
+        name = getattr(function, "__name__", spec.rpartition(":")[2])  # a functools.partial has no name
+        if name in functions:
+            raise ConfigError(f"--reward_funcs: two reward functions are named {name} (their metrics would mix)")
+        functions[name] = function
     if reward_model_path:
         function = reward_model_function(reward_model_path, device)
         functions[function.__name__] = function
@@ -217,7 +253,10 @@ def required_columns(function) -> list[str]:
 
 
 def check_columns(reward_funcs: dict, dataset, flag: str = "--dataset_name"):
-    """Every column each reward function needs is in the dataset: checked before training, not at its first step."""
+    """Every column each reward function needs is in the dataset, and it accepts every keyword it will be called with
+    (TRL's arguments and every dataset column, which `**kwargs` takes): checked before training, not at its first
+    step."""
+    keywords = [*TRL_ARGUMENTS, *(c for c in dataset.column_names if c != "prompt")]
     for name, function in reward_funcs.items():
         for column in required_columns(function):
             if column not in dataset.column_names:
@@ -225,24 +264,49 @@ def check_columns(reward_funcs: dict, dataset, flag: str = "--dataset_name"):
                     f"{flag}: the dataset has no {column!r} column, which reward function {name} needs "
                     f"(columns: {dataset.column_names})"
                 )
+            empty = sum(value is None for value in dataset[column])
+            if empty:
+                print(
+                    f"{flag}: {empty} of {len(dataset)} rows have no {column!r} (None), which reward function {name} "
+                    "needs: it gets None for them"
+                )
+        parameters = inspect.signature(function).parameters
+        if not any(p.kind == p.VAR_KEYWORD for p in parameters.values()):
+            refused = [
+                k for k in keywords if k not in parameters or parameters[k].kind == inspect.Parameter.POSITIONAL_ONLY
+            ]
+            if refused:
+                raise ConfigError(
+                    f"--reward_funcs: reward function {name} does not take the keyword {refused[0]!r}: give it "
+                    "**kwargs, as TRL's reward functions have (it is called with prompts, completions, completion_ids "
+                    "and every dataset column)"
+                )
 
 
 def reward_values(name: str, values, num_completions: int) -> torch.Tensor:
-    """What reward function `name` returned (or raised), as one float per completion, NaN for None; anything else is a
-    TrainingError naming the function."""
+    """What reward function `name` returned (or raised), as one float per completion, NaN for None. It may return any
+    sequence or iterable of numbers, a 1-D numpy array or tensor; a number is a Python, numpy or torch scalar, or a
+    bool (TRL takes all of these). Anything else is a TrainingError naming the function."""
     if isinstance(values, BaseException):
         raise TrainingError(f"reward function {name}: raised {type(values).__name__}: {first_line(values)}")
-    if isinstance(values, (str, bytes)) or not hasattr(values, "__len__"):
+    values = values.tolist() if hasattr(values, "tolist") else values  # a numpy array or tensor (a scalar stays one)
+    if isinstance(values, (str, bytes, dict)) or not hasattr(values, "__iter__"):
         raise TrainingError(f"reward function {name}: returned {values!r}, not a list with one value per completion")
     values = list(values)
     if len(values) != num_completions:
         raise TrainingError(f"reward function {name}: returned {len(values)} values for {num_completions} completions")
+    numbers = []
     for i, value in enumerate(values):
-        if value is not None and (not isinstance(value, (int, float)) or not math.isfinite(value)):
+        try:
+            number = math.nan if value is None else float(value)  # numpy and torch scalars convert, strings do not
+        except (TypeError, ValueError):
+            number = None
+        if isinstance(value, (str, bytes)) or number is None or (value is not None and not math.isfinite(number)):
             raise TrainingError(
                 f"reward function {name}: returned {value!r} for completion {i} (expected a finite number or None)"
             )
-    return torch.tensor([math.nan if value is None else float(value) for value in values])
+        numbers.append(number)
+    return torch.tensor(numbers)
 
 
 def compute_rewards(
@@ -257,26 +321,24 @@ def compute_rewards(
     functions that apply. A completion no function applies to is unscorable: its reward is NaN (not 0), which the
     scripts leave out of baselines and statistics and give advantage 0, as TRL does.
 
-    Sync functions run in order; `async` ones are awaited concurrently. A function that raises, or returns anything
-    but one finite number or None per completion, stops the run (a TrainingError naming it, on every process alike:
-    the script saves a checkpoint first).
+    Sync functions run in order; `async` ones (whatever returns an awaitable) are awaited concurrently. A function
+    that raises, or returns anything but one finite number or None per completion, stops the run (a TrainingError
+    naming it, on every process alike: the script saves a checkpoint first). A conversation that ends with the
+    assistant's turn reaches the functions continued (`reward_inputs`).
     """
-    completions = [as_completion(p, t) for p, t in zip(prompts, completion_texts)]
+    prompts, completions = map(list, zip(*(reward_inputs(p, t) for p, t in zip(prompts, completion_texts))))
     kwargs = dict(prompts=prompts, completions=completions, completion_ids=completion_ids, **columns)
     results = {}
-    pending = {}
     for name, function in reward_funcs.items():
-        if inspect.iscoroutinefunction(function):
-            pending[name] = function
-        else:
-            try:
-                results[name] = function(**kwargs)
-            except Exception as error:  # the user's code: kept, to be reported with the function's name
-                results[name] = error
+        try:
+            results[name] = function(**kwargs)  # an `async` function returns its coroutine, to be awaited below
+        except Exception as error:  # the user's code: kept, to be reported with the function's name
+            results[name] = error
+    pending = [name for name, result in results.items() if inspect.isawaitable(result)]
     if pending:
 
         async def run_all():
-            return await asyncio.gather(*(function(**kwargs) for function in pending.values()), return_exceptions=True)
+            return await asyncio.gather(*(results[name] for name in pending), return_exceptions=True)
 
         results.update(zip(pending, asyncio.run(run_all())))
     per_func = torch.full((len(prompts), len(reward_funcs)), math.nan)

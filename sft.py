@@ -90,6 +90,7 @@ class Args:
     report_to: str = arg("none", "none, tensorboard or wandb")
 
 
+TEXT_COLUMNS = ("prompt", "completion")  # checked row by row as they load (common.usable_rows)
 CHATML = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
@@ -160,13 +161,22 @@ def build_tiny_model(args, dataset):
 
 def tokenize(tokenizer, dataset, max_length: int) -> list[dict]:
     """input_ids and labels (-100 on prompt tokens) per prompt/completion pair; each completion ends with EOS. A
-    sequence longer than max_length keeps its first max_length tokens (said once, with how many were cut)."""
+    sequence longer than max_length keeps its first max_length tokens (said once, with how many were cut); a row whose
+    prompt alone takes max_length tokens has nothing left to train on and is skipped (said once, with how many)."""
+    for i, completion in enumerate(dataset["completion"]):
+        require(
+            isinstance(completion, str) or len(completion) == 1,
+            f"--dataset_name: 'completion' of training row {i}: expected one assistant message, got "
+            f"{len(completion)} messages",
+        )
     prompt_texts = [common.prompt_text(tokenizer, p) for p in dataset["prompt"]]
     completion_texts = [c if isinstance(c, str) else c[-1]["content"] for c in dataset["completion"]]
     prompt_ids = tokenizer(prompt_texts, add_special_tokens=False).input_ids
     completion_ids = tokenizer(completion_texts, add_special_tokens=False).input_ids
     rows, cut = [], 0
     for prompt, completion in zip(prompt_ids, completion_ids):
+        if len(prompt) >= max_length:
+            continue
         completion = completion + [tokenizer.eos_token_id]
         cut += len(prompt) + len(completion) > max_length
         rows.append(
@@ -174,6 +184,11 @@ def tokenize(tokenizer, dataset, max_length: int) -> list[dict]:
                 "input_ids": (prompt + completion)[:max_length],
                 "labels": ([-100] * len(prompt) + completion)[:max_length],
             }
+        )
+    if len(rows) < len(prompt_ids):
+        print(
+            f"--max_length {max_length}: skipping {len(prompt_ids) - len(rows)} of {len(prompt_ids)} training rows "
+            "whose prompt alone is that long (no completion token would be trained on)"
         )
     if cut:
         print(
@@ -221,7 +236,7 @@ def main(args: Args):
     builtin = {
         "arithmetic": lambda split: arithmetic_sft_dataset(split, args.label_noise, args.samples_per_problem, args.seed)
     }
-    train_dataset = common.load_split(args.dataset_name, args.dataset_train_split, builtin)
+    train_dataset = common.load_split(args.dataset_name, args.dataset_train_split, builtin, columns=TEXT_COLUMNS)
     require(
         train_dataset is not None,
         f"--dataset_train_split: {args.dataset_name} has no split {args.dataset_train_split!r}",
@@ -231,7 +246,7 @@ def main(args: Args):
             column in train_dataset.column_names,
             f"--dataset_name: the dataset has no {column!r} column (columns: {train_dataset.column_names})",
         )
-    eval_dataset = common.load_split(args.dataset_name, args.dataset_test_split, builtin)
+    eval_dataset = common.load_split(args.dataset_name, args.dataset_test_split, builtin, columns=TEXT_COLUMNS)
     if eval_dataset is not None and "ground_truth" not in eval_dataset.column_names:
         eval_dataset = None
     if eval_dataset is not None:
