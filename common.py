@@ -97,6 +97,8 @@ def cli(main, args_class, argv=None):
         try:
             main(args)
             close_process_group()
+        except NonFiniteError as error:  # nothing saved from this step: say which checkpoint the run keeps
+            exit_with_error(ConfigError(f"{error}; {newest_checkpoint_kept(output_dir)}"))
         except ConfigError as error:
             exit_with_error(error)
         except KeyboardInterrupt:
@@ -226,7 +228,8 @@ def graceful_interrupt():
     """Ctrl-C (SIGINT) or SIGTERM sets the yielded event instead of stopping the process: the loop finishes its step,
     saves a checkpoint and exits with 128 + the signal's number (`stop_early`). A second signal stops at once, except
     while a checkpoint is being written (`signals_deferred`). A TrainingError raised in the loop ends it too, kept as
-    `event.error`, so that the script saves a checkpoint before reporting it."""
+    `event.error`, so that the script saves a checkpoint before reporting it; a NonFiniteError passes through, since
+    the weights it stops are not worth one."""
     event = threading.Event()
     event.signum, event.error = None, None
     previous = {signum: signal.getsignal(signum) for signum in STOP_SIGNALS}
@@ -241,6 +244,8 @@ def graceful_interrupt():
         signal.signal(signum, handler)
     try:
         yield event
+    except NonFiniteError:  # the weights are not worth a checkpoint: stop at once
+        raise
     except TrainingError as error:
         event.error = error
     finally:
@@ -313,6 +318,34 @@ def stop_early(accelerator: Accelerator, stopped: threading.Event, step: int, ch
         )
     accelerator.print(f"interrupted at step {step}: saved {checkpoint}; continue with --resume_from_checkpoint latest")
     raise SystemExit(128 + (stopped.signum or signal.SIGINT))
+
+
+class NonFiniteError(TrainingError):
+    """Training that is no longer finite (`check_finite`): the run stops at that step and saves nothing of it."""
+
+
+def check_finite(accelerator: Accelerator | PartialState, step: int, **values):
+    """Stop the run at `step` when one of `values` (name -> number or tensor: the loss, the gradient norm, the rewards)
+    is not finite on any process, before the optimizer applies it. A diverged run does not go on sampling from NaN
+    weights, and its weights are saved neither as a checkpoint nor as the final model: `cli` says which checkpoint
+    is the newest kept. Every process must call it (one all-reduce of one number)."""
+    bad = [name for name, value in values.items() if not torch.isfinite(torch.as_tensor(value)).all()]
+    if any_process(accelerator, bool(bad)):
+        what = ", ".join(name.replace("_", " ") for name in bad) or "a value on another process"
+        raise NonFiniteError(
+            f"step {step}: not finite: {what} (training diverged: too high a --learning_rate?); the weights of this "
+            "step are not saved"
+        )
+
+
+def newest_checkpoint_kept(output_dir: str | None) -> str:
+    """The end of the line of a run that stops without saving: its newest complete checkpoint, or that it has none."""
+    found = [p for p in Path(output_dir or ".").glob("checkpoint-*") if CHECKPOINT_NAME.fullmatch(p.name)]
+    complete = [p for p in found if checkpoint_problem(p) is None]
+    if not complete:
+        return f"no checkpoint was saved in {output_dir} (--save_steps)"
+    newest = max(complete, key=lambda p: int(p.name.split("-")[1]))
+    return f"the newest checkpoint, {newest}, is kept (--resume_from_checkpoint latest)"
 
 
 def seed_everything(seed: int):
@@ -691,7 +724,7 @@ def generate(model, tokenizer, texts: list[str], generation_config: GenerationCo
     transformers_model = model.get_base_model() if hasattr(model, "get_base_model") else model  # under peft
     shipped, transformers_model.generation_config = transformers_model.generation_config, generation_config
     try:
-        sequences = model.generate(**enc, generation_config=generation_config)
+        sequences = model.generate(**enc, generation_config=generation_config, logits_processor=[finite_logits])
     finally:
         transformers_model.generation_config = shipped
     return {
@@ -699,6 +732,13 @@ def generate(model, tokenizer, texts: list[str], generation_config: GenerationCo
         "prompt_mask": enc.attention_mask,
         "completion_ids": sequences[:, enc.input_ids.shape[1] :],
     }
+
+
+def finite_logits(input_ids, scores):
+    """A logits processor: a row of next-token scores that is not finite (NaN or inf logits from diverged weights)
+    becomes uniform, so that sampling goes on instead of crashing in torch.multinomial; the step's log-probs are then
+    not finite, and `check_finite` stops the run at that step with one line."""
+    return scores.where(scores.logsumexp(-1, keepdim=True).isfinite(), 0.0)
 
 
 def sample_completions(

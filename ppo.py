@@ -722,6 +722,16 @@ def main(args: Args):
                     # that call unscaled the whole optimizer's gradients (fp16), the value model's too: clip them
                     # directly
                     value_grad_norms.append(float(torch.nn.utils.clip_grad_norm_(value_params, args.max_grad_norm)))
+                    # before the update: a NaN score marks an unscorable completion, anything else not finite stops
+                    common.check_finite(
+                        accelerator,
+                        step + 1,
+                        score=scores[~rewards_per_func.isnan().all(1)],
+                        policy_loss=policy_loss_sum,
+                        value_loss=value_loss_sum,
+                        grad_norm=grad_norms[-1],
+                        value_grad_norm=value_grad_norms[-1],
+                    )
                     optimizer.step()
                     scheduler.step()
                     optimizer.zero_grad(set_to_none=True)
