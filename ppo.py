@@ -810,8 +810,9 @@ def main(args: Args):
         common.stop_early(accelerator, interrupted, step, path)
 
     # the model first: a stop during the final evaluation then costs only its figures
-    common.save_model(accelerator, Path(args.output_dir) / "value_model", value_model, tokenizer)
-    common.save_final_model(accelerator, args.output_dir, model, tokenizer, args.save_merged_model)
+    common.save_final_model(
+        accelerator, args.output_dir, model, tokenizer, args.save_merged_model, others={"value_model": value_model}
+    )
     last_eval = run_eval(step)
     logger.close()
     if first_eval and last_eval:
