@@ -1359,17 +1359,15 @@ class MetricsLogger:
         """Append one line in one write; why it failed, or None."""
         record = {"step": step, **{k: (float(v) if isinstance(v, (int, float)) else v) for k, v in metrics.items()}}
         record = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in record.items()}
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
-        size = os.fstat(fd).st_size
         line = (json.dumps(record) + "\n").encode()
         try:
-            if os.write(fd, line) < len(line):  # the disk filled during the write
-                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            with open(self.path, "ab", buffering=0) as f:  # unbuffered: one write
+                size = f.tell()
+                if f.write(line) < len(line):  # the disk filled during the write
+                    f.truncate(size)  # no torn line for the next record to be glued to
+                    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         except OSError as error:
-            os.ftruncate(fd, size)  # no torn line for the next record to be glued to
             return write_failure(error, self.path.parent)
-        finally:
-            os.close(fd)
         return None
 
     def close(self):
