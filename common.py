@@ -100,6 +100,8 @@ def cli(main, args_class, argv=None):
         try:
             main(args)
             close_process_group()
+        except NonFiniteError as error:  # nothing saved from this step: say which checkpoint the run keeps
+            exit_with_error(ConfigError(f"{error}; {newest_checkpoint_kept(output_dir)}"))
         except ConfigError as error:
             exit_with_error(error)
         except KeyboardInterrupt:
@@ -229,7 +231,8 @@ def graceful_interrupt():
     """Ctrl-C (SIGINT) or SIGTERM sets the yielded event instead of stopping the process: the loop finishes its step,
     saves a checkpoint and exits with 128 + the signal's number (`stop_early`). A second signal stops at once, except
     while a checkpoint is being written (`signals_deferred`). A TrainingError raised in the loop ends it too, kept as
-    `event.error`, so that the script saves a checkpoint before reporting it."""
+    `event.error`, so that the script saves a checkpoint before reporting it; a NonFiniteError passes through, since
+    the weights it stops are not worth one."""
     event = threading.Event()
     event.signum, event.error = None, None
     previous = {signum: signal.getsignal(signum) for signum in STOP_SIGNALS}
@@ -244,6 +247,8 @@ def graceful_interrupt():
         signal.signal(signum, handler)
     try:
         yield event
+    except NonFiniteError:  # the weights are not worth a checkpoint: stop at once
+        raise
     except TrainingError as error:
         event.error = error
     finally:
@@ -316,6 +321,34 @@ def stop_early(accelerator: Accelerator, stopped: threading.Event, step: int, ch
         )
     accelerator.print(f"interrupted at step {step}: saved {checkpoint}; continue with --resume_from_checkpoint latest")
     raise SystemExit(128 + (stopped.signum or signal.SIGINT))
+
+
+class NonFiniteError(TrainingError):
+    """Training that is no longer finite (`check_finite`): the run stops at that step and saves nothing of it."""
+
+
+def check_finite(accelerator: Accelerator | PartialState, step: int, **values):
+    """Stop the run at `step` when one of `values` (name -> number or tensor: the loss, the gradient norm, the rewards)
+    is not finite on any process, before the optimizer applies it. A diverged run does not go on sampling from NaN
+    weights, and its weights are saved neither as a checkpoint nor as the final model: `cli` says which checkpoint
+    is the newest kept. Every process must call it (one all-reduce of one number)."""
+    bad = [name for name, value in values.items() if not torch.isfinite(torch.as_tensor(value)).all()]
+    if any_process(accelerator, bool(bad)):
+        what = ", ".join(name.replace("_", " ") for name in bad) or "a value on another process"
+        raise NonFiniteError(
+            f"step {step}: not finite: {what} (training diverged: too high a --learning_rate?); the weights of this "
+            "step are not saved"
+        )
+
+
+def newest_checkpoint_kept(output_dir: str | None) -> str:
+    """The end of the line of a run that stops without saving: its newest complete checkpoint, or that it has none."""
+    found = [p for p in Path(output_dir or ".").glob("checkpoint-*") if CHECKPOINT_NAME.fullmatch(p.name)]
+    complete = [p for p in found if checkpoint_problem(p) is None]
+    if not complete:
+        return f"no checkpoint was saved in {output_dir} (--save_steps)"
+    newest = max(complete, key=lambda p: int(p.name.split("-")[1]))
+    return f"the newest checkpoint, {newest}, is kept (--resume_from_checkpoint latest)"
 
 
 def seed_everything(seed: int):
@@ -789,7 +822,7 @@ def generate(model, tokenizer, texts: list[str], generation_config: GenerationCo
     transformers_model = model.get_base_model() if hasattr(model, "get_base_model") else model  # under peft
     shipped, transformers_model.generation_config = transformers_model.generation_config, generation_config
     try:
-        sequences = model.generate(**enc, generation_config=generation_config)
+        sequences = model.generate(**enc, generation_config=generation_config, logits_processor=[finite_logits])
     finally:
         transformers_model.generation_config = shipped
     return {
@@ -797,6 +830,13 @@ def generate(model, tokenizer, texts: list[str], generation_config: GenerationCo
         "prompt_mask": enc.attention_mask,
         "completion_ids": sequences[:, enc.input_ids.shape[1] :],
     }
+
+
+def finite_logits(input_ids, scores):
+    """A logits processor: a row of next-token scores that is not finite (NaN or inf logits from diverged weights)
+    becomes uniform, so that sampling goes on instead of crashing in torch.multinomial; the step's log-probs are then
+    not finite, and `check_finite` stops the run at that step with one line."""
+    return scores.where(scores.logsumexp(-1, keepdim=True).isfinite(), 0.0)
 
 
 def sample_completions(
@@ -973,38 +1013,57 @@ def save_checkpoint(
     """Write `checkpoint-{step}`: the model in HF format (or the LoRA adapter) and the tokenizer, for people;
     `accelerator_state/` (accelerate's own: model, optimizer, registered scheduler, every process's RNG; sharded
     states under DeepSpeed / FSDP), for resuming; `training_state.pt` with the step, the script's extras and the size of
-    every other file (what `checkpoint_problem` checks). Written to a temporary folder, with signals held
-    (`signals_deferred`), and renamed at the end: never half-written, and no earlier checkpoint is touched. A write
-    that fails (a full disk; whatever the error: torch raises RuntimeError, safetensors its own) removes the temporary
-    folder and stops every process with one line. Every process must call it."""
+    every other file (what `checkpoint_problem` checks). Written whole (`write_whole`), and no earlier checkpoint is
+    touched. Every process must call it."""
     final = Path(output_dir) / f"checkpoint-{step}"
     tmp = Path(output_dir) / f".checkpoint-{step}.tmp"
+
+    def write():
+        accelerator.save_state(str(tmp / "accelerator_state"))
+        save_model(accelerator, tmp, model, tokenizer)
+
+    def publish():
+        files = {str(f.relative_to(tmp)): f.stat().st_size for f in tmp.rglob("*") if f.is_file()}
+        torch.save({"step": step, **(extra or {}), "files": files}, tmp / "training_state.pt")
+        if final.exists():  # the same step saved again: the old copy goes only once the new one is complete
+            os.replace(final, tmp.with_suffix(".old"))
+        os.replace(tmp, final)
+        shutil.rmtree(tmp.with_suffix(".old"), ignore_errors=True)
+
+    write_whole(
+        accelerator,
+        tmp,
+        write,
+        publish,
+        lambda reason: f"cannot write {final} ({reason}); the earlier checkpoints are kept",
+    )
+    return final
+
+
+def write_whole(accelerator: Accelerator, tmp: Path, write, publish, failed):
+    """Every process runs `write()` into the temporary folder `tmp`; once all succeeded, the main process runs
+    `publish()`, which moves it into place with renames. Signals are held meanwhile (`signals_deferred`), so nothing is
+    half-written. A write that fails (a full disk; whatever the error: torch raises RuntimeError, safetensors its own)
+    removes `tmp` and stops every process with one line, `--output_dir: ` + `failed(reason)`."""
     failure = None
     with signals_deferred(), quiet_saves():
         if accelerator.is_main_process:
             shutil.rmtree(tmp, ignore_errors=True)
         accelerator.wait_for_everyone()
         try:
-            accelerator.save_state(str(tmp / "accelerator_state"))
-            save_model(accelerator, tmp, model, tokenizer)
+            write()
         except Exception as error:
             failure = error
         if not any_process(accelerator, failure is not None) and accelerator.is_main_process:  # every file is written
             try:
-                files = {str(f.relative_to(tmp)): f.stat().st_size for f in tmp.rglob("*") if f.is_file()}
-                torch.save({"step": step, **(extra or {}), "files": files}, tmp / "training_state.pt")
-                if final.exists():  # the same step saved again: the old copy goes only once the new one is complete
-                    os.replace(final, tmp.with_suffix(".old"))
-                os.replace(tmp, final)
-                shutil.rmtree(tmp.with_suffix(".old"), ignore_errors=True)
+                publish()
             except Exception as error:
                 failure = error
         if any_process(accelerator, failure is not None):
-            reason = write_failure(failure, Path(output_dir))  # before the removal frees the space
+            reason = write_failure(failure, tmp.parent)  # before the removal frees the space
             if accelerator.is_main_process:
                 shutil.rmtree(tmp, ignore_errors=True)
-            raise ConfigError(f"--output_dir: cannot write {final} ({reason}); the earlier checkpoints are kept")
-    return final
+            raise ConfigError(f"--output_dir: {failed(reason)}")
 
 
 LOW_DISK_SPACE = 64 * 2**20  # bytes: a failed write with less free than this was most likely the disk filling up
@@ -1138,18 +1197,43 @@ def save_model(accelerator: Accelerator, output_dir, model, tokenizer):
         tokenizer.save_pretrained(output_dir)
 
 
-def save_final_model(accelerator: Accelerator, output_dir: str, model, tokenizer, save_merged: bool = False):
-    """The trained model in HF format at output_dir, with signals held until it is written; with LoRA the adapter, and
-    with `save_merged` also the merged full model in output_dir/merged, loadable with AutoModelForCausalLM."""
-    with signals_deferred():
-        save_model(accelerator, output_dir, model, tokenizer)
+def save_final_model(
+    accelerator: Accelerator, output_dir: str, model, tokenizer, save_merged: bool = False, others: dict | None = None
+):
+    """The trained model in HF format at output_dir (with LoRA the adapter), and each of `others` (folder name ->
+    model, e.g. ppo's value_model) in a folder of its own; with `save_merged` also the merged full model in
+    output_dir/merged, loadable with AutoModelForCausalLM. Written whole (`write_whole`) into output_dir/.final.tmp and
+    moved into output_dir once complete, its config last: a full disk leaves no half-written model, and the line names
+    the newest checkpoint kept. Every process must call it."""
+    out = Path(output_dir)
+    tmp = out / ".final.tmp"
+
+    def write():
+        save_model(accelerator, tmp, model, tokenizer)
+        for name, other in (others or {}).items():
+            save_model(accelerator, tmp / name, other, tokenizer)
         unwrapped = accelerator.unwrap_model(model)
         if save_merged and hasattr(unwrapped, "merge_and_unload") and accelerator.is_main_process:
-            merged_dir = Path(output_dir) / "merged"
-            with quiet_saves():
-                unwrapped.merge_and_unload().save_pretrained(merged_dir)
-            tokenizer.save_pretrained(merged_dir)
-        accelerator.wait_for_everyone()
+            unwrapped.merge_and_unload().save_pretrained(tmp / "merged")
+            tokenizer.save_pretrained(tmp / "merged")
+
+    def publish():
+        # the configs last: a folder with a config has its weights (a kill between two renames leaves none)
+        for path in sorted(tmp.iterdir(), key=lambda path: path.name in ("config.json", "adapter_config.json")):
+            target = out / path.name
+            if path.is_dir() and target.exists():  # an earlier final save's folder (a resumed run): replaced whole
+                os.replace(target, tmp / f"{path.name}.old")
+                shutil.rmtree(tmp / f"{path.name}.old")
+            os.replace(path, target)
+        tmp.rmdir()
+
+    write_whole(
+        accelerator,
+        tmp,
+        write,
+        publish,
+        lambda reason: f"cannot write the final model to {out} ({reason}); {newest_checkpoint_kept(output_dir)}",
+    )
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -1184,43 +1268,55 @@ def claim_output_dir(accelerator: Accelerator, args):
 
 def take_lock(out: Path) -> str | None:
     """Create out/.run.lock for this process, taking over a stale one, and start its heartbeat; the reason it cannot,
-    or None."""
+    or None. The creation is exclusive (O_CREAT | O_EXCL): of two runs starting together, one gets the lock. A lock
+    that holds no run (empty: its run is writing it now; torn by a crash) is held like any other, until stale."""
     out.mkdir(parents=True, exist_ok=True)
     lock = out / LOCK_FILE
     me = {"pid": os.getpid(), "host": socket.gethostname()}
     while True:
         try:
-            with open(lock, "x") as f:  # exclusive creation: of two runs starting together, one gets the lock
+            with open(lock, "x") as f:
                 json.dump({**me, "since": time.strftime("%Y-%m-%d %H:%M:%S %Z")}, f)
             threading.Thread(
                 target=heartbeat, args=(lock, lock.read_text()), name=f"heartbeat {lock}", daemon=True
             ).start()
             return None
         except FileExistsError:
-            try:
-                holder, age = json.loads(lock.read_text()), time.time() - lock.stat().st_mtime
-            except FileNotFoundError:  # released meanwhile
-                continue
-            except (OSError, ValueError):
-                holder, age = {}, 0.0  # torn by a crash while written
-            pid, host = holder.get("pid"), holder.get("host")
-            if {"pid": pid, "host": host} == me:  # an earlier run in this same process (main called twice, as tests do)
+            pass
+        try:
+            text, age = lock.read_text(), time.time() - lock.stat().st_mtime
+        except FileNotFoundError:  # released meanwhile
+            continue
+        try:
+            holder = json.loads(text)
+        except ValueError:
+            holder = {}
+        pid, host = holder.get("pid"), holder.get("host")
+        if {"pid": pid, "host": host} == me:  # an earlier run in this same process (main called twice, as tests do)
+            lock.unlink()
+            continue
+        if age > LOCK_STALE_S:
+            print(
+                f"--output_dir: taking over the lock of pid {pid} on {host}: no heartbeat for {age / 60:.0f} "
+                "minutes, its run is gone"
+            )
+        elif pid is not None and host in (me["host"], None) and not process_alive(pid):
+            print(f"--output_dir: taking over the stale lock of a run that is gone (pid {pid})")
+        elif not holder:
+            return (
+                f"--output_dir: {out} is locked by {lock}, which names no run (a run starting now, or torn by a crash; "
+                f"touched {age:.0f} s ago): it is taken over {LOCK_STALE_S // 60} minutes after that; delete it if "
+                "no run uses the folder"
+            )
+        else:
+            return (
+                f"--output_dir: {out} is in use by another run (pid {pid} on {host}, since {holder.get('since')}, "
+                f"heartbeat {age:.0f} s ago): wait for it or choose another folder. If that run is gone, its "
+                f"lock is taken over {LOCK_STALE_S // 60} minutes after its last heartbeat (or delete {lock})"
+            )
+        with contextlib.suppress(FileNotFoundError):
+            if lock.read_text() == text:  # the stale lock still, not one another run has taken over meanwhile
                 lock.unlink()
-                continue
-            if age > LOCK_STALE_S:
-                print(
-                    f"--output_dir: taking over the lock of pid {pid} on {host}: no heartbeat for {age / 60:.0f} "
-                    "minutes, its run is gone"
-                )
-            elif host in (me["host"], None) and not (pid and process_alive(pid)):
-                print(f"--output_dir: taking over the stale lock of a run that is gone (pid {pid})")
-            else:
-                return (
-                    f"--output_dir: {out} is in use by another run (pid {pid} on {host}, since {holder.get('since')}, "
-                    f"heartbeat {age:.0f} s ago): wait for it or choose another folder. If that run is gone, its "
-                    f"lock is taken over {LOCK_STALE_S // 60} minutes after its last heartbeat (or delete {lock})"
-                )
-            lock.unlink(missing_ok=True)
 
 
 def heartbeat(lock: Path, content: str):
@@ -1293,7 +1389,8 @@ def release_output_dir(output_dir: str):
 # Logging: {output_dir}/metrics.jsonl (one object per logged step), plus TensorBoard or W&B on request
 # ----------------------------------------------------------------------------------------------------------------------
 class MetricsLogger:
-    """Only the main process writes (pass `enabled=accelerator.is_main_process`); on the others `log` does nothing."""
+    """Only the main process writes (pass `enabled=accelerator.is_main_process`), but every process calls `log`, so
+    that a write that fails stops them all."""
 
     def __init__(self, output_dir: str, report_to: str, config: dict, resume_step: int = 0, enabled: bool = True):
         require(
@@ -1302,14 +1399,12 @@ class MetricsLogger:
         )
         self.enabled = enabled
         self.writer = self.wandb = None
+        self.path = Path(output_dir) / "metrics.jsonl"
+        failure = self.start(resume_step) if enabled else None
+        if any_process(PartialState(), failure is not None):
+            raise ConfigError(f"--output_dir: cannot write {self.path} ({failure or 'failed on the main process'})")
         if not enabled:
             return
-        self.path = Path(output_dir) / "metrics.jsonl"
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        kept = []
-        if resume_step and self.path.exists():  # a resumed run continues the file: drop records past the checkpoint
-            kept = [json.dumps(r) for r in read_metrics(output_dir) if r.get("step", 0) <= resume_step]
-        self.path.write_text("".join(line + "\n" for line in kept))
         if report_to == "tensorboard":
             try:
                 from torch.utils.tensorboard import SummaryWriter
@@ -1325,18 +1420,54 @@ class MetricsLogger:
                 raise ConfigError("--report_to wandb: the wandb package is not installed (pip install wandb)") from None
             self.wandb = wandb.init(config=config, dir=output_dir)
 
+    def start(self, resume_step: int) -> str | None:
+        """A fresh metrics.jsonl, or a resumed run's without the records past its checkpoint, replacing the old file
+        only once written (a full disk keeps it whole); why it failed, or None."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        kept = []
+        if resume_step and self.path.exists():  # a resumed run continues the file: drop records past the checkpoint
+            kept = [json.dumps(r) for r in read_metrics(self.path.parent) if r.get("step", 0) <= resume_step]
+        tmp = self.path.with_name(".metrics.jsonl.tmp")
+        try:
+            tmp.write_text("".join(line + "\n" for line in kept))
+            os.replace(tmp, self.path)
+        except OSError as error:
+            tmp.unlink(missing_ok=True)
+            return write_failure(error, self.path.parent)
+        return None
+
     def log(self, step: int, metrics: dict):
+        """Append the record of `step`, whole or not at all: a write that fails (a full disk) is cut back off, and
+        stops every process with one line (in the loop, after a checkpoint). Every process must call it."""
+        failure = None
+        if self.enabled:
+            failure = self.append(step, metrics)
+        if any_process(PartialState(), failure is not None):
+            raise TrainingError(
+                f"--output_dir: cannot append to {self.path} ({failure or 'failed on the main process'})"
+            )
         if not self.enabled:
             return
-        record = {"step": step, **{k: (float(v) if isinstance(v, (int, float)) else v) for k, v in metrics.items()}}
-        record = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in record.items()}
-        with self.path.open("a") as f:
-            f.write(json.dumps(record) + "\n")
         for key, value in metrics.items():
             if self.writer is not None:
                 self.writer.add_scalar(key, value, step)
         if self.wandb is not None:
             self.wandb.log(metrics, step=step)
+
+    def append(self, step: int, metrics: dict) -> str | None:
+        """Append one line in one write; why it failed, or None."""
+        record = {"step": step, **{k: (float(v) if isinstance(v, (int, float)) else v) for k, v in metrics.items()}}
+        record = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in record.items()}
+        line = (json.dumps(record) + "\n").encode()
+        try:
+            with open(self.path, "ab", buffering=0) as f:  # unbuffered: one write
+                size = f.tell()
+                if f.write(line) < len(line):  # the disk filled during the write
+                    f.truncate(size)  # no torn line for the next record to be glued to
+                    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        except OSError as error:
+            return write_failure(error, self.path.parent)
+        return None
 
     def close(self):
         if self.writer is not None:

@@ -727,6 +727,16 @@ def main(args: Args):
                     # that call unscaled the whole optimizer's gradients (fp16), the value model's too: clip them
                     # directly
                     value_grad_norms.append(float(torch.nn.utils.clip_grad_norm_(value_params, args.max_grad_norm)))
+                    # before the update: a NaN score marks an unscorable completion, anything else not finite stops
+                    common.check_finite(
+                        accelerator,
+                        step + 1,
+                        score=scores[~rewards_per_func.isnan().all(1)],
+                        policy_loss=policy_loss_sum,
+                        value_loss=value_loss_sum,
+                        grad_norm=grad_norms[-1],
+                        value_grad_norm=value_grad_norms[-1],
+                    )
                     optimizer.step()
                     scheduler.step()
                     optimizer.zero_grad(set_to_none=True)
@@ -805,8 +815,9 @@ def main(args: Args):
         common.stop_early(accelerator, interrupted, step, path)
 
     # the model first: a stop during the final evaluation then costs only its figures
-    common.save_model(accelerator, Path(args.output_dir) / "value_model", value_model, tokenizer)
-    common.save_final_model(accelerator, args.output_dir, model, tokenizer, args.save_merged_model)
+    common.save_final_model(
+        accelerator, args.output_dir, model, tokenizer, args.save_merged_model, others={"value_model": value_model}
+    )
     last_eval = run_eval(step)
     logger.close()
     if first_eval and last_eval:

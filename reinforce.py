@@ -546,6 +546,14 @@ def main(args: Args):
                     clip_low.append(((ratio < 1 - args.epsilon) & (A < 0)).float().mean().item())
                     clip_high.append(((ratio > 1 + epsilon_high) & (A > 0)).float().mean().item())
                 grad_norms.append(float(accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)))
+                # before the update: a NaN reward marks an unscorable completion, anything else not finite stops here
+                common.check_finite(
+                    accelerator,
+                    step + 1,
+                    reward=rewards[~rewards_per_func.isnan().all(1)],
+                    loss=loss_sum,
+                    grad_norm=grad_norms[-1],
+                )
                 optimizer.step()
                 scheduler.step()
                 optimizer.zero_grad(set_to_none=True)

@@ -368,6 +368,13 @@ def main(args: Args):
             loss = bradley_terry_loss(chosen_rewards, rejected_rewards, margins, args.center_rewards_coefficient)
             accelerator.backward(loss)
             grad_norm = float(accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm))
+            common.check_finite(  # before the update
+                accelerator,
+                step + 1,
+                score=torch.cat([chosen_rewards, rejected_rewards]),
+                loss=loss,
+                grad_norm=grad_norm,
+            )
             optimizer.step()
             scheduler.step()
             optimizer.zero_grad(set_to_none=True)

@@ -499,6 +499,14 @@ def main(args: Args):
                     for p in params:
                         p.grad.mul_(scale)
                 grad_norms.append(float(accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)))
+                # before the update: a NaN reward marks an unscorable completion, anything else not finite stops here
+                common.check_finite(
+                    accelerator,
+                    step + 1,
+                    reward=rewards[~rewards_per_func.isnan().all(1)],
+                    loss=loss_sum,
+                    grad_norm=grad_norms[-1],
+                )
                 optimizer.step()
                 scheduler.step()
                 optimizer.zero_grad(set_to_none=True)

@@ -338,6 +338,7 @@ def main(args: Args):
             loss = token_loss_sum / num_label_tokens * accelerator.num_processes
             accelerator.backward(loss)
             grad_norm = float(accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm))
+            common.check_finite(accelerator, step + 1, loss=loss, grad_norm=grad_norm)  # before the update
             optimizer.step()
             scheduler.step()
             optimizer.zero_grad(set_to_none=True)
