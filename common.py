@@ -45,7 +45,17 @@ from transformers import GenerationConfig, HfArgumentParser, SchedulerType
 from transformers.utils import logging as transformers_logging
 
 # defined in rewards.py, which imports nothing from this project so that it can be copied alone
-from rewards import ConfigError, TrainingError, as_completion, first_line, is_conversational, split_list  # noqa: F401
+from rewards import (  # noqa: F401
+    ConfigError,
+    TrainingError,
+    as_completion,
+    first_line,
+    is_conversational,
+    load_pretrained,
+    load_sequence_classifier,
+    model_folder_problem,
+    split_list,
+)
 
 # peft reads transformers' deprecated `is_gradient_checkpointing` in every get_peft_model: a FutureWarning the user of
 # --use_peft cannot act on
@@ -577,24 +587,42 @@ def prompt_text(tokenizer, prompt) -> str:
 # Tokenizer, models
 # ----------------------------------------------------------------------------------------------------------------------
 def load_tokenizer(path: str, flag: str = "--model_name_or_path"):
+    """The tokenizer at `path`, padding on the left, with a pad token (its eos token when it has none). It must have an
+    eos token: that is where a completion ends, and what sft.py and reward_model.py end a sequence with."""
     from transformers import AutoTokenizer
 
+    problem = model_folder_problem(path)  # a folder holding a tokenizer alone is one
+    if problem and not (Path(path).expanduser() / "tokenizer_config.json").is_file():
+        raise ConfigError(f"{flag}: cannot load a tokenizer from {path!r}: {problem}")
     try:
         tokenizer = AutoTokenizer.from_pretrained(path, padding_side="left")
     except (OSError, ValueError) as error:
         raise ConfigError(f"{flag}: cannot load a tokenizer from {path!r}: {first_line(error)}") from None
+    require(
+        tokenizer.eos_token is not None,
+        f"{flag}: the tokenizer of {path} has no eos token, so no completion could end (set eos_token in its "
+        "tokenizer_config.json)",
+    )
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer
 
 
 def load_causal_lm(path: str, flag: str = "--model_name_or_path", **kwargs):
+    """A causal LM with every weight from the checkpoint at `path` (a LoRA adapter folder is merged into its base
+    model): a checkpoint of another architecture (a reward model, a base model without its LM head) or one that lacks
+    weights, which would start random, is one line naming `flag`."""
     from transformers import AutoModelForCausalLM
 
-    try:
-        model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
-    except (OSError, ValueError) as error:
-        raise ConfigError(f"{flag}: cannot load a model from {path!r}: {first_line(error)}") from None
+    model, missing = load_pretrained(AutoModelForCausalLM, path, flag, **kwargs)
+    saved_as, loaded_as = model.config.architectures or [], type(model).__name__
+    require(not saved_as or loaded_as in saved_as, f"{flag}: {path} is a {saved_as[0]}, not a causal LM ({loaded_as})")
+    require(
+        not missing,
+        f"{flag}: {len(missing)} weights of {path} are not in the checkpoint and would start random: "
+        + ", ".join(missing[:3])
+        + (", ..." if len(missing) > 3 else ""),
+    )
     # transformers hands the LM head a strided view of the hidden states (the last `logits_to_keep` positions), and
     # PyTorch's bf16 matmul broadcasts the (V, H) weight over the batch of a strided 3-D input: a (B, H, V) copy, 1.8 GB
     # and ~30x the head's time for 32 sequences and a 49,152-token vocabulary on a CPU. A contiguous input is small.
@@ -602,19 +630,6 @@ def load_causal_lm(path: str, flag: str = "--model_name_or_path", **kwargs):
     if head is not None:
         head.register_forward_pre_hook(lambda module, args: (args[0].contiguous(), *args[1:]))
     return model
-
-
-@contextlib.contextmanager
-def new_head_expected():
-    """Load a causal LM as a sequence classifier without transformers' report that its new `score` head was not in the
-    checkpoint: that is the point (reward_model.py, ppo.py's value model). Other missing weights:
-    `warn_missing_weights`."""
-    verbosity = transformers_logging.get_verbosity()
-    transformers_logging.set_verbosity_error()
-    try:
-        yield
-    finally:
-        transformers_logging.set_verbosity(verbosity)
 
 
 def warn_missing_weights(missing_keys: list[str], flag: str):
@@ -625,11 +640,27 @@ def warn_missing_weights(missing_keys: list[str], flag: str):
         print(f"warning: {flag}: {len(missing)} weights were not in the checkpoint and start random: {listed}")
 
 
-def lora_config(args, task_type: str = "CAUSAL_LM"):
-    """peft's LoraConfig from the shared --lora_* flags."""
+def lora_config(args, model, task_type: str = "CAUSAL_LM"):
+    """peft's LoraConfig from the shared --lora_* flags, for `model`. Every module that --lora_target_modules names
+    must be in it and be a layer LoRA adapts: peft passes over a name that matches nothing while another name matches,
+    and its error for a block (`mlp`) prints the whole block."""
     from peft import LoraConfig
+    from transformers.pytorch_utils import Conv1D
 
     targets = split_list(args.lora_target_modules)
+    if targets != ["all-linear"]:
+        adaptable = (torch.nn.Linear, torch.nn.Embedding, torch.nn.Conv1d, torch.nn.Conv2d, Conv1D)
+        modules = dict(model.named_modules())
+        layers = sorted({name.split(".")[-1] for name, module in modules.items() if isinstance(module, adaptable)})
+        listed = f"(its layers: {', '.join(layers)}; or all-linear)"
+        for target in targets:
+            found = [module for name, module in modules.items() if name == target or name.endswith(f".{target}")]
+            require(found, f"--lora_target_modules: {type(model).__name__} has no module {target!r} {listed}")
+            block = next((module for module in found if not isinstance(module, adaptable)), None)
+            require(
+                block is None,
+                f"--lora_target_modules: {target!r} is a {type(block).__name__}, not a layer LoRA adapts {listed}",
+            )
     return LoraConfig(
         task_type=task_type,
         r=args.lora_r,

@@ -73,7 +73,7 @@ from tqdm.auto import tqdm
 from transformers import get_scheduler
 
 import common
-from common import ConfigError, arg, require
+from common import arg, require
 from rewards import accuracy_reward, check_columns, compute_rewards, format_reward, load_reward_funcs, reward_weights
 
 
@@ -301,25 +301,8 @@ def ends_with(completion_ids: torch.Tensor, completion_mask: torch.Tensor, token
 def load_value_model(path: str, flag: str):
     """A sequence-classification model with one label: a reward model (a LoRA one merged into its base model), or a
     causal LM given a fresh head, zero-initialized so that V ≡ 0 at the start."""
-    from transformers import AutoModelForSequenceClassification
-
-    try:
-        if (Path(path) / "adapter_config.json").is_file():
-            from peft import AutoPeftModelForSequenceClassification
-
-            value_model, missing_keys = (
-                AutoPeftModelForSequenceClassification.from_pretrained(path, num_labels=1).merge_and_unload(),
-                [],
-            )
-        else:
-            with common.new_head_expected():  # from a causal LM: a new head, zeroed below
-                value_model, info = AutoModelForSequenceClassification.from_pretrained(
-                    path, num_labels=1, output_loading_info=True
-                )
-            missing_keys = info["missing_keys"]
-            common.warn_missing_weights(missing_keys, flag)
-    except (OSError, ValueError) as error:
-        raise ConfigError(f"{flag}: cannot load a value model from {path!r}: {common.first_line(error)}") from None
+    value_model, missing_keys = common.load_sequence_classifier(path, flag, "a value model", new_head=True)
+    common.warn_missing_weights(missing_keys, flag)
     require(
         hasattr(value_model, "score"), f"{flag}: {type(value_model).__name__} has no 'score' head to read values from"
     )
@@ -471,7 +454,7 @@ def main(args: Args):
     if args.use_peft:
         from peft import get_peft_model
 
-        model = get_peft_model(model, common.lora_config(args))
+        model = get_peft_model(model, common.lora_config(args, model))
     if args.disable_dropout:
         common.disable_dropout(model)
     if args.gradient_checkpointing:
@@ -500,7 +483,7 @@ def main(args: Args):
     # its forward also reads the head at the last non-pad token
     value_model.config.pad_token_id = tokenizer.pad_token_id
     if args.use_peft:
-        value_model = get_peft_model(value_model, common.lora_config(args, task_type="SEQ_CLS"))
+        value_model = get_peft_model(value_model, common.lora_config(args, value_model, "SEQ_CLS"))
     if args.disable_dropout:
         common.disable_dropout(value_model)
     if args.gradient_checkpointing:

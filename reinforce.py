@@ -344,7 +344,7 @@ def main(args: Args):
     if args.use_peft:
         from peft import get_peft_model
 
-        model = get_peft_model(model, common.lora_config(args))
+        model = get_peft_model(model, common.lora_config(args, model))
     if args.disable_dropout:
         common.disable_dropout(model)
     if args.gradient_checkpointing:

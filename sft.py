@@ -253,7 +253,7 @@ def main(args: Args):
     if args.use_peft:
         from peft import get_peft_model
 
-        model = get_peft_model(model, common.lora_config(args))
+        model = get_peft_model(model, common.lora_config(args, model))
     if args.gradient_checkpointing:
         common.checkpoint_activations(model)
         model.config.use_cache = False
