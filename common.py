@@ -899,16 +899,16 @@ def evaluate(model, tokenizer, eval_dataset: Dataset, args, reward_fns: dict, se
 # ----------------------------------------------------------------------------------------------------------------------
 # Checkpoints: HF-format model + tokenizer (or adapter), plus optimizer, scheduler, RNG and step
 # ----------------------------------------------------------------------------------------------------------------------
-def save_checkpoint(
-    accelerator: Accelerator, output_dir: str, step: int, model, tokenizer, extra: dict | None = None
-) -> Path:
-    """Write `checkpoint-{step}`: the model in HF format (or the LoRA adapter) and the tokenizer, for people;
-    `accelerator_state/` (accelerate's own: model, optimizer, registered scheduler, every process's RNG; sharded
-    states under DeepSpeed / FSDP), for resuming; `training_state.pt` with the step, the script's extras and the size of
+def save_checkpoint(accelerator: Accelerator, args, step: int, model, tokenizer, extra: dict | None = None) -> Path:
+    """Write `checkpoint-{step}` in args.output_dir: the model in HF format (or the LoRA adapter) and the tokenizer, for
+    people; `accelerator_state/` (accelerate's own: model, optimizer, registered scheduler, every process's RNG; sharded
+    states under DeepSpeed / FSDP), for resuming; `args.json`, the run's flags (`asdict(args)`), which a resumed run is
+    checked against (`check_resumed_args`); `training_state.pt` with the step, the script's extras and the size of
     every other file (what `checkpoint_problem` checks). Written to a temporary folder, with signals held
     (`signals_deferred`), and renamed at the end: never half-written, and no earlier checkpoint is touched. A write
     that fails (a full disk; whatever the error: torch raises RuntimeError, safetensors its own) removes the temporary
     folder and stops every process with one line. Every process must call it."""
+    output_dir = args.output_dir
     final = Path(output_dir) / f"checkpoint-{step}"
     tmp = Path(output_dir) / f".checkpoint-{step}.tmp"
     failure = None
@@ -923,6 +923,7 @@ def save_checkpoint(
             failure = error
         if not any_process(accelerator, failure is not None) and accelerator.is_main_process:  # every file is written
             try:
+                (tmp / "args.json").write_text(json.dumps(dataclasses.asdict(args), indent=2) + "\n")
                 files = {str(f.relative_to(tmp)): f.stat().st_size for f in tmp.rglob("*") if f.is_file()}
                 torch.save({"step": step, **(extra or {}), "files": files}, tmp / "training_state.pt")
                 if final.exists():  # the same step saved again: the old copy goes only once the new one is complete
@@ -981,11 +982,90 @@ def checkpoint_problem(path: Path) -> str | None:
     return None
 
 
-def resolve_checkpoint(resume_from_checkpoint: str | None, output_dir: str) -> Path | None:
+def resolve_checkpoint(resume_from_checkpoint: str | None, output_dir: str, args=None) -> Path | None:
     """None, a checkpoint folder, or 'latest': the highest-step complete checkpoint-N in output_dir. Each folder
     skipped is said in one line with the reason: one that is not a complete checkpoint (`checkpoint_problem`), another
     name (checkpoint-best), a temporary folder whose write did not finish (.checkpoint-N.tmp). So are the lines of
-    output_dir/metrics.jsonl torn by a kill, which the resumed run drops."""
+    output_dir/metrics.jsonl torn by a kill, which the resumed run drops. With the run's `args`, the checkpoint's flags
+    are checked against them (`check_resumed_args`)."""
+    checkpoint = find_checkpoint(resume_from_checkpoint, output_dir)
+    if checkpoint is not None and args is not None:
+        check_resumed_args(checkpoint, args)
+    return checkpoint
+
+
+# What a resumed run may change: how long it goes on, what it logs, evaluates and saves, and how the same computation
+# runs. It carries on and says what changed. Any other flag that differs from the checkpoint's args.json stops the
+# resume with one line: the model and its LoRA (the checkpoint's weights would not fit, or mean another model), the
+# data, the rewards and the algorithm's settings (another objective), and --learning_rate and --weight_decay, which the
+# checkpoint's optimizer state keeps (a new value would be ignored). Flags a checkpoint does not record (it was saved
+# before they existed, or before args.json was) are not compared.
+RESUME_MAY_CHANGE = {
+    # how long, and what is logged, evaluated and saved
+    "max_steps",  # the learning-rate schedule is that of the new length from here on
+    "logging_steps",
+    "log_completions",
+    "num_completions_to_print",
+    "report_to",
+    "eval_strategy",
+    "eval_steps",
+    "num_generations_eval",
+    "per_device_eval_batch_size",
+    "dataset_test_split",
+    "save_steps",
+    "save_merged_model",
+    "output_dir",
+    # the rest of the schedule, which the checkpoint does not hold
+    "lr_scheduler_type",
+    "warmup_ratio",
+    "max_grad_norm",
+    # the same computation, run otherwise: memory, speed, precision, the sampling engine, the seed of what comes next
+    "micro_batch_size",
+    "gradient_checkpointing",
+    "bf16",
+    "use_vllm",
+    "vllm_gpu_memory_utilization",
+    "vllm_max_model_length",
+    "seed",
+}
+
+
+def check_resumed_args(checkpoint: Path, args):
+    """Compare this run's flags with those the checkpoint was saved with (its args.json; a checkpoint without one
+    resumes unchecked): a change that RESUME_MAY_CHANGE lists is said in one line, any other is a ConfigError naming
+    every such flag with both values."""
+    record = checkpoint / "args.json"
+    if not record.is_file():
+        return
+    saved, now = json.loads(record.read_text()), json.loads(json.dumps(dataclasses.asdict(args)))
+    changed = [
+        name
+        for name in saved.keys() & now.keys() - {"resume_from_checkpoint", "overwrite_output_dir"}
+        if not same_setting(saved[name], now[name])
+    ]
+    changed.sort(key=list(now).index)
+    said = lambda names: "; ".join(f"--{name} {now[name]} (the checkpoint's: {saved[name]})" for name in names)
+    refused = [name for name in changed if name not in RESUME_MAY_CHANGE]
+    require(
+        not refused,
+        f"--resume_from_checkpoint: {checkpoint.name} was saved with other flags, which a resumed run cannot change: "
+        f"{said(refused)}. Resume with its flags ({record}), or start a new run from its model (--model_name_or_path "
+        f"{checkpoint})",
+    )
+    if changed and PartialState().is_main_process:
+        print(f"--resume_from_checkpoint: carrying on from {checkpoint.name} with {said(changed)}")
+
+
+def same_setting(saved, now) -> bool:
+    """Equal values, or two paths to the same existing file or folder (a relative and an absolute one)."""
+    if saved == now:
+        return True
+    if isinstance(saved, str) and isinstance(now, str) and Path(saved).exists() and Path(now).exists():
+        return Path(saved).resolve() == Path(now).resolve()
+    return False
+
+
+def find_checkpoint(resume_from_checkpoint: str | None, output_dir: str) -> Path | None:
     if not resume_from_checkpoint:
         return None
     say = print if PartialState().is_main_process else lambda line: None
@@ -1039,7 +1119,13 @@ def load_training_state(accelerator: Accelerator, checkpoint: Path) -> dict:
         f"--resume_from_checkpoint: {checkpoint} was saved by {saved} processes; resume it with as many (got "
         f"{accelerator.num_processes})",
     )
-    accelerator.load_state(str(checkpoint / "accelerator_state"))
+    try:
+        accelerator.load_state(str(checkpoint / "accelerator_state"))
+    except (RuntimeError, ValueError, KeyError) as error:  # saved before args.json, or the model changed on disk
+        raise ConfigError(
+            f"--resume_from_checkpoint: {checkpoint} does not fit this run's model and optimizer (was it saved with "
+            f"another --model_name_or_path, --use_peft or --lora_* flags?): {first_line(error)}"
+        ) from None
     return torch.load(checkpoint / "training_state.pt", weights_only=False, map_location="cpu")
 
 

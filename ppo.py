@@ -442,7 +442,7 @@ def main(args: Args):
         eval_dataset = None
 
     # ---- plumbing: models: policy, reference (only when kl_coef > 0), reward functions, value model ----
-    checkpoint = common.resolve_checkpoint(args.resume_from_checkpoint, args.output_dir)
+    checkpoint = common.resolve_checkpoint(args.resume_from_checkpoint, args.output_dir, args)
     tokenizer = common.load_tokenizer(args.model_name_or_path)
     stop_id = stop_token_id(tokenizer, args.stop_token)
     # float32 master weights whatever the checkpoint's dtype (with --use_peft --bf16 the frozen base is bf16); a
@@ -775,10 +775,10 @@ def main(args: Args):
             if args.eval_steps and step % args.eval_steps == 0 and step != args.max_steps:
                 run_eval(step)
             if args.save_steps and step % args.save_steps == 0:
-                common.save_checkpoint(accelerator, args.output_dir, step, model, tokenizer, training_state())
+                common.save_checkpoint(accelerator, args, step, model, tokenizer, training_state())
     progress.close()
     if step < args.max_steps:  # stopped early: Ctrl-C or SIGTERM on any process, or a reward function that failed
-        path = common.save_checkpoint(accelerator, args.output_dir, step, model, tokenizer, training_state())
+        path = common.save_checkpoint(accelerator, args, step, model, tokenizer, training_state())
         logger.close()
         common.stop_early(accelerator, interrupted, step, path)
 

@@ -252,7 +252,7 @@ def main(args: Args):
             )
 
     # ---- model: the backbone of a causal LM (or a reward model) with a scalar head ----
-    checkpoint = common.resolve_checkpoint(args.resume_from_checkpoint, args.output_dir)
+    checkpoint = common.resolve_checkpoint(args.resume_from_checkpoint, args.output_dir, args)
     tokenizer = common.load_tokenizer(args.model_name_or_path)
     # a causal LM gets a new score head; a resumed run gets its weights from the checkpoint below
     model, missing_keys = common.load_sequence_classifier(
@@ -377,10 +377,10 @@ def main(args: Args):
             if args.eval_steps and step % args.eval_steps == 0 and step != args.max_steps:
                 run_eval(step)
             if args.save_steps and step % args.save_steps == 0:
-                common.save_checkpoint(accelerator, args.output_dir, step, model, tokenizer)
+                common.save_checkpoint(accelerator, args, step, model, tokenizer)
     progress.close()
     if step < args.max_steps:  # stopped early: Ctrl-C or SIGTERM on any process
-        path = common.save_checkpoint(accelerator, args.output_dir, step, model, tokenizer)
+        path = common.save_checkpoint(accelerator, args, step, model, tokenizer)
         logger.close()
         common.stop_early(accelerator, interrupted, step, path)
 

@@ -165,7 +165,7 @@ def load_pretrained(auto_class, path: str, flag: str, what: str = "a model", **k
         if adapter.is_file():
             adapter_task = json.loads(adapter.read_text()).get("task_type")
             if adapter_task != task[auto_class]:
-                refuse(f"it is a LoRA adapter for {adapter_task}, not for {task[auto_class]}")
+                refuse(f"it is a LoRA adapter for {adapter_task} (its task_type), not for {task[auto_class]}")
             import peft
 
             peft_class = getattr(peft, auto_class.__name__.replace("AutoModel", "AutoPeftModel"))
