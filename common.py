@@ -615,8 +615,10 @@ def load_causal_lm(path: str, flag: str = "--model_name_or_path", **kwargs):
     from transformers import AutoModelForCausalLM
 
     model, missing = load_pretrained(AutoModelForCausalLM, path, flag, **kwargs)
-    saved_as, loaded_as = model.config.architectures or [], type(model).__name__
-    require(not saved_as or loaded_as in saved_as, f"{flag}: {path} is a {saved_as[0]}, not a causal LM ({loaded_as})")
+    saved_as = model.config.architectures or [type(model).__name__]
+    require(
+        type(model).__name__ in saved_as, f"{flag}: {path} is a {saved_as[0]}, not a causal LM ({type(model).__name__})"
+    )
     require(
         not missing,
         f"{flag}: {len(missing)} weights of {path} are not in the checkpoint and would start random: "

@@ -169,7 +169,8 @@ def load_pretrained(auto_class, path: str, flag: str, what: str = "a model", **k
             import peft
 
             peft_class = getattr(peft, auto_class.__name__.replace("AutoModel", "AutoPeftModel"))
-            return peft_class.from_pretrained(path, **kwargs).merge_and_unload(), []
+            model = peft_class.from_pretrained(path, **kwargs).merge_and_unload()
+            return model.requires_grad_(True), []  # as from_pretrained's: peft froze the base model's weights
         model, info = auto_class.from_pretrained(path, output_loading_info=True, ignore_mismatched_sizes=True, **kwargs)
     except (OSError, ValueError, RuntimeError) as error:
         refuse(first_line(error))

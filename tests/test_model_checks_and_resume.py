@@ -38,7 +38,11 @@ def folders(tmp_path_factory) -> dict:
     )
     torch.nn.init.normal_(adapter.base_model.model.model.layers[0].self_attn.q_proj.lora_B["default"].weight)
     adapter.save_pretrained(root / "adapter")  # of a causal LM
-    for name in ("classifier", "adapter", "tokenizer_only"):
+    reward_model = AutoModelForSequenceClassification.from_pretrained(common.EMBEDDED_MODEL, num_labels=1)
+    get_peft_model(reward_model, LoraConfig(task_type="SEQ_CLS", target_modules=["q_proj"])).save_pretrained(
+        root / "reward_adapter"
+    )
+    for name in ("classifier", "adapter", "reward_adapter", "tokenizer_only"):
         tokenizer.save_pretrained(root / name)
     (root / "empty").mkdir()
     (root / "a_file").write_text("not a model")
@@ -157,6 +161,16 @@ def test_a_lora_adapter_as_the_policy_is_its_merged_model(tmp_path, folders):
     ).exists()
 
 
+def test_a_lora_reward_model_as_the_value_model_is_merged_and_trained(folders):
+    """reward_model.py --use_peft writes an adapter; ppo.py merged it into its base model but left every weight frozen,
+    so that without --use_peft the value model never learned."""
+    import ppo
+
+    value_model = ppo.load_value_model(folders["reward_adapter"], "--value_model_path")
+    assert all(p.requires_grad for p in value_model.parameters()) and not hasattr(value_model, "peft_config")
+    assert value_model.score.weight.abs().sum() > 0  # the reward model's head, not a new one (zeroed)
+
+
 @pytest.mark.parametrize("targets", ["q_proj,o_porj", "mlp"])
 @pytest.mark.parametrize("script", SCRIPTS)
 def test_lora_target_modules_must_name_layers_of_the_model(tmp_path, script, targets):
@@ -234,11 +248,14 @@ def test_a_resume_with_another_objective_or_learning_rate_stops(tmp_path, hub_mo
 
 
 @pytest.mark.parametrize("script", every(SCRIPTS))
-def test_a_resume_that_runs_longer_and_logs_otherwise_carries_on_and_says_so(tmp_path, capsys, script):
+def test_a_resume_that_runs_longer_and_logs_otherwise_carries_on_and_says_so(tmp_path, monkeypatch, capsys, script):
+    """And says nothing of a flag that did not change: the same model by a relative path."""
     out = tmp_path / "out"
     first_run(script, out)
     capsys.readouterr()
-    run_tiny(script, out, resume_from_checkpoint="latest", max_steps=3, logging_steps=2, save_steps=3)
+    monkeypatch.chdir(common.ROOT)
+    overrides = dict(model_name_or_path="models/tiny-arith", max_steps=3, logging_steps=2, save_steps=3)
+    run_tiny(script, out, resume_from_checkpoint="latest", **overrides)
     assert (
         "--resume_from_checkpoint: carrying on from checkpoint-1 with --max_steps 3 (the checkpoint's: 1); "
         "--logging_steps 2 (the checkpoint's: 1); --save_steps 3 (the checkpoint's: 1)\n"
@@ -263,12 +280,3 @@ def test_a_checkpoint_without_a_record_that_does_not_fit_is_one_line(tmp_path, s
         f"--resume_from_checkpoint: {checkpoint} does not fit this run's model and optimizer (was it saved with "
         "another --model_name_or_path, --use_peft or --lora_* flags?): Error(s) in loading state_dict for "
     )
-
-
-def test_resume_compares_a_relative_and_an_absolute_path_as_the_same_model(tmp_path, monkeypatch, capsys):
-    out = tmp_path / "out"
-    first_run("rloo.py", out)
-    monkeypatch.chdir(common.ROOT)
-    capsys.readouterr()
-    run_tiny("rloo.py", out, resume_from_checkpoint="latest", model_name_or_path="models/tiny-arith", max_steps=1)
-    assert "carrying on" not in capsys.readouterr().out
