@@ -134,11 +134,11 @@ def test_a_folder_that_holds_no_usable_model(tmp_path, folders, script, folder):
     refused(script, tmp_path, "--model_name_or_path: " + FOLDERS[folder].format(path=path), model_name_or_path=path)
 
 
-def test_a_missing_model_is_one_line_on_the_command_line(tmp_path, folders, capsys):
-    line = cli_error(
-        "grpo.py", ["--model_name_or_path", folders["tokenizer_only"], "--output_dir", str(tmp_path)], capsys
-    )
-    assert line.startswith(f"error: --model_name_or_path: cannot load a model from '{folders['tokenizer_only']}'")
+def test_a_reward_model_that_is_not_one_is_one_line_on_the_command_line(tmp_path, folders, capsys):
+    """No transformers load report and no traceback before it (a two-label classifier was a size-mismatch one)."""
+    argv = ["--reward_model_path", folders["classifier"], "--output_dir", str(tmp_path / "out")]
+    line = cli_error("grpo.py", argv, capsys)
+    assert line.startswith(f"error: --reward_model_path: cannot load a reward model from '{folders['classifier']}'")
 
 
 def test_a_lora_adapter_as_the_policy_is_its_merged_model(tmp_path, folders):
@@ -236,12 +236,15 @@ def test_a_resume_with_another_objective_or_learning_rate_stops(tmp_path, hub_mo
     """Were silently carried on: another objective from the resumed step on, and a --learning_rate that the
     checkpoint's optimizer state overrules (it keeps its own). Another --model_name_or_path was a traceback."""
     out = tmp_path / "out"
-    first_run(script, out)
+    saved = json.loads((first_run(script, out) / "args.json").read_text())
     flag, value = CHANGED[script]
     for overrides, said in (
-        ({flag: value}, f"--{flag} {value} (the checkpoint's: {getattr(SCRIPTS[script].Args(), flag)})"),
-        ({"learning_rate": 0.5}, f"--learning_rate 0.5 (the checkpoint's: {SCRIPTS[script].Args().learning_rate})"),
-        ({"model_name_or_path": hub_model}, f"--model_name_or_path {hub_model} (the checkpoint's: "),
+        ({flag: value}, f"--{flag} {value} (the checkpoint's: {saved[flag]})"),
+        ({"learning_rate": 0.5}, f"--learning_rate 0.5 (the checkpoint's: {saved['learning_rate']})"),
+        (
+            {"model_name_or_path": hub_model},
+            f"--model_name_or_path {hub_model} (the checkpoint's: {saved['model_name_or_path']})",
+        ),
     ):
         with pytest.raises(ConfigError, match="which a resumed run cannot change: " + re.escape(said)):
             run_tiny(script, out, resume_from_checkpoint="latest", max_steps=2, **overrides)
