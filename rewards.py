@@ -1,4 +1,5 @@
-"""Reward functions, reward-model scoring, and how several rewards combine into one scalar per completion.
+"""Reward functions, reward-model scoring, and how several rewards combine into one scalar per completion; and the
+checked loading of a model (`load_pretrained`), which the reward model and common.py's loaders share.
 
 A reward function follows TRL's contract:
 
