@@ -45,7 +45,17 @@ from transformers import GenerationConfig, HfArgumentParser, SchedulerType
 from transformers.utils import logging as transformers_logging
 
 # defined in rewards.py, which imports nothing from this project so that it can be copied alone
-from rewards import ConfigError, TrainingError, as_completion, first_line, is_conversational, split_list  # noqa: F401
+from rewards import (  # noqa: F401
+    ConfigError,
+    TrainingError,
+    as_completion,
+    first_line,
+    is_conversational,
+    load_pretrained,
+    load_sequence_classifier,
+    model_folder_problem,
+    split_list,
+)
 
 # peft reads transformers' deprecated `is_gradient_checkpointing` in every get_peft_model: a FutureWarning the user of
 # --use_peft cannot act on
@@ -700,24 +710,44 @@ def prompt_text(tokenizer, prompt) -> str:
 # Tokenizer, models
 # ----------------------------------------------------------------------------------------------------------------------
 def load_tokenizer(path: str, flag: str = "--model_name_or_path"):
+    """The tokenizer at `path`, padding on the left, with a pad token (its eos token when it has none). It must have an
+    eos token: that is where a completion ends, and what sft.py and reward_model.py end a sequence with."""
     from transformers import AutoTokenizer
 
+    problem = model_folder_problem(path)  # a folder holding a tokenizer alone is one
+    if problem and not (Path(path).expanduser() / "tokenizer_config.json").is_file():
+        raise ConfigError(f"{flag}: cannot load a tokenizer from {path!r}: {problem}")
     try:
         tokenizer = AutoTokenizer.from_pretrained(path, padding_side="left")
     except (OSError, ValueError) as error:
         raise ConfigError(f"{flag}: cannot load a tokenizer from {path!r}: {first_line(error)}") from None
+    require(
+        tokenizer.eos_token is not None,
+        f"{flag}: the tokenizer of {path} has no eos token, so no completion could end (set eos_token in its "
+        "tokenizer_config.json)",
+    )
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer
 
 
 def load_causal_lm(path: str, flag: str = "--model_name_or_path", **kwargs):
+    """A causal LM with every weight from the checkpoint at `path` (a LoRA adapter folder is merged into its base
+    model): a checkpoint of another architecture (a reward model, a base model without its LM head) or one that lacks
+    weights, which would start random, is one line naming `flag`."""
     from transformers import AutoModelForCausalLM
 
-    try:
-        model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
-    except (OSError, ValueError) as error:
-        raise ConfigError(f"{flag}: cannot load a model from {path!r}: {first_line(error)}") from None
+    model, missing = load_pretrained(AutoModelForCausalLM, path, flag, **kwargs)
+    saved_as = model.config.architectures or [type(model).__name__]
+    require(
+        type(model).__name__ in saved_as, f"{flag}: {path} is a {saved_as[0]}, not a causal LM ({type(model).__name__})"
+    )
+    require(
+        not missing,
+        f"{flag}: {len(missing)} weights of {path} are not in the checkpoint and would start random: "
+        + ", ".join(missing[:3])
+        + (", ..." if len(missing) > 3 else ""),
+    )
     # transformers hands the LM head a strided view of the hidden states (the last `logits_to_keep` positions), and
     # PyTorch's bf16 matmul broadcasts the (V, H) weight over the batch of a strided 3-D input: a (B, H, V) copy, 1.8 GB
     # and ~30x the head's time for 32 sequences and a 49,152-token vocabulary on a CPU. A contiguous input is small.
@@ -725,19 +755,6 @@ def load_causal_lm(path: str, flag: str = "--model_name_or_path", **kwargs):
     if head is not None:
         head.register_forward_pre_hook(lambda module, args: (args[0].contiguous(), *args[1:]))
     return model
-
-
-@contextlib.contextmanager
-def new_head_expected():
-    """Load a causal LM as a sequence classifier without transformers' report that its new `score` head was not in the
-    checkpoint: that is the point (reward_model.py, ppo.py's value model). Other missing weights:
-    `warn_missing_weights`."""
-    verbosity = transformers_logging.get_verbosity()
-    transformers_logging.set_verbosity_error()
-    try:
-        yield
-    finally:
-        transformers_logging.set_verbosity(verbosity)
 
 
 def warn_missing_weights(missing_keys: list[str], flag: str):
@@ -748,11 +765,27 @@ def warn_missing_weights(missing_keys: list[str], flag: str):
         print(f"warning: {flag}: {len(missing)} weights were not in the checkpoint and start random: {listed}")
 
 
-def lora_config(args, task_type: str = "CAUSAL_LM"):
-    """peft's LoraConfig from the shared --lora_* flags."""
+def lora_config(args, model, task_type: str = "CAUSAL_LM"):
+    """peft's LoraConfig from the shared --lora_* flags, for `model`. Every module that --lora_target_modules names
+    must be in it and be a layer LoRA adapts: peft passes over a name that matches nothing while another name matches,
+    and its error for a block (`mlp`) prints the whole block."""
     from peft import LoraConfig
+    from transformers.pytorch_utils import Conv1D
 
     targets = split_list(args.lora_target_modules)
+    if targets != ["all-linear"]:
+        adaptable = (torch.nn.Linear, torch.nn.Embedding, torch.nn.Conv1d, torch.nn.Conv2d, Conv1D)
+        modules = dict(model.named_modules())
+        layers = sorted({name.split(".")[-1] for name, module in modules.items() if isinstance(module, adaptable)})
+        listed = f"(its layers: {', '.join(layers)}; or all-linear)"
+        for target in targets:
+            found = [module for name, module in modules.items() if name == target or name.endswith(f".{target}")]
+            require(found, f"--lora_target_modules: {type(model).__name__} has no module {target!r} {listed}")
+            block = next((module for module in found if not isinstance(module, adaptable)), None)
+            require(
+                block is None,
+                f"--lora_target_modules: {target!r} is a {type(block).__name__}, not a layer LoRA adapts {listed}",
+            )
     return LoraConfig(
         task_type=task_type,
         r=args.lora_r,
@@ -1007,14 +1040,14 @@ def evaluate(model, tokenizer, eval_dataset: Dataset, args, reward_fns: dict, se
 # ----------------------------------------------------------------------------------------------------------------------
 # Checkpoints: HF-format model + tokenizer (or adapter), plus optimizer, scheduler, RNG and step
 # ----------------------------------------------------------------------------------------------------------------------
-def save_checkpoint(
-    accelerator: Accelerator, output_dir: str, step: int, model, tokenizer, extra: dict | None = None
-) -> Path:
-    """Write `checkpoint-{step}`: the model in HF format (or the LoRA adapter) and the tokenizer, for people;
-    `accelerator_state/` (accelerate's own: model, optimizer, registered scheduler, every process's RNG; sharded
-    states under DeepSpeed / FSDP), for resuming; `training_state.pt` with the step, the script's extras and the size of
+def save_checkpoint(accelerator: Accelerator, args, step: int, model, tokenizer, extra: dict | None = None) -> Path:
+    """Write `checkpoint-{step}` in args.output_dir: the model in HF format (or the LoRA adapter) and the tokenizer, for
+    people; `accelerator_state/` (accelerate's own: model, optimizer, registered scheduler, every process's RNG; sharded
+    states under DeepSpeed / FSDP), for resuming; `args.json`, the run's flags (`asdict(args)`), which a resumed run is
+    checked against (`check_resumed_args`); `training_state.pt` with the step, the script's extras and the size of
     every other file (what `checkpoint_problem` checks). Written whole (`write_whole`), and no earlier checkpoint is
     touched. Every process must call it."""
+    output_dir = args.output_dir
     final = Path(output_dir) / f"checkpoint-{step}"
     tmp = Path(output_dir) / f".checkpoint-{step}.tmp"
 
@@ -1023,6 +1056,7 @@ def save_checkpoint(
         save_model(accelerator, tmp, model, tokenizer)
 
     def publish():
+        (tmp / "args.json").write_text(json.dumps(dataclasses.asdict(args), indent=2) + "\n")
         files = {str(f.relative_to(tmp)): f.stat().st_size for f in tmp.rglob("*") if f.is_file()}
         torch.save({"step": step, **(extra or {}), "files": files}, tmp / "training_state.pt")
         if final.exists():  # the same step saved again: the old copy goes only once the new one is complete
@@ -1108,11 +1142,90 @@ def checkpoint_problem(path: Path) -> str | None:
     return None
 
 
-def resolve_checkpoint(resume_from_checkpoint: str | None, output_dir: str) -> Path | None:
+def resolve_checkpoint(resume_from_checkpoint: str | None, output_dir: str, args=None) -> Path | None:
     """None, a checkpoint folder, or 'latest': the highest-step complete checkpoint-N in output_dir. Each folder
     skipped is said in one line with the reason: one that is not a complete checkpoint (`checkpoint_problem`), another
     name (checkpoint-best), a temporary folder whose write did not finish (.checkpoint-N.tmp). So are the lines of
-    output_dir/metrics.jsonl torn by a kill, which the resumed run drops."""
+    output_dir/metrics.jsonl torn by a kill, which the resumed run drops. With the run's `args`, the checkpoint's flags
+    are checked against them (`check_resumed_args`)."""
+    checkpoint = find_checkpoint(resume_from_checkpoint, output_dir)
+    if checkpoint is not None and args is not None:
+        check_resumed_args(checkpoint, args)
+    return checkpoint
+
+
+# What a resumed run may change: how long it goes on, what it logs, evaluates and saves, and how the same computation
+# runs. It carries on and says what changed. Any other flag that differs from the checkpoint's args.json stops the
+# resume with one line: the model and its LoRA (the checkpoint's weights would not fit, or mean another model), the
+# data, the rewards and the algorithm's settings (another objective), and --learning_rate and --weight_decay, which the
+# checkpoint's optimizer state keeps (a new value would be ignored). Flags a checkpoint does not record (it was saved
+# before they existed, or before args.json was) are not compared.
+RESUME_MAY_CHANGE = {
+    # how long, and what is logged, evaluated and saved
+    "max_steps",  # the learning-rate schedule is that of the new length from here on
+    "logging_steps",
+    "log_completions",
+    "num_completions_to_print",
+    "report_to",
+    "eval_strategy",
+    "eval_steps",
+    "num_generations_eval",
+    "per_device_eval_batch_size",
+    "dataset_test_split",
+    "save_steps",
+    "save_merged_model",
+    "output_dir",
+    # the rest of the schedule, which the checkpoint does not hold
+    "lr_scheduler_type",
+    "warmup_ratio",
+    "max_grad_norm",
+    # the same computation, run otherwise: memory, speed, precision, the sampling engine, the seed of what comes next
+    "micro_batch_size",
+    "gradient_checkpointing",
+    "bf16",
+    "use_vllm",
+    "vllm_gpu_memory_utilization",
+    "vllm_max_model_length",
+    "seed",
+}
+
+
+def check_resumed_args(checkpoint: Path, args):
+    """Compare this run's flags with those the checkpoint was saved with (its args.json; a checkpoint without one
+    resumes unchecked): a change that RESUME_MAY_CHANGE lists is said in one line, any other is a ConfigError naming
+    every such flag with both values."""
+    record = checkpoint / "args.json"
+    if not record.is_file():
+        return
+    saved, now = json.loads(record.read_text()), json.loads(json.dumps(dataclasses.asdict(args)))
+    changed = [
+        name
+        for name in saved.keys() & now.keys() - {"resume_from_checkpoint", "overwrite_output_dir"}
+        if not same_setting(saved[name], now[name])
+    ]
+    changed.sort(key=list(now).index)
+    said = lambda names: "; ".join(f"--{name} {now[name]} (the checkpoint's: {saved[name]})" for name in names)
+    refused = [name for name in changed if name not in RESUME_MAY_CHANGE]
+    require(
+        not refused,
+        f"--resume_from_checkpoint: {checkpoint.name} was saved with other flags, which a resumed run cannot change: "
+        f"{said(refused)}. Resume with its flags ({record}), or start a new run from its model (--model_name_or_path "
+        f"{checkpoint})",
+    )
+    if changed and PartialState().is_main_process:
+        print(f"--resume_from_checkpoint: carrying on from {checkpoint.name} with {said(changed)}")
+
+
+def same_setting(saved, now) -> bool:
+    """Equal values, or two paths to the same existing file or folder (a relative and an absolute one)."""
+    if saved == now:
+        return True
+    if isinstance(saved, str) and isinstance(now, str) and Path(saved).exists() and Path(now).exists():
+        return Path(saved).resolve() == Path(now).resolve()
+    return False
+
+
+def find_checkpoint(resume_from_checkpoint: str | None, output_dir: str) -> Path | None:
     if not resume_from_checkpoint:
         return None
     say = print if PartialState().is_main_process else lambda line: None
@@ -1166,7 +1279,13 @@ def load_training_state(accelerator: Accelerator, checkpoint: Path) -> dict:
         f"--resume_from_checkpoint: {checkpoint} was saved by {saved} processes; resume it with as many (got "
         f"{accelerator.num_processes})",
     )
-    accelerator.load_state(str(checkpoint / "accelerator_state"))
+    try:
+        accelerator.load_state(str(checkpoint / "accelerator_state"))
+    except (RuntimeError, ValueError, KeyError) as error:  # saved before args.json, or the model changed on disk
+        raise ConfigError(
+            f"--resume_from_checkpoint: {checkpoint} does not fit this run's model and optimizer (was it saved with "
+            f"another --model_name_or_path, --use_peft or --lora_* flags?): {first_line(error)}"
+        ) from None
     return torch.load(checkpoint / "training_state.pt", weights_only=False, map_location="cpu")
 
 

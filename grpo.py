@@ -424,7 +424,7 @@ def main(args: Args):
         eval_dataset = None
 
     # ---- plumbing: models: policy, reference (only when β > 0), reward functions ----
-    checkpoint = common.resolve_checkpoint(args.resume_from_checkpoint, args.output_dir)
+    checkpoint = common.resolve_checkpoint(args.resume_from_checkpoint, args.output_dir, args)
     tokenizer = common.load_tokenizer(args.model_name_or_path)
     # float32 master weights whatever the checkpoint's dtype (with --use_peft --bf16 the frozen base is bf16); a
     # resumed run gets its weights from the checkpoint below
@@ -435,7 +435,7 @@ def main(args: Args):
     if args.use_peft:
         from peft import get_peft_model
 
-        model = get_peft_model(model, common.lora_config(args))
+        model = get_peft_model(model, common.lora_config(args, model))
     if args.disable_dropout:
         common.disable_dropout(model)
     if args.gradient_checkpointing:
@@ -694,10 +694,10 @@ def main(args: Args):
             if args.eval_steps and step % args.eval_steps == 0 and step != args.max_steps:
                 run_eval(step)
             if args.save_steps and step % args.save_steps == 0:
-                common.save_checkpoint(accelerator, args.output_dir, step, model, tokenizer, {"num_tokens": num_tokens})
+                common.save_checkpoint(accelerator, args, step, model, tokenizer, {"num_tokens": num_tokens})
     progress.close()
     if step < args.max_steps:  # stopped early: Ctrl-C or SIGTERM on any process, or a reward function that failed
-        path = common.save_checkpoint(accelerator, args.output_dir, step, model, tokenizer, {"num_tokens": num_tokens})
+        path = common.save_checkpoint(accelerator, args, step, model, tokenizer, {"num_tokens": num_tokens})
         logger.close()
         common.stop_early(accelerator, interrupted, step, path)
 

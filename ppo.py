@@ -64,7 +64,6 @@ and rewards.py (reward functions, reward-model scoring; it stands alone); vllm_c
 import time
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
 import torch
 import torch.utils.checkpoint
@@ -73,7 +72,7 @@ from tqdm.auto import tqdm
 from transformers import get_scheduler
 
 import common
-from common import ConfigError, arg, require
+from common import arg, require
 from rewards import accuracy_reward, check_columns, compute_rewards, format_reward, load_reward_funcs, reward_weights
 
 
@@ -303,27 +302,8 @@ def ends_with(completion_ids: torch.Tensor, completion_mask: torch.Tensor, token
 def load_value_model(path: str, flag: str, dtype: torch.dtype = torch.float32):
     """A sequence-classification model with one label, in `dtype`: a reward model (a LoRA one merged into its base
     model), or a causal LM given a fresh head, zero-initialized so that V ≡ 0 at the start."""
-    from transformers import AutoModelForSequenceClassification
-
-    try:
-        if (Path(path) / "adapter_config.json").is_file():
-            from peft import AutoPeftModelForSequenceClassification
-
-            value_model, missing_keys = (
-                AutoPeftModelForSequenceClassification.from_pretrained(
-                    path, num_labels=1, dtype=dtype
-                ).merge_and_unload(),
-                [],
-            )
-        else:
-            with common.new_head_expected():  # from a causal LM: a new head, zeroed below
-                value_model, info = AutoModelForSequenceClassification.from_pretrained(
-                    path, num_labels=1, output_loading_info=True, dtype=dtype
-                )
-            missing_keys = info["missing_keys"]
-            common.warn_missing_weights(missing_keys, flag)
-    except (OSError, ValueError) as error:
-        raise ConfigError(f"{flag}: cannot load a value model from {path!r}: {common.first_line(error)}") from None
+    value_model, missing_keys = common.load_sequence_classifier(path, flag, "a value model", new_head=True, dtype=dtype)
+    common.warn_missing_weights(missing_keys, flag)
     require(
         hasattr(value_model, "score"), f"{flag}: {type(value_model).__name__} has no 'score' head to read values from"
     )
@@ -463,7 +443,7 @@ def main(args: Args):
         eval_dataset = None
 
     # ---- plumbing: models: policy, reference (only when kl_coef > 0), reward functions, value model ----
-    checkpoint = common.resolve_checkpoint(args.resume_from_checkpoint, args.output_dir)
+    checkpoint = common.resolve_checkpoint(args.resume_from_checkpoint, args.output_dir, args)
     tokenizer = common.load_tokenizer(args.model_name_or_path)
     # float32 master weights whatever the checkpoint's dtype (with --use_peft --bf16 the frozen base is bf16); a
     # resumed run gets its weights from the checkpoint below
@@ -474,7 +454,7 @@ def main(args: Args):
     if args.use_peft:
         from peft import cast_mixed_precision_params, get_peft_model
 
-        model = get_peft_model(model, common.lora_config(args))
+        model = get_peft_model(model, common.lora_config(args, model))
     if args.disable_dropout:
         common.disable_dropout(model)
     if args.gradient_checkpointing:
@@ -503,7 +483,7 @@ def main(args: Args):
     # its forward also reads the head at the last non-pad token
     value_model.config.pad_token_id = tokenizer.pad_token_id
     if args.use_peft:
-        value_model = get_peft_model(value_model, common.lora_config(args, task_type="SEQ_CLS"))
+        value_model = get_peft_model(value_model, common.lora_config(args, value_model, "SEQ_CLS"))
         cast_mixed_precision_params(value_model, master_dtype)  # trained: peft's copy of the score head too, float32
     if args.disable_dropout:
         common.disable_dropout(value_model)
@@ -807,10 +787,10 @@ def main(args: Args):
             if args.eval_steps and step % args.eval_steps == 0 and step != args.max_steps:
                 run_eval(step)
             if args.save_steps and step % args.save_steps == 0:
-                common.save_checkpoint(accelerator, args.output_dir, step, model, tokenizer, training_state())
+                common.save_checkpoint(accelerator, args, step, model, tokenizer, training_state())
     progress.close()
     if step < args.max_steps:  # stopped early: Ctrl-C or SIGTERM on any process, or a reward function that failed
-        path = common.save_checkpoint(accelerator, args.output_dir, step, model, tokenizer, training_state())
+        path = common.save_checkpoint(accelerator, args, step, model, tokenizer, training_state())
         logger.close()
         common.stop_early(accelerator, interrupted, step, path)
 

@@ -333,7 +333,7 @@ def main(args: Args):
         eval_dataset = None
 
     # ---- plumbing: models: policy, reference (only when β > 0), reward functions ----
-    checkpoint = common.resolve_checkpoint(args.resume_from_checkpoint, args.output_dir)
+    checkpoint = common.resolve_checkpoint(args.resume_from_checkpoint, args.output_dir, args)
     tokenizer = common.load_tokenizer(args.model_name_or_path)
     # float32 master weights whatever the checkpoint's dtype (with --use_peft --bf16 the frozen base is bf16); a
     # resumed run gets its weights from the checkpoint below
@@ -344,7 +344,7 @@ def main(args: Args):
     if args.use_peft:
         from peft import get_peft_model
 
-        model = get_peft_model(model, common.lora_config(args))
+        model = get_peft_model(model, common.lora_config(args, model))
     if args.disable_dropout:
         common.disable_dropout(model)
     if args.gradient_checkpointing:
@@ -629,7 +629,7 @@ def main(args: Args):
             if args.save_steps and step % args.save_steps == 0:
                 common.save_checkpoint(
                     accelerator,
-                    args.output_dir,
+                    args,
                     step,
                     model,
                     tokenizer,
@@ -639,7 +639,7 @@ def main(args: Args):
     if step < args.max_steps:  # stopped early: Ctrl-C or SIGTERM on any process, or a reward function that failed
         path = common.save_checkpoint(
             accelerator,
-            args.output_dir,
+            args,
             step,
             model,
             tokenizer,

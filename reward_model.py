@@ -49,7 +49,7 @@ from tqdm.auto import tqdm
 from transformers import get_scheduler
 
 import common
-from common import ConfigError, arg, require
+from common import arg, require
 from rewards import reward_model_text
 
 ARITHMETIC_PAIRS = ("demonstrator", "number")
@@ -255,29 +255,21 @@ def main(args: Args):
             )
 
     # ---- model: the backbone of a causal LM (or a reward model) with a scalar head ----
-    from transformers import AutoModelForSequenceClassification
-
-    checkpoint = common.resolve_checkpoint(args.resume_from_checkpoint, args.output_dir)
+    checkpoint = common.resolve_checkpoint(args.resume_from_checkpoint, args.output_dir, args)
     tokenizer = common.load_tokenizer(args.model_name_or_path)
-    path = args.model_name_or_path  # a resumed run gets its weights from the checkpoint below
     # float32 master weights whatever the checkpoint's dtype (with --use_peft --bf16 the frozen base is bf16)
     master_dtype = torch.bfloat16 if args.bf16 and args.use_peft else torch.float32
-    try:
-        with common.new_head_expected():  # a causal LM gets a new score head: transformers' report of it is expected
-            model, info = AutoModelForSequenceClassification.from_pretrained(
-                path, num_labels=1, output_loading_info=True, dtype=master_dtype
-            )
-    except (OSError, ValueError) as error:
-        raise ConfigError(
-            f"--model_name_or_path: cannot load a model from {path!r}: {common.first_line(error)}"
-        ) from None
-    common.warn_missing_weights(info["missing_keys"], "--model_name_or_path")
+    # a causal LM gets a new score head; a resumed run gets its weights from the checkpoint below
+    model, missing_keys = common.load_sequence_classifier(
+        args.model_name_or_path, "--model_name_or_path", new_head=True, dtype=master_dtype
+    )
+    common.warn_missing_weights(missing_keys, "--model_name_or_path")
     common.check_max_length(model, args.max_length)
     model.config.pad_token_id = tokenizer.pad_token_id  # the head reads the last token that is not padding
     if args.use_peft:
         from peft import cast_mixed_precision_params, get_peft_model
 
-        model = get_peft_model(model, common.lora_config(args, task_type="SEQ_CLS"))
+        model = get_peft_model(model, common.lora_config(args, model, "SEQ_CLS"))
         cast_mixed_precision_params(model, master_dtype)  # trained: peft's copy of the score head too, float32
     if args.disable_dropout:
         common.disable_dropout(model)
@@ -398,10 +390,10 @@ def main(args: Args):
             if args.eval_steps and step % args.eval_steps == 0 and step != args.max_steps:
                 run_eval(step)
             if args.save_steps and step % args.save_steps == 0:
-                common.save_checkpoint(accelerator, args.output_dir, step, model, tokenizer)
+                common.save_checkpoint(accelerator, args, step, model, tokenizer)
     progress.close()
     if step < args.max_steps:  # stopped early: Ctrl-C or SIGTERM on any process
-        path = common.save_checkpoint(accelerator, args.output_dir, step, model, tokenizer)
+        path = common.save_checkpoint(accelerator, args, step, model, tokenizer)
         logger.close()
         common.stop_early(accelerator, interrupted, step, path)
 

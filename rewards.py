@@ -1,4 +1,5 @@
-"""Reward functions, reward-model scoring, and how several rewards combine into one scalar per completion.
+"""Reward functions, reward-model scoring, and how several rewards combine into one scalar per completion; and the
+checked loading of a model (`load_pretrained`), which the reward model and common.py's loaders share.
 
 A reward function follows TRL's contract:
 
@@ -17,6 +18,7 @@ import asyncio
 import importlib
 import importlib.util
 import inspect
+import json
 import math
 import re
 from pathlib import Path
@@ -159,20 +161,100 @@ def reward_model_text(tokenizer, prompt, completion) -> str:
     return (prompt or "") + completion
 
 
+def model_folder_problem(path: str) -> str | None:
+    """Why the local `path` cannot hold a model (a file, an empty folder, a folder without config.json, such as a
+    tokenizer alone), or None: a model folder, a LoRA adapter folder, or a hub id."""
+    folder = Path(path).expanduser()
+    if not folder.exists():
+        return "no such folder" if path.startswith((".", "/", "~")) else None
+    if folder.is_file():
+        return "it is a file, not a model folder"
+    files = sorted(f.name for f in folder.iterdir())
+    if not files:
+        return "the folder is empty"
+    if not {"config.json", "adapter_config.json"} & set(files):
+        return f"no config.json, so no model in it (it holds {', '.join(files[:4])}{', ...' if len(files) > 4 else ''})"
+    return None
+
+
+def load_pretrained(auto_class, path: str, flag: str, what: str = "a model", **kwargs):
+    """`auto_class.from_pretrained(path, **kwargs)` and the names of the weights that were not in the checkpoint (they
+    start random: the caller says whether that is expected). A LoRA adapter folder for the same kind of model is merged
+    into its base model. A path that cannot hold a model (`model_folder_problem`), an adapter for another kind of model,
+    a weight whose shape differs from the checkpoint's (a classifier with another label count) and every load error
+    are one ConfigError naming `flag`."""
+    import transformers
+
+    def refuse(reason: str):
+        raise ConfigError(f"{flag}: cannot load {what} from {path!r}: {reason}")
+
+    problem = model_folder_problem(path)
+    if problem:
+        refuse(problem)
+    adapter = Path(path).expanduser() / "adapter_config.json"
+    task = {transformers.AutoModelForCausalLM: "CAUSAL_LM", transformers.AutoModelForSequenceClassification: "SEQ_CLS"}
+    verbosity = transformers.logging.get_verbosity()
+    transformers.logging.set_verbosity_error()  # its load report: what is checked here and below, said in one line
+    try:
+        if adapter.is_file():
+            adapter_task = json.loads(adapter.read_text()).get("task_type")
+            if adapter_task != task[auto_class]:
+                refuse(f"it is a LoRA adapter for {adapter_task} (its task_type), not for {task[auto_class]}")
+            import peft
+
+            peft_class = getattr(peft, auto_class.__name__.replace("AutoModel", "AutoPeftModel"))
+            model = peft_class.from_pretrained(path, **kwargs).merge_and_unload()
+            return model.requires_grad_(True), []  # as from_pretrained's: peft froze the base model's weights
+        model, info = auto_class.from_pretrained(path, output_loading_info=True, ignore_mismatched_sizes=True, **kwargs)
+    except (OSError, ValueError, RuntimeError) as error:
+        refuse(first_line(error))
+    finally:
+        transformers.logging.set_verbosity(verbosity)
+    for key, saved, expected in sorted(info["mismatched_keys"]):
+        labels = (
+            f": a classifier with {saved[0]} labels, where {what} has {expected[0]}" if key == "score.weight" else ""
+        )
+        refuse(f"{key} is {tuple(saved)} in the checkpoint, not {tuple(expected)}{labels}")
+    return model, sorted(info["missing_keys"])
+
+
+def load_sequence_classifier(path: str, flag: str, what: str = "a reward model", new_head: bool = False, **kwargs):
+    """A sequence-classification model with one label (num_labels=1) from `path` (`load_pretrained`) and the names of
+    the weights that were not in the checkpoint. Its score head must come from the checkpoint (a reward model), unless
+    `new_head`: then a causal LM gets a new one (reward_model.py; ppo.py's value model)."""
+    from transformers import AutoModelForSequenceClassification
+
+    model, missing = load_pretrained(AutoModelForSequenceClassification, path, flag, what, num_labels=1, **kwargs)
+    if not new_head and any(key.startswith("score.") for key in missing):
+        kind = (model.config.architectures or ["a model without a score head"])[0]
+        raise ConfigError(
+            f"{flag}: {path} is {kind}, not {what}: it has no trained score head (one would start random); train a "
+            "reward model with reward_model.py"
+        )
+    return model, missing
+
+
 def reward_model_function(path: str, device, batch_size: int = 32):
-    """Score (prompt, completion) pairs with a sequence-classification reward model (num_labels=1).
+    """Score (prompt, completion) pairs with a sequence-classification reward model (num_labels=1), whose score head
+    and every other weight come from the checkpoint (a LoRA reward model is merged into its base).
 
     Conversational samples go through the reward model's own chat template, prompt and answer together.
     """
-    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+    from transformers import AutoTokenizer
 
+    flag = "--reward_model_path"
+    model, missing = load_sequence_classifier(path, flag)
+    if missing:
+        raise ConfigError(
+            f"{flag}: {len(missing)} weights of {path} are not in the checkpoint: {', '.join(missing[:3])}"
+        )
+    model = model.to(device).eval()
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
-        model = AutoModelForSequenceClassification.from_pretrained(path, num_labels=1).to(device).eval()
     except (OSError, ValueError) as error:
-        raise ConfigError(
-            f"--reward_model_path: cannot load a reward model from {path!r}: {first_line(error)}"
-        ) from None
+        raise ConfigError(f"{flag}: cannot load a tokenizer from {path!r}: {first_line(error)}") from None
+    if tokenizer.pad_token is None and tokenizer.eos_token is None:
+        raise ConfigError(f"{flag}: the tokenizer of {path} has neither a pad nor an eos token to pad batches with")
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     model.config.pad_token_id = tokenizer.pad_token_id

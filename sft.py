@@ -255,7 +255,7 @@ def main(args: Args):
         )
 
     # ---- model ----
-    checkpoint = common.resolve_checkpoint(args.resume_from_checkpoint, args.output_dir)
+    checkpoint = common.resolve_checkpoint(args.resume_from_checkpoint, args.output_dir, args)
     if args.from_scratch:
         tokenizer, model = build_tiny_model(args, train_dataset)
         if checkpoint is not None:
@@ -270,7 +270,7 @@ def main(args: Args):
     if args.use_peft:
         from peft import get_peft_model
 
-        model = get_peft_model(model, common.lora_config(args))
+        model = get_peft_model(model, common.lora_config(args, model))
     if args.gradient_checkpointing:
         common.checkpoint_activations(model)
         model.config.use_cache = False
@@ -356,10 +356,10 @@ def main(args: Args):
             if args.eval_steps and step % args.eval_steps == 0 and step != args.max_steps:
                 run_eval(step)
             if args.save_steps and step % args.save_steps == 0:
-                common.save_checkpoint(accelerator, args.output_dir, step, model, tokenizer)
+                common.save_checkpoint(accelerator, args, step, model, tokenizer)
     progress.close()
     if step < args.max_steps:  # stopped early: Ctrl-C or SIGTERM on any process
-        path = common.save_checkpoint(accelerator, args.output_dir, step, model, tokenizer)
+        path = common.save_checkpoint(accelerator, args, step, model, tokenizer)
         logger.close()
         common.stop_early(accelerator, interrupted, step, path)
 
