@@ -19,6 +19,10 @@ and score them with the reward r (a weighted sum of reward functions, or a rewar
             --loss_type dapo      w_{i,t} = m_{i,t} / Σ_{j,s} m_{j,s}   every token of the batch weighs the same
             --loss_type bnpo      the same as dapo here (TRL divides by the tokens of each micro-batch instead)
 
+    Sampler correction, when vLLM or the --bf16 copy samples instead of π_θ (TRL's importance sampling): the surrogate
+    term of ℓ_{i,t} (not β · kl) is multiplied by
+        w = π_θ_old / π_sampler of y_i (sequence_*) or y_{i,t} (token_*); capped at C (*_truncate), 0 above C (*_mask)
+
 What the follow-ups changed. Dr. GRPO (Liu et al. 2025, §3.1–3.2): dividing by the std favours easy and hard prompts and
 dividing by |y_i| favours long wrong answers, so no std (--scale_rewards none) and a constant normalizer
 (--loss_type dr_grpo). DAPO (Yu et al. 2025): clip-higher (§3.1, --epsilon_high 0.28, room for unlikely tokens to

@@ -26,6 +26,10 @@ score it. Each token y_t is an action taken in the state s_t = (x, y_<t). Then:
         L_vf = 0.5 · max((V − R)², (clip(V, V_old − cliprange_value, V_old + cliprange_value) − R)²)
         L = L_pg + vf_coef · L_vf                                                 (PPO Eq. 9, no entropy bonus)
 
+    Sampler correction, when vLLM or the --bf16 copy samples instead of π_θ (TRL's importance sampling): L_pg of y_t is
+    multiplied by
+        w = π_θ_old / π_sampler of y (sequence_*) or y_t (token_*); capped at C (*_truncate), 0 above C (*_mask)
+
 Back to Basics' Vanilla PG is `--lam 1.0 --num_ppo_epochs 1 --num_mini_batches 1 --whiten_advantages False`
 (γ = 1, the default): the δ_t telescope to A_t = Σ_{l≥0} r_{t+l} − V(s_t) = G_t − V(s_t), one update per batch makes
 ρ ≡ 1 so no clip binds, and ∇L_pg = −1/N Σ_t (G_t − V(s_t)) ∇ log π_θ(y_t | s_t) over the batch's N real tokens.

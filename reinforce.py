@@ -25,6 +25,9 @@ The whole completion is one action. Then:
         ρ_i = π_θ(y_i | x) / π_θ_old(y_i | x) = exp(Σ_t log π_θ(y_{i,t}) − Σ_t log π_θ_old(y_{i,t}))
         L(θ) = −1/B · Σ_i min(ρ_i A_i, clip(ρ_i, 1 − ε, 1 + ε_high) A_i)
 
+    Sampler correction, when vLLM or the --bf16 copy samples instead of π_θ (TRL's importance sampling): i's term of L
+        is multiplied by w_i = π_θ_old(y_i | x) / π_sampler(y_i | x), capped at C (sequence_truncate) or 0 above C
+
 With num_iterations = 1 (the default) the completions are used once: ρ ≡ 1 and
 ∇L = −1/B Σ_i (R_i − b) ∇ log π_θ(y_i | x),
 Eq. 7. Worked example (moving average, B = 4): rewards 1, 0, 1, 1 at step 1 have b = 0 and advantages 1, 0, 1, 1;

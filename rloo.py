@@ -17,6 +17,9 @@ and score them with the reward r (a weighted sum of reward functions, or a rewar
         ρ_i = π_θ(y_i | x) / π_θ_old(y_i | x) = exp(Σ_t log π_θ(y_{i,t}) − Σ_t log π_θ_old(y_{i,t}))
         L(θ) = −1/B · Σ_i min(ρ_i A_i, clip(ρ_i, 1 − ε, 1 + ε_high) A_i)
 
+    Sampler correction, when vLLM or the --bf16 copy samples instead of π_θ (TRL's importance sampling): i's term of L
+        is multiplied by w_i = π_θ_old(y_i | x) / π_sampler(y_i | x), capped at C (sequence_truncate) or 0 above C
+
 With num_iterations = 1 (the default) the completions are used once: ρ ≡ 1 and ∇L = −1/B Σ_i A_i ∇ log π_θ(y_i | x),
 which is REINFORCE with the leave-one-out baseline (Eq. 6–7). The logged `loss` then sits near 0, because the
 advantages of each group sum to zero; `grad_norm` shows that the update is not. Worked example (G = 4): rewards
