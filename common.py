@@ -155,6 +155,9 @@ def require(condition: bool, message: str):
         raise ConfigError(message)
 
 
+IS_MODES = ("sequence_mask", "sequence_truncate", "token_mask", "token_truncate")  # TRL's importance-sampling modes
+
+
 def check_shared_args(args):
     """The flags several scripts share, each checked here once so that the wording is the same everywhere; a script's
     `check_args` calls this first, then checks its own. Only the fields `args` has are checked."""
@@ -184,6 +187,8 @@ def check_shared_args(args):
     check("warmup_ratio", lambda value: 0 <= value <= 1, "in [0, 1]")
     check("lora_dropout", lambda value: 0 <= value < 1, "in [0, 1)")
     check("vllm_max_model_length", lambda value: value is None or value > 0, "positive")
+    check("vllm_importance_sampling_mode", lambda value: value in IS_MODES, f"one of {', '.join(IS_MODES)}")
+    check("vllm_importance_sampling_clip_max", lambda value: value > 0, "positive")
     check("lora_target_modules", lambda value: bool(split_list(value)), "module names or all-linear")
     schedulers = {s.value for s in SchedulerType}
     require(args.lr_scheduler_type in schedulers, f"--lr_scheduler_type: unknown scheduler {args.lr_scheduler_type!r}")
@@ -653,10 +658,13 @@ def check_prompt_column(dataset: Dataset, flag: str = "--dataset_name"):
     )
 
 
-def check_prompt_lengths(tokenizer, model, max_completion_length: int, datasets: dict):
+def check_prompt_lengths(
+    tokenizer, model, max_completion_length: int, datasets: dict, vllm_max_model_length: int | None = None
+):
     """Stop with one line, before anything runs, when a prompt followed by max_completion_length tokens does not fit the
-    model's context (`config.max_position_embeddings`; a model without one is not checked). `datasets`: split -> Dataset
-    with a 'prompt' column, or None."""
+    model's context (`config.max_position_embeddings`; a model without one is not checked), or vLLM's
+    (`vllm_max_model_length`, under --use_vllm), which would cut a completion short with no end token. `datasets`:
+    split -> Dataset with a 'prompt' column, or None."""
     context = getattr(model.config, "max_position_embeddings", None)
     if context is None:
         return
@@ -677,6 +685,11 @@ def check_prompt_lengths(tokenizer, model, max_completion_length: int, datasets:
             lengths[longest] + max_completion_length <= context,
             f"--max_completion_length: {where}; with "
             f"{max_completion_length} more it exceeds the model's context of {context}",
+        )
+        require(
+            vllm_max_model_length is None or lengths[longest] + max_completion_length <= vllm_max_model_length,
+            f"--vllm_max_model_length: {vllm_max_model_length} tokens do not hold the longest prompt and "
+            f"--max_completion_length {max_completion_length} ({where}): vLLM would cut completions short",
         )
 
 
@@ -844,25 +857,42 @@ def disable_dropout(model):
 
 
 @torch.no_grad()
-def generate(model, tokenizer, texts: list[str], generation_config: GenerationConfig) -> dict:
+def generate(
+    model, tokenizer, texts: list[str], generation_config: GenerationConfig, sampler_logprobs: bool = False
+) -> dict:
     """Sample one completion per text with `model.generate`, which stops a completion at any of the config's
     `eos_token_id`s and pads it after. Returns prompt_ids / prompt_mask (B, P), left-padded, and the sampled
-    completion_ids (B, T); where each completion ends (its mask) is the training script's to say."""
+    completion_ids (B, T); where each completion ends (its mask) is the training script's to say. With
+    `sampler_logprobs`, also the sampler's log softmax(logits / temperature) at each sampled token (B, T), float32: read
+    from the very logits each token was drawn from, one (B, V) step at a time (never a (B, T, V) tensor)."""
     device = next(model.parameters()).device
     enc = tokenizer(texts, return_tensors="pt", padding=True, padding_side="left", add_special_tokens=False).to(device)
+    logprobs, last_step = [], []
+
+    def record(input_ids, scores):  # a logits processor: called before each token is drawn, after the previous one
+        if last_step:
+            logprobs.append(last_step.pop().gather(-1, input_ids[:, -1:]))
+        last_step.append((scores.float() / generation_config.temperature).log_softmax(-1))
+        return scores
+
     # transformers fills every field `generation_config` leaves unset from the model's own generation_config (a hub
     # checkpoint's repetition penalty, min_new_tokens, suppressed tokens, ...): swap it out while sampling
     transformers_model = model.get_base_model() if hasattr(model, "get_base_model") else model  # under peft
     shipped, transformers_model.generation_config = transformers_model.generation_config, generation_config
     try:
-        sequences = model.generate(**enc, generation_config=generation_config, logits_processor=[finite_logits])
+        processors = [finite_logits] + ([record] if sampler_logprobs else [])  # before the temperature: raw logits
+        sequences = model.generate(**enc, generation_config=generation_config, logits_processor=processors)
     finally:
         transformers_model.generation_config = shipped
-    return {
+    out = {
         "prompt_ids": enc.input_ids,
         "prompt_mask": enc.attention_mask,
         "completion_ids": sequences[:, enc.input_ids.shape[1] :],
     }
+    if sampler_logprobs:
+        logprobs.append(last_step.pop().gather(-1, sequences[:, -1:]))
+        out["sampler_logprobs"] = torch.cat(logprobs, 1)
+    return out
 
 
 def finite_logits(input_ids, scores):
@@ -883,12 +913,13 @@ def sample_completions(
 ) -> dict:
     """One completion per text (the tensors of `generate`): from the colocated vLLM engine when there is one
     (--use_vllm, vllm_colocate.py), else from the bf16 sampler when there is one (`bf16_sampler`), else from the policy
-    itself, in eval mode (under --bf16 with autocast)."""
+    itself, in eval mode (under --bf16 with autocast). A sampler that is not the policy (vLLM, the bf16 copy) also
+    returns `sampler_logprobs` (B, T), its log-probs of the sampled tokens, for the importance-sampling correction."""
     if vllm is not None:
         return vllm.generate(texts, accelerator.device)
     model.eval()
     with generation_model(accelerator, model, sampler) as policy, accelerator.autocast():
-        out = generate(policy, tokenizer, texts, generation_config)
+        out = generate(policy, tokenizer, texts, generation_config, sampler_logprobs=sampler is not None)
     model.train()
     return out
 
@@ -977,6 +1008,23 @@ def completion_metrics(lengths: torch.Tensor, is_truncated: torch.Tensor) -> dic
         "completions/mean_terminated_length": terminated.mean().item() if len(terminated) else 0.0,
         "completions/min_terminated_length": terminated.min().item() if len(terminated) else 0.0,
         "completions/max_terminated_length": terminated.max().item() if len(terminated) else 0.0,
+    }
+
+
+def sampling_metrics(accelerator: Accelerator, logprobs, sampler_logprobs, importance_weights, completion_mask) -> dict:
+    """TRL's `sampling/*` over the whole batch: the gap |log π_θ_old − log π_sampler| of the completion tokens (mean,
+    max) and the importance-sampling weights (min, mean, max; per completion in the sequence modes, else per token)."""
+    mask = completion_mask.bool()
+    gap = (logprobs - sampler_logprobs).abs()[mask]
+    weights = importance_weights.flatten() if importance_weights.shape[1] == 1 else importance_weights[mask]
+    mean = lambda x: reduce_over_processes(x.sum(), "sum") / reduce_over_processes(x.new_tensor(x.numel()), "sum")
+    gathered = lambda x: accelerator.gather(x[None])  # one value per process
+    return {
+        "sampling/sampling_logp_difference/mean": mean(gap).item(),
+        "sampling/sampling_logp_difference/max": gathered(gap.max()).max().item(),
+        "sampling/importance_sampling_ratio/min": gathered(weights.min()).min().item(),
+        "sampling/importance_sampling_ratio/mean": mean(weights).item(),
+        "sampling/importance_sampling_ratio/max": gathered(weights.max()).max().item(),
     }
 
 

@@ -19,6 +19,10 @@ and score them with the reward r (a weighted sum of reward functions, or a rewar
             --loss_type dapo      w_{i,t} = m_{i,t} / Σ_{j,s} m_{j,s}   every token of the batch weighs the same
             --loss_type bnpo      the same as dapo here (TRL divides by the tokens of each micro-batch instead)
 
+    Sampler correction, when vLLM or the --bf16 copy samples instead of π_θ (TRL's importance sampling): the surrogate
+    term of ℓ_{i,t} (not β · kl) is multiplied by
+        w = π_θ_old / π_sampler of y_i (sequence_*) or y_{i,t} (token_*); capped at C (*_truncate), 0 above C (*_mask)
+
 What the follow-ups changed. Dr. GRPO (Liu et al. 2025, §3.1–3.2): dividing by the std favours easy and hard prompts and
 dividing by |y_i| favours long wrong answers, so no std (--scale_rewards none) and a constant normalizer
 (--loss_type dr_grpo). DAPO (Yu et al. 2025): clip-higher (§3.1, --epsilon_high 0.28, room for unlikely tokens to
@@ -130,6 +134,13 @@ class Args:
     vllm_max_model_length: int | None = arg(
         None, "vLLM's context length (default: the model's); lower it to save memory"
     )
+    vllm_importance_sampling_correction: bool = arg(
+        True, "weight the loss by π_θ_old / π_sampler when vLLM or the --bf16 copy samples (TRL's IS correction)"
+    )
+    vllm_importance_sampling_mode: str = arg(
+        "sequence_mask", "sequence_mask or token_mask (0 above the cap), sequence_truncate or token_truncate (capped)"
+    )
+    vllm_importance_sampling_clip_max: float = arg(3.0, "the cap C of the importance-sampling ratio")
     # optimization
     prompts_per_step: int = arg(
         8, "distinct prompts per step; the step's batch is prompts_per_step × num_generations completions"
@@ -262,6 +273,17 @@ def end_of_completion(completion_ids: torch.Tensor, end_ids: int | list[int]) ->
     return completion_mask, ~is_end.any(1)
 
 
+def importance_sampling_weights(old_logprobs, sampler_logprobs, completion_mask, *, mode: str, clip_max: float):
+    """TRL's importance-sampling correction for a sampler that is not π_θ (vLLM, the bf16 copy): the ratio
+    π_θ_old / π_sampler of each completion (sequence_*: the exp of its summed log-ratio, (B, 1)) or of each token
+    (token_*: (B, T)), capped at clip_max (*_truncate) or zeroed above it (*_mask)."""
+    log_ratio = (old_logprobs - sampler_logprobs) * completion_mask
+    if mode.startswith("sequence"):
+        log_ratio = log_ratio.sum(1, keepdim=True)
+    ratio = torch.exp(log_ratio)
+    return ratio.clamp(max=clip_max) if mode.endswith("truncate") else ratio.masked_fill(ratio > clip_max, 0.0)
+
+
 def per_token_kl(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
     """k3 = exp(ref − logp) − (ref − logp) − 1 for each sampled token: unbiased, ≥ 0, gradient 1 − exp(ref − logp)."""
     log_ratio = ref_logprobs - logprobs
@@ -300,14 +322,24 @@ def loss_token_weights(
 
 
 def grpo_loss(
-    logprobs, old_logprobs, ref_logprobs, advantages, token_weights, *, beta: float, epsilon: float, epsilon_high: float
+    logprobs,
+    old_logprobs,
+    ref_logprobs,
+    advantages,
+    token_weights,
+    importance_weights,
+    *,
+    beta: float,
+    epsilon: float,
+    epsilon_high: float,
 ):
-    """Σ_{i,t} w_{i,t} (−min(ρ_t A_i, clip(ρ_t, 1−ε, 1+ε_high) A_i) + β kl_t) over this micro-batch, ρ_t the per-token
-    ratio. Returns the loss, its policy part (without the KL term), and ρ (B_mb, T)."""
+    """Σ_{i,t} w_{i,t} (−is_{i,t} min(ρ_t A_i, clip(ρ_t, 1−ε, 1+ε_high) A_i) + β kl_t) over this micro-batch, ρ_t the
+    per-token ratio, is (B_mb, 1) or (B_mb, T) the importance-sampling weights (1 when π_θ sampled), as TRL applies
+    them (not to the KL). Returns the loss, its policy part (without the KL term), and ρ (B_mb, T)."""
     ratio = torch.exp(logprobs - old_logprobs)  # ≡ 1 (with gradient ∇ log π) when old = logprobs.detach()
     A = advantages[:, None]
     surrogate = torch.min(ratio * A, ratio.clamp(1 - epsilon, 1 + epsilon_high) * A)
-    policy_loss = -(surrogate * token_weights).sum()
+    policy_loss = -(surrogate * importance_weights * token_weights).sum()
     if beta == 0:
         return policy_loss, policy_loss, ratio
     return policy_loss + beta * (per_token_kl(logprobs, ref_logprobs) * token_weights).sum(), policy_loss, ratio
@@ -339,6 +371,11 @@ def concat_samples(samples: list[dict], pad_token_id: int) -> dict:
         "completion_ids": pad_cat("completion_ids", pad_token_id, left=False),
         "completion_mask": pad_cat("completion_mask", 0, left=False),
         **{key: torch.cat([s[key] for s in samples]) for key in ("is_truncated", "rewards", "rewards_per_func")},
+        **(
+            {"sampler_logprobs": pad_cat("sampler_logprobs", 0.0, left=False)}
+            if "sampler_logprobs" in samples[0]
+            else {}
+        ),
         "completion_texts": [t for s in samples for t in s["completion_texts"]],
     }
 
@@ -431,7 +468,8 @@ def main(args: Args):
     master_dtype = torch.bfloat16 if args.bf16 and args.use_peft else torch.float32
     model = common.load_causal_lm(args.model_name_or_path, dtype=master_dtype)
     splits = {args.dataset_train_split: train_dataset, args.dataset_test_split: eval_dataset}
-    common.check_prompt_lengths(tokenizer, model, args.max_completion_length, splits)  # prompt + completion fit
+    vllm_context = args.vllm_max_model_length if args.use_vllm else None
+    common.check_prompt_lengths(tokenizer, model, args.max_completion_length, splits, vllm_context)  # they fit
     if args.use_peft:
         from peft import get_peft_model
 
@@ -575,6 +613,11 @@ def main(args: Args):
             )
 
             # ==== 4-6. per micro-batch: log-probs → per-token clipped surrogate + β·KL → loss; update ====
+            # vLLM or the bf16 copy sampled, not π_θ: importance-sampling weights; else they stay 1
+            off_policy = args.vllm_importance_sampling_correction and "sampler_logprobs" in batch
+            is_weights = torch.ones(
+                local_batch_size, T if args.vllm_importance_sampling_mode.startswith("token") else 1, device=device
+            )
             old_logprobs = torch.zeros(local_batch_size, T, device=device)
             ref_logprobs = torch.zeros(local_batch_size, T, device=device)
             kl = torch.zeros(local_batch_size, T, device=device)
@@ -602,6 +645,14 @@ def main(args: Args):
                         if iteration == 0:
                             # π_θ_old = the sampling policy = π_θ before this batch's first update
                             old_logprobs[mb] = logprobs.detach()
+                            if off_policy:  # w = π_θ_old / π_sampler, capped or masked at C
+                                is_weights[mb] = importance_sampling_weights(
+                                    old_logprobs[mb],
+                                    batch["sampler_logprobs"][mb],
+                                    mask,
+                                    mode=args.vllm_importance_sampling_mode,
+                                    clip_max=args.vllm_importance_sampling_clip_max,
+                                )
                             if logging_step:
                                 entropy[mb] = token_entropy
                             if args.beta > 0:
@@ -613,6 +664,7 @@ def main(args: Args):
                             ref_logprobs[mb],
                             A,
                             token_weights[mb],
+                            is_weights[mb],
                             beta=args.beta,
                             epsilon=args.epsilon,
                             epsilon_high=epsilon_high,
@@ -671,6 +723,13 @@ def main(args: Args):
                     "clip_ratio/high_mean": clip_high_all.mean().item(),
                     "clip_ratio/high_max": clip_high_all.max().item(),
                     "clip_ratio/region_mean": (clip_low_all + clip_high_all).mean().item(),
+                    **(
+                        common.sampling_metrics(
+                            accelerator, old_logprobs, batch["sampler_logprobs"], is_weights, completion_mask
+                        )
+                        if off_policy
+                        else {}
+                    ),
                     **common.completion_metrics(lengths, truncated),
                     "loss": accelerator.reduce(
                         torch.tensor(sum(losses) / len(losses), device=device), "mean"

@@ -26,6 +26,10 @@ score it. Each token y_t is an action taken in the state s_t = (x, y_<t). Then:
         L_vf = 0.5 · max((V − R)², (clip(V, V_old − cliprange_value, V_old + cliprange_value) − R)²)
         L = L_pg + vf_coef · L_vf                                                 (PPO Eq. 9, no entropy bonus)
 
+    Sampler correction, when vLLM or the --bf16 copy samples instead of π_θ (TRL's importance sampling): L_pg of y_t is
+    multiplied by
+        w = π_θ_old / π_sampler of y (sequence_*) or y_t (token_*); capped at C (*_truncate), 0 above C (*_mask)
+
 Back to Basics' Vanilla PG is `--lam 1.0 --num_ppo_epochs 1 --num_mini_batches 1 --whiten_advantages False`
 (γ = 1, the default): the δ_t telescope to A_t = Σ_{l≥0} r_{t+l} − V(s_t) = G_t − V(s_t), one update per batch makes
 ρ ≡ 1 so no clip binds, and ∇L_pg = −1/N Σ_t (G_t − V(s_t)) ∇ log π_θ(y_t | s_t) over the batch's N real tokens.
@@ -139,6 +143,13 @@ class Args:
     vllm_max_model_length: int | None = arg(
         None, "vLLM's context length (default: the model's); lower it to save memory"
     )
+    vllm_importance_sampling_correction: bool = arg(
+        True, "weight the loss by π_θ_old / π_sampler when vLLM or the --bf16 copy samples (TRL's IS correction)"
+    )
+    vllm_importance_sampling_mode: str = arg(
+        "sequence_mask", "sequence_mask or token_mask (0 above the cap), sequence_truncate or token_truncate (capped)"
+    )
+    vllm_importance_sampling_clip_max: float = arg(3.0, "the cap C of the importance-sampling ratio")
     # optimization
     prompts_per_step: int = arg(16, "prompts per step, one completion each: the step's batch of completions")
     micro_batch_size: int = arg(0, "completions per forward/backward, gradients accumulated (0 = the whole mini-batch)")
@@ -275,6 +286,17 @@ def end_of_completion(completion_ids: torch.Tensor, end_ids: int | list[int]) ->
     return completion_mask, ~is_end.any(1)
 
 
+def importance_sampling_weights(old_logprobs, sampler_logprobs, completion_mask, *, mode: str, clip_max: float):
+    """TRL's importance-sampling correction for a sampler that is not π_θ (vLLM, the bf16 copy): the ratio
+    π_θ_old / π_sampler of each completion (sequence_*: the exp of its summed log-ratio, (B, 1)) or of each token
+    (token_*: (B, T)), capped at clip_max (*_truncate) or zeroed above it (*_mask)."""
+    log_ratio = (old_logprobs - sampler_logprobs) * completion_mask
+    if mode.startswith("sequence"):
+        log_ratio = log_ratio.sum(1, keepdim=True)
+    ratio = torch.exp(log_ratio)
+    return ratio.clamp(max=clip_max) if mode.endswith("truncate") else ratio.masked_fill(ratio > clip_max, 0.0)
+
+
 def per_token_kl(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: str) -> torch.Tensor:
     """kl_t for each sampled token: k1 = log π − log π_ref (unbiased), k3 = exp(−k1) + k1 − 1 (unbiased, ≥ 0)."""
     log_ratio = logprobs - ref_logprobs
@@ -366,14 +388,18 @@ def gae_advantages(
     return advantages, advantages + values
 
 
-def policy_loss(logprobs, old_logprobs, advantages, completion_mask, *, cliprange: float, num_tokens: int):
-    """Σ_t max(−A_t ρ_t, −A_t clip(ρ_t, 1 ± ε)) / num_tokens over this micro-batch's real tokens; num_tokens counts the
-    whole mini-batch, so accumulating micro-batches gives the mini-batch mean. Returns the loss, ρ and where the clipped
-    term is the larger one (B_mb, T)."""
+def policy_loss(
+    logprobs, old_logprobs, advantages, completion_mask, importance_weights, *, cliprange: float, num_tokens: int
+):
+    """Σ_t w_t max(−A_t ρ_t, −A_t clip(ρ_t, 1 ± ε)) / num_tokens over this micro-batch's real tokens, w (B_mb, 1) or
+    (B_mb, T) the importance-sampling weights (1 when π_θ sampled); num_tokens counts the whole mini-batch, so
+    accumulating micro-batches gives the mini-batch mean. Returns the loss, ρ and where the clipped term is the larger
+    one (B_mb, T)."""
     ratio = torch.exp(logprobs - old_logprobs)
     unclipped = -advantages * ratio
     clipped = -advantages * ratio.clamp(1 - cliprange, 1 + cliprange)
-    return (torch.max(unclipped, clipped) * completion_mask).sum() / num_tokens, ratio, clipped > unclipped
+    surrogate = torch.max(unclipped, clipped) * importance_weights
+    return (surrogate * completion_mask).sum() / num_tokens, ratio, clipped > unclipped
 
 
 def value_loss(values, old_values, returns, completion_mask, *, cliprange_value: float, num_tokens: int):
@@ -450,7 +476,8 @@ def main(args: Args):
     master_dtype = torch.bfloat16 if args.bf16 and args.use_peft else torch.float32
     model = common.load_causal_lm(args.model_name_or_path, dtype=master_dtype)
     splits = {args.dataset_train_split: train_dataset, args.dataset_test_split: eval_dataset}
-    common.check_prompt_lengths(tokenizer, model, args.max_completion_length, splits)  # prompt + completion fit
+    vllm_context = args.vllm_max_model_length if args.use_vllm else None
+    common.check_prompt_lengths(tokenizer, model, args.max_completion_length, splits, vllm_context)  # they fit
     if args.use_peft:
         from peft import cast_mixed_precision_params, get_peft_model
 
@@ -625,6 +652,20 @@ def main(args: Args):
                         ref_logprobs = reference_logprobs(input_ids[mb], attention_mask[mb], T)
                         kl[mb] = per_token_kl(old_logprobs[mb], ref_logprobs, args.kl_estimator) * completion_mask[mb]
 
+            # vLLM or the bf16 copy sampled, not π_θ: importance-sampling weights; else they stay 1
+            off_policy = args.vllm_importance_sampling_correction and "sampler_logprobs" in batch
+            is_weights = torch.ones(
+                local_batch_size, T if args.vllm_importance_sampling_mode.startswith("token") else 1, device=device
+            )
+            if off_policy:  # w = π_θ_old / π_sampler, capped or masked at C
+                is_weights = importance_sampling_weights(
+                    old_logprobs,
+                    batch["sampler_logprobs"],
+                    completion_mask,
+                    mode=args.vllm_importance_sampling_mode,
+                    clip_max=args.vllm_importance_sampling_clip_max,
+                )
+
             # ==== 4-5. KL-shaped per-token rewards → GAE advantages and returns → whitened (over the whole batch) ====
             # An unscorable completion (no reward function applies: NaN score) gets no loss and stays out of whitening.
             loss_mask = completion_mask * ~scores.isnan()[:, None]
@@ -677,6 +718,7 @@ def main(args: Args):
                                 old_logprobs[mb],
                                 advantages[mb],
                                 mask,
+                                is_weights[mb],
                                 cliprange=args.cliprange,
                                 num_tokens=loss_tokens,
                             )
@@ -769,6 +811,13 @@ def main(args: Args):
                     "loss/policy_avg": mean(policy_losses),
                     "loss/value_avg": mean(value_losses),
                     "val/num_eos_tokens": all_stopped.sum().item(),
+                    **(
+                        common.sampling_metrics(
+                            accelerator, old_logprobs, batch["sampler_logprobs"], is_weights, completion_mask
+                        )
+                        if off_policy
+                        else {}
+                    ),
                     **common.completion_metrics(lengths, ~all_stopped),  # without the stop token: truncated
                     "grad_norm": sum(grad_norms) / len(grad_norms),
                     "val/grad_norm": sum(value_grad_norms) / len(value_grad_norms),

@@ -17,6 +17,9 @@ and score them with the reward r (a weighted sum of reward functions, or a rewar
         ρ_i = π_θ(y_i | x) / π_θ_old(y_i | x) = exp(Σ_t log π_θ(y_{i,t}) − Σ_t log π_θ_old(y_{i,t}))
         L(θ) = −1/B · Σ_i min(ρ_i A_i, clip(ρ_i, 1 − ε, 1 + ε_high) A_i)
 
+    Sampler correction, when vLLM or the --bf16 copy samples instead of π_θ (TRL's importance sampling): i's term of L
+        is multiplied by w_i = π_θ_old(y_i | x) / π_sampler(y_i | x), capped at C (sequence_truncate) or 0 above C
+
 With num_iterations = 1 (the default) the completions are used once: ρ ≡ 1 and ∇L = −1/B Σ_i A_i ∇ log π_θ(y_i | x),
 which is REINFORCE with the leave-one-out baseline (Eq. 6–7). The logged `loss` then sits near 0, because the
 advantages of each group sum to zero; `grad_norm` shows that the update is not. Worked example (G = 4): rewards
@@ -106,6 +109,13 @@ class Args:
     vllm_max_model_length: int | None = arg(
         None, "vLLM's context length (default: the model's); lower it to save memory"
     )
+    vllm_importance_sampling_correction: bool = arg(
+        True, "weight the loss by π_θ_old / π_sampler when vLLM or the --bf16 copy samples (TRL's IS correction)"
+    )
+    vllm_importance_sampling_mode: str = arg(
+        "sequence_mask", "sequence_mask (0 above the cap) or sequence_truncate (capped): one ratio per completion"
+    )
+    vllm_importance_sampling_clip_max: float = arg(3.0, "the cap C of the importance-sampling ratio")
     # optimization
     prompts_per_step: int = arg(
         16, "distinct prompts per step; the step's batch is prompts_per_step × num_generations completions"
@@ -172,6 +182,11 @@ def check_args(args: Args):
         args.epsilon_high is None or args.epsilon_high > 0, f"--epsilon_high: must be positive, got {args.epsilon_high}"
     )
     require(args.kl_estimator in ("k1", "k3"), f"--kl_estimator: expected k1 or k3, got {args.kl_estimator!r}")
+    require(
+        args.vllm_importance_sampling_mode.startswith("sequence"),
+        "--vllm_importance_sampling_mode: the whole completion is one action here: sequence_mask or sequence_truncate, "
+        f"got {args.vllm_importance_sampling_mode!r}",
+    )
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -236,6 +251,17 @@ def end_of_completion(completion_ids: torch.Tensor, end_ids: int | list[int]) ->
     return completion_mask, ~is_end.any(1)
 
 
+def importance_sampling_weights(old_logprobs, sampler_logprobs, completion_mask, *, mode: str, clip_max: float):
+    """TRL's importance-sampling correction for a sampler that is not π_θ (vLLM, the bf16 copy): the ratio
+    π_θ_old / π_sampler of each completion (sequence_*: the exp of its summed log-ratio, (B, 1)) or of each token
+    (token_*: (B, T)), capped at clip_max (*_truncate) or zeroed above it (*_mask)."""
+    log_ratio = (old_logprobs - sampler_logprobs) * completion_mask
+    if mode.startswith("sequence"):
+        log_ratio = log_ratio.sum(1, keepdim=True)
+    ratio = torch.exp(log_ratio)
+    return ratio.clamp(max=clip_max) if mode.endswith("truncate") else ratio.masked_fill(ratio > clip_max, 0.0)
+
+
 def per_token_kl(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: str) -> torch.Tensor:
     """kl_t for each sampled token: k1 = log π − log π_ref (unbiased), k3 = exp(−k1) + k1 − 1 (unbiased, ≥ 0)."""
     log_ratio = logprobs - ref_logprobs
@@ -260,18 +286,19 @@ def rloo_loss(
     completion_mask,
     advantages,
     loss_mask,
+    importance_weights,
     *,
     epsilon: float,
     epsilon_high: float,
     batch_size: int,
 ):
-    """−1/B Σ_i min(ρ_i A_i, clip(ρ_i, 1−ε, 1+ε_high) A_i) over this micro-batch, with ρ_i the sequence ratio.
-    Returns the loss and ρ (B_mb,)."""
+    """−1/B Σ_i w_i min(ρ_i A_i, clip(ρ_i, 1−ε, 1+ε_high) A_i) over this micro-batch, with ρ_i the sequence ratio and
+    w_i (B_mb, 1) the importance-sampling weights (1 when π_θ sampled). Returns the loss and ρ (B_mb,)."""
     seq_logprobs = (logprobs * completion_mask).sum(1)
     old_seq_logprobs = (old_logprobs * completion_mask).sum(1)
     ratio = torch.exp(seq_logprobs - old_seq_logprobs)  # ≡ 1 (with gradient ∇ log π) when old = logprobs.detach()
     surrogate = torch.min(ratio * advantages, ratio.clamp(1 - epsilon, 1 + epsilon_high) * advantages)
-    return -(surrogate * loss_mask).sum() / batch_size, ratio
+    return -(surrogate * importance_weights[:, 0] * loss_mask).sum() / batch_size, ratio
 
 
 def main(args: Args):
@@ -317,7 +344,8 @@ def main(args: Args):
     master_dtype = torch.bfloat16 if args.bf16 and args.use_peft else torch.float32
     model = common.load_causal_lm(args.model_name_or_path, dtype=master_dtype)
     splits = {args.dataset_train_split: train_dataset, args.dataset_test_split: eval_dataset}
-    common.check_prompt_lengths(tokenizer, model, args.max_completion_length, splits)  # prompt + completion fit
+    vllm_context = args.vllm_max_model_length if args.use_vllm else None
+    common.check_prompt_lengths(tokenizer, model, args.max_completion_length, splits, vllm_context)  # they fit
     if args.use_peft:
         from peft import get_peft_model
 
@@ -442,6 +470,11 @@ def main(args: Args):
             # ==== 3-6. per micro-batch (whole groups): log-probs → KL-shaped reward → advantage → loss; update ====
             # Each process takes the mean over its own completions; DDP averages the gradients over the processes,
             # which is the mean over the whole batch because every process holds the same number of completions.
+            # vLLM or the bf16 copy sampled, not π_θ: importance-sampling weights; else they stay 1
+            off_policy = args.vllm_importance_sampling_correction and "sampler_logprobs" in batch
+            is_weights = torch.ones(
+                local_batch_size, T if args.vllm_importance_sampling_mode.startswith("token") else 1, device=device
+            )
             old_logprobs = torch.zeros(local_batch_size, T, device=device)
             kl = torch.zeros(local_batch_size, T, device=device)
             advantages = torch.zeros(local_batch_size, device=device)
@@ -469,6 +502,14 @@ def main(args: Args):
                         if iteration == 0:
                             # π_θ_old = the sampling policy = π_θ before this batch's first update
                             old_logprobs[mb] = logprobs.detach()
+                            if off_policy:  # w = π_θ_old / π_sampler, capped or masked at C
+                                is_weights[mb] = importance_sampling_weights(
+                                    old_logprobs[mb],
+                                    batch["sampler_logprobs"][mb],
+                                    mask,
+                                    mode=args.vllm_importance_sampling_mode,
+                                    clip_max=args.vllm_importance_sampling_clip_max,
+                                )
                             if logging_step:
                                 entropy[mb] = token_entropy
                             if args.beta > 0:
@@ -482,6 +523,7 @@ def main(args: Args):
                             mask,
                             A,
                             loss_mask[mb],
+                            is_weights[mb],
                             epsilon=args.epsilon,
                             epsilon_high=epsilon_high,
                             batch_size=local_batch_size,
@@ -543,6 +585,13 @@ def main(args: Args):
                     "clip_ratio/high_mean": clip_high_all.mean().item(),
                     "clip_ratio/high_max": clip_high_all.max().item(),
                     "clip_ratio/region_mean": (clip_low_all + clip_high_all).mean().item(),
+                    **(
+                        common.sampling_metrics(
+                            accelerator, old_logprobs, batch["sampler_logprobs"], is_weights, completion_mask
+                        )
+                        if off_policy
+                        else {}
+                    ),
                     **common.completion_metrics(lengths, truncated),
                     "loss": accelerator.reduce(torch.tensor(sum(losses) / len(losses), device=device), "mean").item(),
                     "grad_norm": sum(grad_norms) / len(grad_norms),

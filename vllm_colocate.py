@@ -48,6 +48,7 @@ class VLLMGenerator:
             dtype="bfloat16" if args.bf16 else "auto",
             max_model_len=args.vllm_max_model_length,
             generation_config="vllm",  # the checkpoint's generation_config.json sets no sampling defaults
+            logprobs_mode="processed_logprobs",  # the log-probs after the temperature, as TRL asks for its IS weights
         )
         self.sampling_params = vllm.SamplingParams(  # softmax(logits / temperature), as sampling_config: no penalties
             n=1,
@@ -61,25 +62,35 @@ class VLLMGenerator:
             min_tokens=0,
             max_tokens=args.max_completion_length,
             stop_token_ids=end_ids,  # the sampling config's end ids (and PPO's --stop_token): ended as generate ends
+            logprobs=0,  # the sampled token's log-prob only
         )
         self.tokenizer = tokenizer
         self.sync_weights(accelerator, model)
 
     @torch.no_grad()
     def sync_weights(self, accelerator: Accelerator, model):
-        """Load the policy's current weights into the engine; a LoRA policy is merged for the copy, then unmerged."""
+        """Load the policy's current weights into the engine. A LoRA policy's merged weights W + scale · B A are built
+        as new tensors (peft's `get_delta_weight`): merging into the frozen base and unmerging it in place would round
+        it, in bf16, a little differently at every sync."""
         with common.generation_model(accelerator, model) as policy:
-            if hasattr(policy, "merge_adapter"):
-                policy.merge_adapter()
-                weights = {  # peft's names back to the base model's; the adapters themselves are not copied
-                    name.removeprefix("base_model.model.").replace(".base_layer", ""): value
-                    for name, value in policy.state_dict().items()
-                    if "lora_" not in name
+            weights = policy.state_dict().items()
+            if hasattr(policy, "get_base_model"):
+                lora = {
+                    f"{n}.base_layer.weight": m for n, m in policy.named_modules() if hasattr(m, "get_delta_weight")
                 }
-                self._engine_model().load_weights(weights.items())
-                policy.unmerge_adapter()
-            else:
-                self._engine_model().load_weights(policy.state_dict().items())
+
+                def merged(name, weight):  # W + scale · B A, a new tensor; the base weight is only read
+                    if name not in lora:
+                        return weight
+                    delta = sum(lora[name].get_delta_weight(adapter) for adapter in lora[name].active_adapters)
+                    return (weight + delta).to(weight.dtype)
+
+                weights = (  # one layer at a time, under the base model's names; the adapters are not copied
+                    (name.removeprefix("base_model.model.").replace(".base_layer", ""), merged(name, value))
+                    for name, value in weights
+                    if "lora_" not in name
+                )
+            self._engine_model().load_weights(weights)
         self.llm.reset_prefix_cache()  # cached prompt states were computed with the old weights
 
     def _engine_model(self):
@@ -96,8 +107,14 @@ class VLLMGenerator:
         outputs = [out.outputs[0] for out in self.llm.generate(prompts, self.sampling_params, use_tqdm=False)]
         T = max(len(out.token_ids) for out in outputs)
         padded = [list(out.token_ids) + [self.tokenizer.pad_token_id] * (T - len(out.token_ids)) for out in outputs]
+        logprobs = [
+            [position[token].logprob for token, position in zip(out.token_ids, out.logprobs)]
+            + [0.0] * (T - len(out.token_ids))
+            for out in outputs
+        ]
         return {
             "prompt_ids": enc.input_ids,
             "prompt_mask": enc.attention_mask,
             "completion_ids": torch.tensor(padded, device=device),
+            "sampler_logprobs": torch.tensor(logprobs, device=device),  # (B, T), for the importance-sampling weights
         }

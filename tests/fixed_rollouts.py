@@ -19,7 +19,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import common  # noqa: E402
 
 
-def fixed_generate(model, tokenizer, texts, generation_config):
+def fixed_generate(
+    model, tokenizer, texts, generation_config, sampler_logprobs=False
+):  # nothing is drawn: no log-probs
     seen = {}
     completion_lists = []
     for text in texts:

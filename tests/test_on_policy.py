@@ -320,8 +320,8 @@ def test_ppo_evaluation_ends_completions_where_training_does(tmp_path, monkeypat
     monkeypatch.setattr(
         common,
         "generate",
-        lambda model, tokenizer, texts, config: (
-            ends.append(config.eos_token_id) or generate(model, tokenizer, texts, config)
+        lambda model, tokenizer, texts, config, **kwargs: (
+            ends.append(config.eos_token_id) or generate(model, tokenizer, texts, config, **kwargs)
         ),
     )
     tokenizer = common.load_tokenizer(common.EMBEDDED_MODEL)

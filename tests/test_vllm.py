@@ -23,13 +23,16 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 class FakeLLM:
-    """Returns, for each prompt, a fixed answer and EOS, or (every third prompt) max_tokens tokens with no EOS."""
+    """Returns, for each prompt, a fixed answer and EOS, or (every third prompt) max_tokens tokens with no EOS, with
+    their log-probs at the temperature under the weights last loaded (in bf16 when asked), as vLLM reports them."""
 
     instances = []
 
     def __init__(self, model, **kwargs):
         self.kwargs, self.loads, self.calls = kwargs, [], 0
         self.tokenizer = common.load_tokenizer(model)
+        dtype = torch.bfloat16 if kwargs["dtype"] == "bfloat16" else torch.float32
+        self.model = common.load_causal_lm(model, dtype=dtype).eval()
         FakeLLM.instances.append(self)
         engine_model = types.SimpleNamespace(
             load_weights=lambda weights: self.loads.append({k: v.clone() for k, v in weights})
@@ -54,8 +57,20 @@ class FakeLLM:
                 and self.tokenizer.pad_token_id not in prompt["prompt_token_ids"][:1]
             )
             ids = [answer[0]] * sampling_params.max_tokens if i % 3 == 2 else answer
-            outputs.append(types.SimpleNamespace(outputs=[types.SimpleNamespace(token_ids=ids)]))
+            logprobs = [
+                {token: types.SimpleNamespace(logprob=value)}
+                for token, value in zip(
+                    ids, self.logprobs(prompt["prompt_token_ids"], ids, sampling_params.temperature)
+                )
+            ]
+            outputs.append(types.SimpleNamespace(outputs=[types.SimpleNamespace(token_ids=ids, logprobs=logprobs)]))
         return outputs
+
+    @torch.no_grad()
+    def logprobs(self, prompt_ids: list[int], ids: list[int], temperature: float) -> list[float]:
+        self.model.load_state_dict(self.loads[-1], strict=False)  # a tied lm_head may be absent
+        logits = self.model(torch.tensor([prompt_ids + ids])).logits[0, len(prompt_ids) - 1 : -1].float()
+        return (logits / temperature).log_softmax(-1).gather(-1, torch.tensor(ids)[:, None]).squeeze(1).tolist()
 
 
 @pytest.fixture
