@@ -371,7 +371,9 @@ def prepare_frozen(accelerator: Accelerator, model):
 
     zero = {key: value for key, value in plugin.deepspeed_config["zero_optimization"].items() if value != "auto"}
     config = {**plugin.deepspeed_config, "zero_optimization": zero}  # DeepSpeed's own bucket sizes for "auto" ones
-    return deepspeed.initialize(model=model, config=config)[0].eval()
+    engine = deepspeed.initialize(model=model, config=config)[0]
+    engine.eval()  # DeepSpeed's returns None
+    return engine
 
 
 def prepare(accelerator: Accelerator, *objects):

@@ -1,0 +1,117 @@
+"""DeepSpeed ZeRO-2, ZeRO-3 and FSDP2 on two CPU processes, against DDP; and launches accelerate cannot honour.
+
+accelerate enables DeepSpeed and FSDP only on GPUs, so tests/fixed_rollouts.py pins them over gloo on the CPU
+(`pin_gloo_backend`); sampling is made deterministic there too, so every run trains on the same global batch. Each
+backend runs grpo.py from the shipped launch config (configs/, at 2 processes, float32) for two steps, with β > 0 (a
+reference model), a --reward_model_path (a frozen reward model) and a --max_grad_norm small enough to clip: its
+updates must be DDP's to float tolerance. That shows that --max_grad_norm governs under DeepSpeed (the configs' own
+`gradient_clipping` does not), that ZeRO-3 wraps the frozen models for inference (unwrapped, their first forward fails:
+transformers partitioned them), and that DeepSpeed's logged grad_norm is DDP's.
+
+The runs hide any GPU (CUDA_VISIBLE_DEVICES=""), so they are CPU runs on every machine.
+"""
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import common
+
+ROOT = Path(__file__).resolve().parents[1]
+DRIVER = str(ROOT / "tests" / "fixed_rollouts.py")
+MAX_GRAD_NORM = 1e-4  # the raw gradient's norm is ~30: the clipped one is small enough that Adam's ε matters
+LEARNING_RATE = 1e-3
+FLAGS = [
+    "--num_generations",
+    "2",
+    "--prompts_per_step",
+    "4",
+    "--beta",
+    "0.05",
+    "--reward_funcs",
+    "accuracy,format",
+    "--max_steps",
+    "2",
+    "--max_completion_length",
+    "24",
+    "--eval_strategy",
+    "no",
+    "--save_steps",
+    "0",
+    "--logging_steps",
+    "1",
+    "--learning_rate",
+    str(LEARNING_RATE),
+    "--max_grad_norm",
+    str(MAX_GRAD_NORM),
+]
+ENV = {"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "CUDA_VISIBLE_DEVICES": "", "DS_ACCELERATOR": "cpu"}
+
+
+def free_port() -> str:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return str(s.getsockname()[1])
+
+
+def launch(config: list[str], script: str, *flags: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    """`accelerate launch {config} --num_processes 2 {script} {flags}` on the CPU."""
+    command = [sys.executable, "-m", "accelerate.commands.launch", *config, "--num_processes", "2"]
+    command += ["--num_machines", "1", "--mixed_precision", "no", "--main_process_port", free_port(), script, *flags]
+    env = {**os.environ, **ENV, **(env or {})}
+    return subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=400)
+
+
+@pytest.fixture(scope="module")
+def reward_model_path(tmp_path_factory) -> str:
+    """A tiny reward model: the embedded model's backbone with a fresh (seeded) one-logit head."""
+    from transformers import AutoModelForSequenceClassification
+
+    path = tmp_path_factory.mktemp("reward-model") / "rm"  # its rewards are logged as rewards/rm/...
+    torch.manual_seed(0)
+    AutoModelForSequenceClassification.from_pretrained(common.EMBEDDED_MODEL, num_labels=1).save_pretrained(path)
+    common.load_tokenizer(common.EMBEDDED_MODEL).save_pretrained(path)
+    return str(path)
+
+
+def train(config: list[str], output_dir, reward_model_path: str, env: dict | None = None) -> dict:
+    flags = ["grpo", *FLAGS, "--reward_model_path", reward_model_path, "--output_dir", str(output_dir)]
+    result = launch(config, DRIVER, *flags, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    records = [r for r in common.read_metrics(str(output_dir)) if "loss" in r]
+    gradient = output_dir / "gradient.pt"  # the first raw gradient, saved under DDP only
+    return {
+        "records": records,
+        "weights": load_file(output_dir / "model.safetensors"),
+        "gradient": torch.load(gradient) if gradient.exists() else None,
+    }
+
+
+@pytest.fixture(scope="module")
+def ddp_run(tmp_path_factory, reward_model_path) -> dict:
+    return train(["--multi_gpu"], tmp_path_factory.mktemp("ddp"), reward_model_path, env={"ACCELERATE_USE_CPU": "1"})
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("config", ["deepspeed_zero2", "deepspeed_zero3", "fsdp"])
+def test_backend_makes_the_ddp_updates_clipping_included(tmp_path, ddp_run, reward_model_path, config):
+    run = train(["--config_file", str(ROOT / "configs" / f"{config}.yaml")], tmp_path, reward_model_path)
+    start = load_file(ROOT / "models" / "tiny-arith" / "model.safetensors")
+    ddp_update = torch.cat([(ddp_run["weights"][k] - start[k]).flatten() for k in start])
+    update = torch.cat([(run["weights"][k] - start[k]).flatten() for k in start])  # FSDP also saves the tied lm_head
+    # clipping bites: Adam's first step, lr · g / (|g| + ε), hardly depends on the gradient's scale, except where the
+    # clipped gradient is as small as ε; here that is most elements (the DDP run's raw first gradient)
+    clipped = ddp_run["gradient"] * MAX_GRAD_NORM / ddp_run["gradient"].norm()
+    assert ((clipped.abs() / (clipped.abs() + 1e-8)) < 0.9).float().mean() > 0.5
+    torch.testing.assert_close(update, ddp_update, rtol=1e-3, atol=1e-6)
+    assert [r["step"] for r in run["records"]] == [1, 2]
+    for a, b in zip(ddp_run["records"], run["records"]):  # step 2: after the first update, β's KL is not 0
+        for key in ("grad_norm", "kl", "loss", "reward", "rewards/rm/mean"):
+            assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-7), (a["step"], key)
+    assert run["records"][1]["kl"] > 0
