@@ -349,11 +349,11 @@ def check_launch(accelerator: Accelerator):
     launched = get_int_from_env(["WORLD_SIZE", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE"], 1)
     backends = {"ACCELERATE_USE_DEEPSPEED": DistributedType.DEEPSPEED, "ACCELERATE_USE_FSDP": DistributedType.FSDP}
     wanted = [backend for variable, backend in backends.items() if os.environ.get(variable, "").lower() == "true"]
-    got = accelerator.distributed_type
+    got, n = accelerator.distributed_type, accelerator.num_processes
     require(
-        accelerator.num_processes == launched and all(backend == got for backend in wanted),
-        f"accelerate launch: started {' '.join(b.value for b in wanted)} on {launched} processes, but accelerate set "
-        f"up {got.value} on {accelerator.num_processes} (DeepSpeed and FSDP need a GPU per process; DDP on CPUs: "
+        n == launched and all(backend == got for backend in wanted),
+        f"accelerate launch: started {''.join(f'{b.value} on ' for b in wanted)}{launched} processes, but accelerate "
+        f"set up distributed type {got.value} on {n} (DeepSpeed and FSDP need a GPU per process; DDP on CPUs: "
         "ACCELERATE_USE_CPU=1 accelerate launch --multi_gpu --num_processes N)",
     )
 

@@ -8,6 +8,9 @@ updates must be DDP's to float tolerance. That shows that --max_grad_norm govern
 `gradient_clipping` does not), that ZeRO-3 wraps the frozen models for inference (unwrapped, their first forward fails:
 transformers partitioned them), and that DeepSpeed's logged grad_norm is DDP's.
 
+Without the pin, accelerate replaces what it cannot honour (DeepSpeed and FSDP without a GPU, or DDP on CPUs without
+ACCELERATE_USE_CPU=1) by N independent one-process runs into one folder: the scripts must say so and stop.
+
 The runs hide any GPU (CUDA_VISIBLE_DEVICES=""), so they are CPU runs on every machine.
 """
 
@@ -115,3 +118,47 @@ def test_backend_makes_the_ddp_updates_clipping_included(tmp_path, ddp_run, rewa
         for key in ("grad_norm", "kl", "loss", "reward", "rewards/rm/mean"):
             assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-7), (a["step"], key)
     assert run["records"][1]["kl"] > 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("config", ["fsdp", "deepspeed_zero3", "multi_gpu"])
+def test_a_launch_accelerate_cannot_honour_stops_in_one_line(tmp_path, config):
+    out = tmp_path / "out"
+    config_file = ["--config_file", str(ROOT / "configs" / f"{config}.yaml")]
+    result = launch(
+        config_file, str(ROOT / "rloo.py"), "--max_steps", "1", "--eval_strategy", "no", "--output_dir", str(out)
+    )
+    assert result.returncode != 0
+    lines = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    launched = {"fsdp": "FSDP on 2", "deepspeed_zero3": "DEEPSPEED on 2", "multi_gpu": "2"}[config]
+    assert (
+        lines
+        == [
+            f"error: accelerate launch: started {launched} processes, but accelerate set up "
+            + lines[0].split(" set up ")[1]
+        ]
+        * 2
+    )
+    assert 'rloo.py", line' not in result.stderr  # torchrun's own report follows, but no traceback of the script
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("env", [{"ACCELERATE_USE_FSDP": "true"}, {}])
+def test_processes_that_run_alone_stop_before_writing(tmp_path, monkeypatch, capsys, env):
+    """What torchrun sets for 2 processes when accelerate leaves each alone: WORLD_SIZE=2, and accelerate (no LOCAL_RANK
+    here, as without a GPU) runs one process."""
+    import rloo
+
+    monkeypatch.delenv("ACCELERATE_USE_CPU", raising=False)  # else accelerate would wait for the other process
+    for name, value in {"WORLD_SIZE": "2", **env}.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(SystemExit) as stop:
+        common.cli(
+            rloo.main, rloo.Args, ["--max_steps", "1", "--eval_strategy", "no", "--output_dir", str(tmp_path / "out")]
+        )
+    assert stop.value.code == 2
+    launched = "FSDP on 2" if env else "2"
+    assert capsys.readouterr().err.startswith(
+        f"error: accelerate launch: started {launched} processes, but accelerate set up distributed type NO on 1"
+    )
+    assert not (tmp_path / "out").exists()
