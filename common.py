@@ -37,7 +37,7 @@ from pathlib import Path
 
 import torch
 from accelerate import Accelerator, DistributedType, PartialState
-from accelerate.utils import broadcast_object_list, gather_object
+from accelerate.utils import broadcast_object_list, gather_object, get_int_from_env
 from accelerate.utils import reduce as reduce_over_processes
 from datasets import Dataset, get_dataset_split_names, load_dataset
 from tqdm.auto import tqdm
@@ -375,13 +375,56 @@ def seed_everything(seed: int):
 # Processes: every script runs as one process, or as N under `accelerate launch` (DDP, DeepSpeed, FSDP)
 # ----------------------------------------------------------------------------------------------------------------------
 def make_accelerator(args) -> Accelerator:
-    """accelerate's Accelerator: one process, or whatever `accelerate launch` set up. `--bf16` forces bf16 autocast;
-    otherwise the launch config's mixed precision applies."""
+    """accelerate's Accelerator: one process, or whatever `accelerate launch` set up (`check_launch`). `--bf16` forces
+    bf16 autocast; otherwise the launch config's mixed precision applies. Under DeepSpeed, --max_grad_norm clips (the
+    engine clips inside `backward`, at its config's `gradient_clipping`, which a launch config may set too)."""
     accelerator = Accelerator(mixed_precision="bf16" if args.bf16 else None)
+    check_launch(accelerator)
     map_large_blocks()
-    if accelerator.state.deepspeed_plugin is not None:  # no DataLoader is prepared, so DeepSpeed's batch bookkeeping
-        accelerator.state.deepspeed_plugin.deepspeed_config["train_micro_batch_size_per_gpu"] = 1  # needs a number
+    if accelerator.state.deepspeed_plugin is not None:
+        # no DataLoader is prepared, so DeepSpeed's batch bookkeeping gets its numbers here: one backward per update
+        accelerator.state.deepspeed_plugin.deepspeed_config.update(
+            train_micro_batch_size_per_gpu=1,
+            gradient_accumulation_steps=1,
+            train_batch_size=accelerator.num_processes,
+            gradient_clipping=args.max_grad_norm,
+        )
     return accelerator
+
+
+def check_launch(accelerator: Accelerator):
+    """Stop when accelerate set up something other than what `accelerate launch` started, which its environment says
+    (WORLD_SIZE, ACCELERATE_USE_DEEPSPEED, ACCELERATE_USE_FSDP). accelerate replaces what it cannot honour silently:
+    without a GPU, DeepSpeed and FSDP, and DDP unless ACCELERATE_USE_CPU=1, become N independent one-process runs
+    writing into one folder."""
+    launched = get_int_from_env(["WORLD_SIZE", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE"], 1)
+    backends = {"ACCELERATE_USE_DEEPSPEED": DistributedType.DEEPSPEED, "ACCELERATE_USE_FSDP": DistributedType.FSDP}
+    wanted = [backend for variable, backend in backends.items() if os.environ.get(variable, "").lower() == "true"]
+    got, n = accelerator.distributed_type, accelerator.num_processes
+    require(
+        n == launched and all(backend == got for backend in wanted),
+        f"accelerate launch: started {''.join(f'{b.value} on ' for b in wanted)}{launched} processes, but accelerate "
+        f"set up distributed type {got.value} on {n} (DeepSpeed and FSDP need a GPU per process; DDP on CPUs: "
+        "ACCELERATE_USE_CPU=1 accelerate launch --multi_gpu --num_processes N)",
+    )
+
+
+def prepare_frozen(accelerator: Accelerator, model):
+    """A model no optimizer updates (the reference, a reward model): in eval mode, without gradients, on this process's
+    device. Under DeepSpeed ZeRO-3 transformers partitions every model loaded after the Accelerator, so a frozen one is
+    wrapped in an engine for inference, without an optimizer, which gathers each layer's parameters for its forward (as
+    TRL does); under ZeRO-1/2 and FSDP it stays whole on every process."""
+    model = model.eval().requires_grad_(False)
+    plugin = accelerator.state.deepspeed_plugin
+    if plugin is None or plugin.zero_stage != 3:
+        return model.to(accelerator.device)
+    import deepspeed
+
+    zero = {key: value for key, value in plugin.deepspeed_config["zero_optimization"].items() if value != "auto"}
+    config = {**plugin.deepspeed_config, "zero_optimization": zero}  # DeepSpeed's own bucket sizes for "auto" ones
+    engine = deepspeed.initialize(model=model, config=config)[0]
+    engine.eval()  # DeepSpeed's returns None
+    return engine
 
 
 def prepare(accelerator: Accelerator, *objects):

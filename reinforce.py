@@ -384,8 +384,9 @@ def main(args: Args):
     if args.beta > 0 and not args.use_peft:
         frozen_dtype = torch.bfloat16 if args.bf16 else torch.float32  # nothing to update: bf16 once, under --bf16
         ref_model = common.load_causal_lm(args.model_name_or_path, dtype=frozen_dtype)
-        ref_model = ref_model.to(device).eval().requires_grad_(False)
-    reward_funcs = load_reward_funcs(args.reward_funcs, args.reward_model_path, device)
+        ref_model = common.prepare_frozen(accelerator, ref_model)  # under DeepSpeed ZeRO-3, an inference engine
+    frozen = lambda model: common.prepare_frozen(accelerator, model)  # a reward model too
+    reward_funcs = load_reward_funcs(args.reward_funcs, args.reward_model_path, device, prepare=frozen)
     weights = reward_weights(args.reward_weights, reward_funcs)
     check_columns(reward_funcs, train_dataset)  # every column a reward function needs, before anything runs
     generation_config = common.sampling_config(model, tokenizer, args)

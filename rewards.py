@@ -234,11 +234,13 @@ def load_sequence_classifier(path: str, flag: str, what: str = "a reward model",
     return model, missing
 
 
-def reward_model_function(path: str, device, batch_size: int = 32):
+def reward_model_function(path: str, device, batch_size: int = 32, prepare=None):
     """Score (prompt, completion) pairs with a sequence-classification reward model (num_labels=1), whose score head
     and every other weight come from the checkpoint (a LoRA reward model is merged into its base).
 
-    Conversational samples go through the reward model's own chat template, prompt and answer together.
+    Conversational samples go through the reward model's own chat template, prompt and answer together. `prepare`
+    readies the loaded model for scoring and returns what to call (default: eval mode, no gradients, on `device`); the
+    scripts pass `common.prepare_frozen`, which wraps it in an inference engine under DeepSpeed ZeRO-3.
     """
     from transformers import AutoTokenizer
 
@@ -248,7 +250,6 @@ def reward_model_function(path: str, device, batch_size: int = 32):
         raise ConfigError(
             f"{flag}: {len(missing)} weights of {path} are not in the checkpoint: {', '.join(missing[:3])}"
         )
-    model = model.to(device).eval()
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
     except (OSError, ValueError) as error:
@@ -258,7 +259,7 @@ def reward_model_function(path: str, device, batch_size: int = 32):
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     model.config.pad_token_id = tokenizer.pad_token_id
-    model.requires_grad_(False)
+    model = prepare(model) if prepare else model.to(device).eval().requires_grad_(False)
 
     @torch.no_grad()
     def score(prompts, completions, **kwargs) -> list[float]:
@@ -275,9 +276,9 @@ def reward_model_function(path: str, device, batch_size: int = 32):
     return score
 
 
-def load_reward_funcs(reward_funcs: str, reward_model_path: str | None = None, device="cpu") -> dict:
+def load_reward_funcs(reward_funcs: str, reward_model_path: str | None = None, device="cpu", prepare=None) -> dict:
     """{name: function} from --reward_funcs (built-in names or module:function; 'none' for no function) plus the
-    reward model of --reward_model_path, if any."""
+    reward model of --reward_model_path, if any (`prepare`: see reward_model_function)."""
     functions = {}
     for spec in split_list(reward_funcs):
         if spec == "none":
@@ -296,7 +297,7 @@ def load_reward_funcs(reward_funcs: str, reward_model_path: str | None = None, d
             raise ConfigError(f"--reward_funcs: two reward functions are named {name} (their metrics would mix)")
         functions[name] = function
     if reward_model_path:
-        function = reward_model_function(reward_model_path, device)
+        function = reward_model_function(reward_model_path, device, prepare=prepare)
         functions[function.__name__] = function
     if not functions:
         raise ConfigError("--reward_funcs: no reward function selected (and no --reward_model_path)")

@@ -6,10 +6,12 @@
 `common.generate` is replaced by a function of the prompt text and of how many times that text has been seen in the
 call (the k-th completion of a prompt's group is always the same text; odd k answer in the format, even k do not),
 so both runs train on the same global batch.
-The gradient of the first update, after the all-reduce, is saved by the main process to {output_dir}/gradient.pt.
+The gradient of the first update, after the all-reduce, is saved by the main process to {output_dir}/gradient.pt (not
+under DeepSpeed, which clips inside its engine, nor under FSDP, whose gradients are shards).
 """
 
 import importlib
+import os
 import sys
 from pathlib import Path
 
@@ -41,7 +43,27 @@ def fixed_generate(
     return {"prompt_ids": enc.input_ids, "prompt_mask": enc.attention_mask, "completion_ids": completion_ids}
 
 
+def pin_gloo_backend():
+    """Under `accelerate launch` with a DeepSpeed or FSDP config on a machine without a GPU, make accelerate set them up
+    over gloo on the CPU. accelerate only enables them on a GPU: without one, its PartialState finds no backend and each
+    process runs alone (common.make_accelerator then stops). Here the backend search answers gloo as on GPUs, and the
+    device is pinned to the CPU."""
+    from accelerate import DistributedType
+    from accelerate.state import PartialState
+
+    os.environ["ACCELERATE_TORCH_DEVICE"] = "cpu"
+    PartialState._prepare_backend = lambda self, *args, **kwargs: ("gloo", DistributedType.MULTI_GPU)
+    if os.environ.get("ACCELERATE_USE_DEEPSPEED") == "true":  # without DeepSpeed's CPU shared-memory all-reduce, an
+        # op it compiles at first use (minutes): gloo reduces the same numbers
+        importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None
+
+
 def main():
+    if not torch.cuda.is_available() and "true" in (
+        os.environ.get("ACCELERATE_USE_DEEPSPEED"),
+        os.environ.get("ACCELERATE_USE_FSDP"),
+    ):
+        pin_gloo_backend()
     script = importlib.import_module(sys.argv[1])
     argv = sys.argv[2:]
     output_dir = Path(argv[argv.index("--output_dir") + 1])
@@ -51,8 +73,10 @@ def main():
     def save_first_gradient(params, max_norm, **kwargs):
         params = list(params)
         path = output_dir / "gradient.pt"
-        if common.PartialState().is_main_process and not path.exists():
-            torch.save(torch.cat([p.grad.flatten() for p in params if p.grad is not None]), path)
+        grads = [p.grad for p in params if p.grad is not None]
+        plain = all(type(grad) is torch.Tensor for grad in grads)  # not FSDP's DTensor shards
+        if common.PartialState().is_main_process and plain and not path.exists():
+            torch.save(torch.cat([grad.flatten() for grad in grads]), path)
         return clip(params, max_norm, **kwargs)
 
     torch.nn.utils.clip_grad_norm_ = save_first_gradient
