@@ -327,11 +327,11 @@ def grpo_loss(
     ref_logprobs,
     advantages,
     token_weights,
-    importance_weights,
     *,
     beta: float,
     epsilon: float,
     epsilon_high: float,
+    importance_weights=1.0,
 ):
     """Σ_{i,t} w_{i,t} (−is_{i,t} min(ρ_t A_i, clip(ρ_t, 1−ε, 1+ε_high) A_i) + β kl_t) over this micro-batch, ρ_t the
     per-token ratio, is (B_mb, 1) or (B_mb, T) the importance-sampling weights (1 when π_θ sampled), as TRL applies
@@ -665,10 +665,10 @@ def main(args: Args):
                             ref_logprobs[mb],
                             A,
                             token_weights[mb],
-                            is_weights[mb],
                             beta=args.beta,
                             epsilon=args.epsilon,
                             epsilon_high=epsilon_high,
+                            importance_weights=is_weights[mb],
                         )
                         accelerator.backward(loss)
                     loss_sum += loss.item()

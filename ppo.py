@@ -389,7 +389,7 @@ def gae_advantages(
 
 
 def policy_loss(
-    logprobs, old_logprobs, advantages, completion_mask, importance_weights, *, cliprange: float, num_tokens: int
+    logprobs, old_logprobs, advantages, completion_mask, *, cliprange: float, num_tokens: int, importance_weights=1.0
 ):
     """Σ_t w_t max(−A_t ρ_t, −A_t clip(ρ_t, 1 ± ε)) / num_tokens over this micro-batch's real tokens, w (B_mb, 1) or
     (B_mb, T) the importance-sampling weights (1 when π_θ sampled); num_tokens counts the whole mini-batch, so
@@ -719,9 +719,9 @@ def main(args: Args):
                                 old_logprobs[mb],
                                 advantages[mb],
                                 mask,
-                                is_weights[mb],
                                 cliprange=args.cliprange,
                                 num_tokens=loss_tokens,
+                                importance_weights=is_weights[mb],
                             )
                             vf_loss, vf_clipped = value_loss(
                                 values,

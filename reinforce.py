@@ -309,19 +309,19 @@ def reinforce_loss(
     completion_mask,
     advantages,
     loss_mask,
-    importance_weights,
     *,
     epsilon: float,
     epsilon_high: float,
     batch_size: int,
+    importance_weights=1.0,
 ):
     """−1/B Σ_i w_i min(ρ_i A_i, clip(ρ_i, 1−ε, 1+ε_high) A_i) over this micro-batch, with ρ_i the sequence ratio and
-    w_i (B_mb, 1) the importance-sampling weights (1 when π_θ sampled). Returns the loss and ρ (B_mb,)."""
+    w_i (B_mb,) the importance-sampling weights (1 when π_θ sampled). Returns the loss and ρ (B_mb,)."""
     seq_logprobs = (logprobs * completion_mask).sum(1)
     old_seq_logprobs = (old_logprobs * completion_mask).sum(1)
     ratio = torch.exp(seq_logprobs - old_seq_logprobs)  # ≡ 1 (with gradient ∇ log π) when old = logprobs.detach()
     surrogate = torch.min(ratio * advantages, ratio.clamp(1 - epsilon, 1 + epsilon_high) * advantages)
-    return -(surrogate * importance_weights[:, 0] * loss_mask).sum() / batch_size, ratio
+    return -(surrogate * importance_weights * loss_mask).sum() / batch_size, ratio
 
 
 def main(args: Args):
@@ -579,10 +579,10 @@ def main(args: Args):
                             mask,
                             A,
                             loss_mask[mb],
-                            is_weights[mb],
                             epsilon=args.epsilon,
                             epsilon_high=epsilon_high,
                             batch_size=local_batch_size,
+                            importance_weights=is_weights[mb, 0],
                         )
                         accelerator.backward(loss)
                     loss_sum += loss.item()
