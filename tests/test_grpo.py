@@ -319,16 +319,16 @@ def test_micro_batching_does_not_change_the_update(tmp_path, recorded_gradients)
     """For every loss_type, with truncation masking (max_completion_length 7 truncates some completions) and the k3
     term: the same gradient and loss whether the batch is one piece or micro-batches that split groups (6 = 1.5
     groups). The runs start one step in, so that the policy differs from the reference and the KL has a gradient."""
-    setup = dict(prompts_per_step=3, max_completion_length=7, mask_truncated_completions=True)
-    grpo.main(args(tmp_path, max_steps=1, save_steps=1, output_dir=str(tmp_path / "start"), **setup))
     gradients = recorded_gradients
-    for loss_type in grpo.LOSS_TYPES:
+    for loss_type in grpo.LOSS_TYPES:  # a resumed run keeps its checkpoint's objective: a start for each
+        setup = dict(prompts_per_step=3, max_completion_length=7, mask_truncated_completions=True)
+        setup.update(loss_type=loss_type, beta=0.1)
+        start = tmp_path / f"start-{loss_type}"
+        grpo.main(args(tmp_path, max_steps=1, save_steps=1, output_dir=str(start), **setup))
         whole = args(
             tmp_path,
             max_steps=2,
-            loss_type=loss_type,
-            beta=0.1,
-            resume_from_checkpoint=str(tmp_path / "start" / "checkpoint-1"),
+            resume_from_checkpoint=str(start / "checkpoint-1"),
             output_dir=str(tmp_path / f"whole-{loss_type}"),
             **setup,
         )

@@ -192,14 +192,14 @@ def test_resume_reproduces_the_uninterrupted_run_and_its_running_mean(tmp_path):
 def test_micro_batching_does_not_change_the_update(tmp_path, recorded_gradients, baseline):
     """Including REINFORCE++'s whitening over the whole batch, whose KL-shaped rewards need every micro-batch first.
     The runs start one step in, so that the policy differs from the reference and the KL shapes the rewards."""
-    reinforce.main(args(tmp_path, max_steps=1, save_steps=1, output_dir=str(tmp_path / "start")))
+    setup = dict(baseline=baseline, beta=0.5)  # a resumed run keeps its checkpoint's objective
+    reinforce.main(args(tmp_path, max_steps=1, save_steps=1, output_dir=str(tmp_path / "start"), **setup))
     gradients = recorded_gradients
     gradients.clear()  # from here on: the two runs compared
     whole = args(
         tmp_path,
         max_steps=2,
-        baseline=baseline,
-        beta=0.5,
+        **setup,
         resume_from_checkpoint=str(tmp_path / "start" / "checkpoint-1"),
         output_dir=str(tmp_path / "whole"),
     )
