@@ -376,8 +376,8 @@ def seed_everything(seed: int):
 # ----------------------------------------------------------------------------------------------------------------------
 def make_accelerator(args) -> Accelerator:
     """accelerate's Accelerator: one process, or whatever `accelerate launch` set up (`check_launch`). `--bf16` forces
-    bf16 autocast; otherwise the launch config's mixed precision applies. Under DeepSpeed, --max_grad_norm clips (the
-    engine clips inside `backward`, at its config's `gradient_clipping`, which a launch config may set too)."""
+    bf16 autocast; otherwise the launch config's mixed precision applies. Under DeepSpeed, which clips inside
+    `backward`, --max_grad_norm sets the engine's `gradient_clipping`, over any a launch config gives."""
     accelerator = Accelerator(mixed_precision="bf16" if args.bf16 else None)
     check_launch(accelerator)
     map_large_blocks()

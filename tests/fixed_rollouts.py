@@ -2,6 +2,8 @@
 
     python tests/fixed_rollouts.py rloo --max_steps 1 ...                                      # one process
     ACCELERATE_USE_CPU=1 accelerate launch --multi_gpu --num_processes 2 tests/fixed_rollouts.py rloo ...  # two
+    PIN_GLOO_BACKEND=1 accelerate launch --config_file configs/fsdp.yaml --num_processes 2 tests/fixed_rollouts.py ...
+                                                     # DeepSpeed or FSDP on two CPU processes (pin_gloo_backend)
 
 `common.generate` is replaced by a function of the prompt text and of how many times that text has been seen in the
 call (the k-th completion of a prompt's group is always the same text; odd k answer in the format, even k do not),
@@ -44,25 +46,21 @@ def fixed_generate(
 
 
 def pin_gloo_backend():
-    """Under `accelerate launch` with a DeepSpeed or FSDP config on a machine without a GPU, make accelerate set them up
-    over gloo on the CPU. accelerate only enables them on a GPU: without one, its PartialState finds no backend and each
-    process runs alone (common.make_accelerator then stops). Here the backend search answers gloo as on GPUs, and the
-    device is pinned to the CPU."""
+    """Make accelerate set up DeepSpeed or FSDP (as `accelerate launch` with their config asked) over gloo on the CPU.
+    accelerate only enables them on a GPU: without one, its PartialState finds no backend and each process runs alone
+    (common.make_accelerator then stops). Here the backend search answers gloo as on GPUs, and the device is the CPU."""
     from accelerate import DistributedType
     from accelerate.state import PartialState
 
     os.environ["ACCELERATE_TORCH_DEVICE"] = "cpu"
     PartialState._prepare_backend = lambda self, *args, **kwargs: ("gloo", DistributedType.MULTI_GPU)
-    if os.environ.get("ACCELERATE_USE_DEEPSPEED") == "true":  # without DeepSpeed's CPU shared-memory all-reduce, an
-        # op it compiles at first use (minutes): gloo reduces the same numbers
-        importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None
 
 
 def main():
-    if not torch.cuda.is_available() and "true" in (
-        os.environ.get("ACCELERATE_USE_DEEPSPEED"),
-        os.environ.get("ACCELERATE_USE_FSDP"),
-    ):
+    if os.environ.get("ACCELERATE_USE_DEEPSPEED") == "true":  # without DeepSpeed's CPU shared-memory all-reduce, an
+        # op it compiles at first use (minutes, with a C++ compiler): gloo reduces the same numbers
+        importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None
+    if os.environ.get("PIN_GLOO_BACKEND") == "1":
         pin_gloo_backend()
     script = importlib.import_module(sys.argv[1])
     argv = sys.argv[2:]
