@@ -43,7 +43,7 @@ def test_importance_sampling_weights_by_hand(script, mode):
 def test_sampler_logprobs_are_those_of_the_logits_each_token_was_drawn_from(tiny_model, tiny_tokenizer):
     """`generate` reads the sampler's log softmax(logits / τ) at each drawn token while it samples: the log-probs a
     full forward pass of the same model gives (float32, so only the KV cache's rounding differs)."""
-    config = common.sampling_config(tiny_tokenizer, rloo.Args(temperature=0.7, max_completion_length=12))
+    config = common.sampling_config(tiny_model, tiny_tokenizer, rloo.Args(temperature=0.7, max_completion_length=12))
     texts = [common.prompt_text(tiny_tokenizer, p) for p in common.arithmetic_dataset("train")["prompt"][:6]]
     out = common.generate(tiny_model.eval(), tiny_tokenizer, texts, config, sampler_logprobs=True)
     mask, _ = rloo.end_of_completion(out["completion_ids"], tiny_tokenizer.eos_token_id)
@@ -109,7 +109,7 @@ def test_only_a_sampler_that_is_not_the_policy_reports_log_probs(tiny_tokenizer,
     accelerator = common.make_accelerator(args)
     policy = common.load_causal_lm(common.EMBEDDED_MODEL)
     sampler = common.bf16_sampler(accelerator, policy, args)
-    config = common.sampling_config(tiny_tokenizer, args)
+    config = common.sampling_config(policy, tiny_tokenizer, args)
     out = common.sample_completions(accelerator, policy, tiny_tokenizer, ["x", "y"], config, sampler=sampler)
     assert out["sampler_logprobs"].shape == out["completion_ids"].shape
     assert "sampler_logprobs" not in common.sample_completions(accelerator, policy, tiny_tokenizer, ["x"], config)
@@ -137,7 +137,8 @@ def test_vllm_reports_the_log_probs_of_its_tokens(tmp_path, fake_vllm):  # noqa:
 
     args = vllm_args(tmp_path, temperature=0.8)
     tokenizer = common.load_tokenizer(common.EMBEDDED_MODEL)
-    vllm = VLLMGenerator(common.make_accelerator(args), args, tokenizer, common.load_causal_lm(common.EMBEDDED_MODEL))
+    model = common.load_causal_lm(common.EMBEDDED_MODEL)
+    vllm = VLLMGenerator(common.make_accelerator(args), args, tokenizer, model, [tokenizer.eos_token_id])
     assert vllm.llm.kwargs["logprobs_mode"] == "processed_logprobs" and vllm.sampling_params.logprobs == 0
     out = vllm.generate(["a", "b", "c"], "cpu")
     (llm,) = FakeLLM.instances
@@ -161,14 +162,14 @@ def test_lora_syncs_never_move_the_frozen_bf16_base(tmp_path, fake_vllm):  # noq
     from vllm_colocate import VLLMGenerator
 
     args = vllm_args(tmp_path, use_peft=True, bf16=True)
-    policy = get_peft_model(
-        common.load_causal_lm(common.EMBEDDED_MODEL, dtype=torch.bfloat16), common.lora_config(args)
-    )
+    base_model = common.load_causal_lm(common.EMBEDDED_MODEL, dtype=torch.bfloat16)
+    policy = get_peft_model(base_model, common.lora_config(args, base_model))
     for name, param in policy.named_parameters():
         if "lora_B" in name:
             torch.nn.init.normal_(param, std=0.05)  # a trained adapter: B ≠ 0
     base = {name: value.clone() for name, value in policy.state_dict().items() if "lora_" not in name}
-    vllm = VLLMGenerator(common.make_accelerator(args), args, common.load_tokenizer(common.EMBEDDED_MODEL), policy)
+    tokenizer = common.load_tokenizer(common.EMBEDDED_MODEL)
+    vllm = VLLMGenerator(common.make_accelerator(args), args, tokenizer, policy, [tokenizer.eos_token_id])
     for _ in range(50):
         vllm.sync_weights(common.make_accelerator(args), policy)
     assert all(torch.equal(value, policy.state_dict()[name]) for name, value in base.items())
