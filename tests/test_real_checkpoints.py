@@ -131,7 +131,13 @@ def test_evaluation_ends_completions_at_the_checkpoints_turn_end(turn_end_model)
 
 
 @pytest.mark.parametrize("script", list(RL_SCRIPTS), ids=lambda m: m.__name__)
-def test_vllm_stops_at_every_end_id_of_the_checkpoint(tmp_path, fake_vllm, turn_end_model, monkeypatch, script):  # noqa: F811
+def test_vllm_stops_at_every_end_id_of_the_checkpoint(
+    tmp_path,
+    fake_vllm,  # noqa: F811
+    turn_end_model,
+    monkeypatch,
+    script,
+):
     asked = []
     monkeypatch.setattr(
         fake_vllm, "SamplingParams", lambda **kwargs: asked.append(kwargs) or types.SimpleNamespace(**kwargs)
