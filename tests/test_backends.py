@@ -15,7 +15,6 @@ The runs hide any GPU (CUDA_VISIBLE_DEVICES=""), so they are CPU runs on every m
 """
 
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -23,6 +22,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
+from test_distributed import free_port
 
 import common
 
@@ -55,12 +55,6 @@ FLAGS = [
     str(MAX_GRAD_NORM),
 ]
 ENV = {"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "CUDA_VISIBLE_DEVICES": "", "DS_ACCELERATOR": "cpu"}
-
-
-def free_port() -> str:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return str(s.getsockname()[1])
 
 
 def launch(config: list[str], script: str, *flags: str, env: dict | None = None) -> subprocess.CompletedProcess:
