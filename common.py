@@ -454,19 +454,12 @@ def any_process(accelerator: Accelerator | PartialState, flag: bool) -> bool:
     return bool(reduce_over_processes(torch.tensor(float(flag), device=accelerator.device), "sum").item() > 0)
 
 
-def check_backend(accelerator: Accelerator, one_backward_per_update: bool, rescales_gradients: bool = False):
-    """DeepSpeed takes its optimizer step inside `backward` and keeps the gradients to itself: under DeepSpeed an update
-    must be a single backward pass, and the accumulated gradient cannot be rescaled afterwards."""
-    if accelerator.distributed_type == DistributedType.DEEPSPEED:
-        require(
-            one_backward_per_update,
-            "--micro_batch_size: under DeepSpeed each update is one backward pass: leave it 0 (the whole per-process "
-            "batch)",
-        )
-        require(
-            not rescales_gradients,
-            "--normalize_advantages: not available under DeepSpeed (it rescales the accumulated gradient)",
-        )
+def check_backend(accelerator: Accelerator, one_backward_per_update: bool):
+    """DeepSpeed takes its optimizer step inside `backward`: there an update must be a single backward pass."""
+    require(
+        one_backward_per_update or accelerator.distributed_type != DistributedType.DEEPSPEED,
+        "--micro_batch_size: under DeepSpeed each update is one backward pass: leave it 0 (the per-process batch)",
+    )
 
 
 @contextlib.contextmanager

@@ -322,7 +322,6 @@ def run_script(script: str, flags: list[str]) -> dict:
         "returncode": process.returncode,
         "wall_s": time.perf_counter() - start,
         "peak_mib": peak_kib / 1024,
-        "load_average": os.getloadavg()[0],
     }
 
 
@@ -591,12 +590,6 @@ def write_markdown_rm(
     kls: list[float],
 ):
     first = runs[0]
-    loads = [r["load_average"] for r in runs if "load_average" in r]
-    load = (
-        f", 1-minute load average at the end of each run {min(loads):.1f}–{max(loads):.1f} on {os.cpu_count()} CPUs"
-        if loads
-        else ""
-    )
     n_eval = (
         len(common.arithmetic_split("test")) * args.num_generations_eval
         if first["dataset_name"] == "arithmetic"
@@ -619,7 +612,7 @@ def write_markdown_rm(
         f"Command: `{command}` — the reward model and {len(runs)} runs, {total_wall_s / 60:.1f} min in all (runs are "
         "sequential; "
         f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}, device: "
-        f"{'cuda' if torch.cuda.is_available() else 'cpu'}{load}).",
+        f"{'cuda' if torch.cuda.is_available() else 'cpu'}).",
         "",
         f"Budget: every algorithm samples {args.completions_per_step} completions per step for {args.max_steps} steps "
         f"= {args.completions_per_step * args.max_steps} completions per run; seeds {args.seeds}; KL coefficient "
@@ -756,12 +749,6 @@ def write_markdown(
     path: Path, args: Args, command: str, summaries: dict, settings: dict, runs: list[dict], total_wall_s: float
 ):
     first = runs[0]
-    loads = [r["load_average"] for r in runs if "load_average" in r]
-    load = (
-        f", 1-minute load average at the end of each run {min(loads):.1f}–{max(loads):.1f} on {os.cpu_count()} CPUs"
-        if loads
-        else ""
-    )
     lines = [
         "# Online RL algorithms at an equal sample budget",
         "",
@@ -771,7 +758,7 @@ def write_markdown(
         "",
         f"Command: `{command}` — {len(runs)} runs, {total_wall_s / 60:.1f} min in all (runs are sequential; "
         f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}, device: "
-        f"{'cuda' if torch.cuda.is_available() else 'cpu'}{load}).",
+        f"{'cuda' if torch.cuda.is_available() else 'cpu'}).",
         "",
         f"Budget: every algorithm samples {args.completions_per_step} completions per step for {args.max_steps} steps "
         f"= {args.completions_per_step * args.max_steps} completions per run; seeds {args.seeds}. Held-out evaluation "

@@ -35,10 +35,9 @@ rewards 0, 0, 1, 0 at step 2 have b = 3/4 and advantages −0.75, −0.75, +0.25
 REINFORCE++ as in OpenRLHF puts the KL on each token and whitens token-level returns-to-go; here the action is the
 whole sequence, so its return R_i is what is whitened.
 
-One forward pass per completion and iteration: the policy log-probs of the first iteration, detached, are both
-π_θ_old and the sampling log-probs in the KL, so no separate "old log-prob" pass is spent. The one exception is
---baseline reinforce_pp with β > 0 and several micro-batches: whitening needs every R_i before the first loss, so the
-KL takes one no-grad pass over the batch first.
+Before any update, one pass without gradient gives log π_θ_old (the policy that sampled: the KL's log π and the
+ratio's denominator) and log π_ref, as TRL does; every R_i, and so every advantage, is then known before the first
+backward pass, whatever the micro-batching.
 
 Under `accelerate launch --num_processes N` each process takes prompts_per_step / N of the step's prompts, generates
 and scores their completions, and takes the mean loss over its B / N of them; DDP averages the gradients over the
@@ -492,92 +491,64 @@ def main(args: Args):
                 else torch.ones(local_batch_size, device=device)
             )
 
-            # ==== 3-6. per micro-batch: log-probs → KL-shaped reward → advantage → loss; update ====
-            # The moving average is known before the batch; REINFORCE++ whitens over the whole batch, so with several
-            # micro-batches its R_i come first.
+            # ==== 3. log-probs without gradient: π_θ_old (the policy that sampled) and π_ref ====
+            micro_batches = torch.arange(local_batch_size, device=device).split(micro_batch_size)
+            old_logprobs, ref_logprobs, entropy = (torch.zeros(local_batch_size, T, device=device) for _ in range(3))
+            with torch.no_grad():
+                for mb in micro_batches:
+                    with accelerator.autocast():
+                        old_logprobs[mb], token_entropy = completion_logprobs(
+                            model, input_ids[mb], attention_mask[mb], T, args.temperature, entropy=logging_step
+                        )
+                    if logging_step:
+                        entropy[mb] = token_entropy
+                    ref_logprobs[mb] = (  # β = 0: no reference model, and kl = 0
+                        reference_logprobs(input_ids[mb], attention_mask[mb], T) if args.beta > 0 else old_logprobs[mb]
+                    )
+
+            # ==== 4. KL-shaped reward: R_i = r_i − β Σ_t kl_t ====
+            kl = per_token_kl(old_logprobs, ref_logprobs, args.kl_estimator) * completion_mask  # (B, T)
+            shaped_rewards = rewards - args.beta * kl.sum(1)
+            all_shaped_rewards = accelerator.gather(shaped_rewards)  # the whole batch's R_i, (B,)
+
+            # ==== 5. advantages over the batch: A_i = R_i − b (b_MA of the steps before, or REINFORCE++) ====
+            advantages = reinforce_advantages(
+                shaped_rewards,
+                baseline=args.baseline,
+                reward_sum=reward_sum,
+                reward_count=reward_count,
+                batch_rewards=all_shaped_rewards,
+            )
+            # vLLM or the bf16 copy sampled, not π_θ: w = π_θ_old / π_sampler, capped or masked at C; else 1
+            off_policy = args.vllm_importance_sampling_correction and "sampler_logprobs" in batch
+            is_weights = torch.ones(local_batch_size, 1, device=device)
+            if off_policy:
+                is_weights = importance_sampling_weights(
+                    old_logprobs,
+                    batch["sampler_logprobs"],
+                    completion_mask,
+                    mode=args.vllm_importance_sampling_mode,
+                    clip_max=args.vllm_importance_sampling_clip_max,
+                )
+
+            # ==== 6. loss and update: num_iterations passes over the batch, micro-batches accumulated ====
             # Each process takes the mean over its own completions; DDP averages the gradients over the processes,
             # which is the mean over the whole batch because every process holds the same number of completions.
-            # vLLM or the bf16 copy sampled, not π_θ: importance-sampling weights; else they stay 1
-            off_policy = args.vllm_importance_sampling_correction and "sampler_logprobs" in batch
-            is_weights = torch.ones(
-                local_batch_size, T if args.vllm_importance_sampling_mode.startswith("token") else 1, device=device
-            )
-            old_logprobs = torch.zeros(local_batch_size, T, device=device)
-            kl = torch.zeros(local_batch_size, T, device=device)
-            advantages = torch.zeros(local_batch_size, device=device)
-            entropy = torch.zeros(local_batch_size, T, device=device)
-            micro_batches = torch.arange(local_batch_size, device=device).split(micro_batch_size)
-            whole_batch_first = args.baseline == "reinforce_pp" and len(micro_batches) > 1
-            if whole_batch_first:
-                for mb in micro_batches:
-                    if args.beta > 0:  # the one extra (no-grad) pass: every R_i before the first loss
-                        with torch.no_grad(), accelerator.autocast():
-                            sampling_logprobs = completion_logprobs(
-                                model, input_ids[mb], attention_mask[mb], T, args.temperature
-                            )[0]
-                        ref_logprobs = reference_logprobs(input_ids[mb], attention_mask[mb], T)
-                        kl[mb] = per_token_kl(sampling_logprobs, ref_logprobs, args.kl_estimator) * completion_mask[mb]
-                shaped_rewards = rewards - args.beta * kl.sum(1)
-                advantages = reinforce_advantages(
-                    shaped_rewards,
-                    baseline=args.baseline,
-                    reward_sum=reward_sum,
-                    reward_count=reward_count,
-                    batch_rewards=accelerator.gather(shaped_rewards),
-                )
             clip_low, clip_high, losses, grad_norms = [], [], [], []
-            for iteration in range(args.num_iterations):
+            for _ in range(args.num_iterations):
                 loss_sum = 0.0
                 for k, mb in enumerate(micro_batches):
                     # one all-reduce per update: all but the last micro-batch run forward and backward under no_sync
                     with nullcontext() if k == len(micro_batches) - 1 else accelerator.no_sync(model):
-                        # the reference pass first, so that its activations never coexist with the policy's
-                        if iteration == 0 and args.beta > 0 and not whole_batch_first:
-                            ref_logprobs = reference_logprobs(input_ids[mb], attention_mask[mb], T)
                         with accelerator.autocast():
-                            logprobs, token_entropy = completion_logprobs(
-                                model,
-                                input_ids[mb],
-                                attention_mask[mb],
-                                T,
-                                args.temperature,
-                                entropy=iteration == 0 and logging_step,
-                            )
-                        mask = completion_mask[mb]
-                        if iteration == 0:
-                            # π_θ_old = the sampling policy = π_θ before this batch's first update
-                            old_logprobs[mb] = logprobs.detach()
-                            if off_policy:  # w = π_θ_old / π_sampler, capped or masked at C
-                                is_weights[mb] = importance_sampling_weights(
-                                    old_logprobs[mb],
-                                    batch["sampler_logprobs"][mb],
-                                    mask,
-                                    mode=args.vllm_importance_sampling_mode,
-                                    clip_max=args.vllm_importance_sampling_clip_max,
-                                )
-                            if logging_step:
-                                entropy[mb] = token_entropy
-                            if not whole_batch_first:
-                                if args.beta > 0:
-                                    kl[mb] = per_token_kl(old_logprobs[mb], ref_logprobs, args.kl_estimator) * mask
-                                shaped_rewards = rewards[mb] - args.beta * kl[mb].sum(1)  # R_i = r_i − β Σ_t kl_t
-                                # mb: all of this process's
-                                batch_rewards = (
-                                    accelerator.gather(shaped_rewards) if args.baseline == "reinforce_pp" else None
-                                )
-                                advantages[mb] = reinforce_advantages(
-                                    shaped_rewards,
-                                    baseline=args.baseline,
-                                    reward_sum=reward_sum,
-                                    reward_count=reward_count,
-                                    batch_rewards=batch_rewards,
-                                )
-                        A = advantages[mb]
+                            logprobs = completion_logprobs(
+                                model, input_ids[mb], attention_mask[mb], T, args.temperature
+                            )[0]
                         loss, ratio = reinforce_loss(
                             logprobs,
                             old_logprobs[mb],
-                            mask,
-                            A,
+                            completion_mask[mb],
+                            advantages[mb],
                             loss_mask[mb],
                             epsilon=args.epsilon,
                             epsilon_high=epsilon_high,
@@ -586,6 +557,7 @@ def main(args: Args):
                         )
                         accelerator.backward(loss)
                     loss_sum += loss.item()
+                    A = advantages[mb]
                     clip_low.append(((ratio < 1 - args.epsilon) & (A < 0)).float().mean().item())
                     clip_high.append(((ratio > 1 + epsilon_high) & (A > 0)).float().mean().item())
                 grad_norms.append(float(accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)))
@@ -603,7 +575,6 @@ def main(args: Args):
                 losses.append(loss_sum)
             if vllm is not None:
                 vllm.sync_weights(accelerator, model)  # the next step samples from the updated policy
-            all_shaped_rewards = accelerator.gather(rewards - args.beta * kl.sum(1))  # the whole batch's R_i, (B,)
             baseline = {
                 "none": 0.0,
                 "moving_average": reward_sum / max(reward_count, 1),

@@ -25,9 +25,9 @@ which is REINFORCE with the leave-one-out baseline (Eq. 6–7). The logged `loss
 advantages of each group sum to zero; `grad_norm` shows that the update is not. Worked example (G = 4): rewards
 10, 8, 4, 2 give baselines 4.67, 5.33, 6.67, 7.33 and advantages +5.33, +2.67, −2.67, −5.33.
 
-One forward pass per completion and iteration: the policy log-probs of the first iteration, detached, are both
-π_θ_old and the sampling log-probs in the KL, so no separate "old log-prob" pass is spent. This needs every prompt's
-G completions in the same micro-batch, so --micro_batch_size is a multiple of num_generations.
+Before any update, one pass without gradient gives log π_θ_old (the policy that sampled: the KL's log π and the
+ratio's denominator) and log π_ref, as TRL does; the advantages of the whole batch are then known before the first
+backward pass, so micro-batches need not hold whole groups and --normalize_advantages divides by the batch's std.
 
 Several processes (`accelerate launch`, DDP / DeepSpeed / FSDP): each process takes an equal share of the step's
 prompts and samples, scores and baselines their groups itself, so a leave-one-out baseline never needs another
@@ -165,11 +165,6 @@ def check_args(args: Args):
     batch_size = args.prompts_per_step * args.num_generations
     require(args.micro_batch_size >= 0, f"--micro_batch_size: must be ≥ 0, got {args.micro_batch_size}")
     micro = args.micro_batch_size or batch_size
-    require(
-        micro % args.num_generations == 0,
-        f"--micro_batch_size: {micro} is not a multiple of --num_generations {args.num_generations} (each prompt's "
-        "group must share a micro-batch)",
-    )
     require(
         batch_size % micro == 0,
         f"--micro_batch_size: {micro} does not divide the batch of {batch_size} completions (prompts_per_step × "
@@ -316,7 +311,7 @@ def main(args: Args):
         f"--micro_batch_size: {micro_batch_size} does not divide the {local_batch_size} completions of each of the "
         f"{accelerator.num_processes} processes",
     )
-    common.check_backend(accelerator, micro_batch_size == local_batch_size, args.normalize_advantages)
+    common.check_backend(accelerator, micro_batch_size == local_batch_size)
     epsilon_high = args.epsilon if args.epsilon_high is None else args.epsilon_high
 
     # ---- plumbing: data (prompts, and every other column for the reward functions) ----
@@ -468,61 +463,60 @@ def main(args: Args):
                 else torch.ones(local_batch_size, device=device)
             )
 
-            # ==== 3-6. per micro-batch (whole groups): log-probs → KL-shaped reward → advantage → loss; update ====
+            # ==== 3. log-probs without gradient: π_θ_old (the policy that sampled) and π_ref ====
+            micro_batches = torch.arange(local_batch_size, device=device).split(micro_batch_size)
+            old_logprobs, ref_logprobs, entropy = (torch.zeros(local_batch_size, T, device=device) for _ in range(3))
+            with torch.no_grad():
+                for mb in micro_batches:
+                    with accelerator.autocast():
+                        old_logprobs[mb], token_entropy = completion_logprobs(
+                            model, input_ids[mb], attention_mask[mb], T, args.temperature, entropy=logging_step
+                        )
+                    if logging_step:
+                        entropy[mb] = token_entropy
+                    ref_logprobs[mb] = (  # β = 0: no reference model, and kl = 0
+                        reference_logprobs(input_ids[mb], attention_mask[mb], T) if args.beta > 0 else old_logprobs[mb]
+                    )
+
+            # ==== 4. KL-shaped reward: R_i = r_i − β Σ_t kl_t ====
+            kl = per_token_kl(old_logprobs, ref_logprobs, args.kl_estimator) * completion_mask  # (B, T)
+            shaped_rewards = rewards - args.beta * kl.sum(1)
+
+            # ==== 5. advantages over the batch: leave-one-out, then (optionally) divided by their std ====
+            advantages = leave_one_out_advantages(shaped_rewards, G)
+            if args.normalize_advantages:  # they sum to 0 in every group, so their mean is already 0
+                advantages = advantages / (common.nanstd(accelerator.gather(advantages)) + 1e-4)
+            advantages = advantages.nan_to_num(0.0)  # unscorable: no signal
+            # vLLM or the bf16 copy sampled, not π_θ: w = π_θ_old / π_sampler, capped or masked at C; else 1
+            off_policy = args.vllm_importance_sampling_correction and "sampler_logprobs" in batch
+            is_weights = torch.ones(local_batch_size, 1, device=device)
+            if off_policy:
+                is_weights = importance_sampling_weights(
+                    old_logprobs,
+                    batch["sampler_logprobs"],
+                    completion_mask,
+                    mode=args.vllm_importance_sampling_mode,
+                    clip_max=args.vllm_importance_sampling_clip_max,
+                )
+
+            # ==== 6. loss and update: num_iterations passes over the batch, micro-batches accumulated ====
             # Each process takes the mean over its own completions; DDP averages the gradients over the processes,
             # which is the mean over the whole batch because every process holds the same number of completions.
-            # vLLM or the bf16 copy sampled, not π_θ: importance-sampling weights; else they stay 1
-            off_policy = args.vllm_importance_sampling_correction and "sampler_logprobs" in batch
-            is_weights = torch.ones(
-                local_batch_size, T if args.vllm_importance_sampling_mode.startswith("token") else 1, device=device
-            )
-            old_logprobs = torch.zeros(local_batch_size, T, device=device)
-            kl = torch.zeros(local_batch_size, T, device=device)
-            advantages = torch.zeros(local_batch_size, device=device)
-            entropy = torch.zeros(local_batch_size, T, device=device)
             clip_low, clip_high, losses, grad_norms = [], [], [], []
-            micro_batches = torch.arange(local_batch_size, device=device).split(micro_batch_size)
-            for iteration in range(args.num_iterations):
+            for _ in range(args.num_iterations):
                 loss_sum = 0.0
                 for k, mb in enumerate(micro_batches):
                     # one all-reduce per update: all but the last micro-batch run forward and backward under no_sync
                     with nullcontext() if k == len(micro_batches) - 1 else accelerator.no_sync(model):
-                        # the reference pass first, so that its activations never coexist with the policy's
-                        if iteration == 0 and args.beta > 0:
-                            ref_logprobs = reference_logprobs(input_ids[mb], attention_mask[mb], T)
                         with accelerator.autocast():
-                            logprobs, token_entropy = completion_logprobs(
-                                model,
-                                input_ids[mb],
-                                attention_mask[mb],
-                                T,
-                                args.temperature,
-                                entropy=iteration == 0 and logging_step,
-                            )
-                        mask = completion_mask[mb]
-                        if iteration == 0:
-                            # π_θ_old = the sampling policy = π_θ before this batch's first update
-                            old_logprobs[mb] = logprobs.detach()
-                            if off_policy:  # w = π_θ_old / π_sampler, capped or masked at C
-                                is_weights[mb] = importance_sampling_weights(
-                                    old_logprobs[mb],
-                                    batch["sampler_logprobs"][mb],
-                                    mask,
-                                    mode=args.vllm_importance_sampling_mode,
-                                    clip_max=args.vllm_importance_sampling_clip_max,
-                                )
-                            if logging_step:
-                                entropy[mb] = token_entropy
-                            if args.beta > 0:
-                                kl[mb] = per_token_kl(old_logprobs[mb], ref_logprobs, args.kl_estimator) * mask
-                            shaped_rewards = rewards[mb] - args.beta * kl[mb].sum(1)  # R_i = r_i − β Σ_t kl_t
-                            advantages[mb] = leave_one_out_advantages(shaped_rewards, G)
-                        A = advantages[mb].nan_to_num(0.0)  # unscorable: no signal
+                            logprobs = completion_logprobs(
+                                model, input_ids[mb], attention_mask[mb], T, args.temperature
+                            )[0]
                         loss, ratio = rloo_loss(
                             logprobs,
                             old_logprobs[mb],
-                            mask,
-                            A,
+                            completion_mask[mb],
+                            advantages[mb],
                             loss_mask[mb],
                             epsilon=args.epsilon,
                             epsilon_high=epsilon_high,
@@ -531,16 +525,9 @@ def main(args: Args):
                         )
                         accelerator.backward(loss)
                     loss_sum += loss.item()
+                    A = advantages[mb]
                     clip_low.append(((ratio < 1 - args.epsilon) & (A < 0)).float().mean().item())
                     clip_high.append(((ratio > 1 + epsilon_high) & (A > 0)).float().mean().item())
-                if iteration == 0 and args.normalize_advantages:
-                    # Leave-one-out advantages sum to zero in every group, so their batch mean is already 0 and
-                    # normalizing is a single scale; the loss is linear in A, so scaling the gradient is exact.
-                    scale = 1 / (common.nanstd(accelerator.gather(advantages)) + 1e-4)
-                    advantages *= scale
-                    loss_sum *= scale.item()
-                    for p in params:
-                        p.grad.mul_(scale)
                 grad_norms.append(float(accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)))
                 # before the update: a NaN reward marks an unscorable completion, anything else not finite stops here
                 common.check_finite(
