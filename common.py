@@ -19,6 +19,7 @@ import difflib
 import errno
 import functools
 import gc
+import hashlib
 import importlib.util
 import json
 import logging
@@ -40,6 +41,7 @@ from accelerate import Accelerator, DistributedType, PartialState
 from accelerate.utils import broadcast_object_list, gather_object, get_int_from_env
 from accelerate.utils import reduce as reduce_over_processes
 from datasets import Dataset, get_dataset_split_names, load_dataset
+from datasets import config as datasets_config
 from tqdm.auto import tqdm
 from transformers import GenerationConfig, HfArgumentParser, SchedulerType
 from transformers.utils import logging as transformers_logging
@@ -601,10 +603,11 @@ def load_split(
     else:
         if dataset_name.startswith((".", "/", "~")) or path.exists():
             require(path.is_dir(), f"{flag}: no such file or folder: {dataset_name}")
+        cache = {"cache_dir": local_cache(path)} if path.is_dir() else {}
         try:  # a hub dataset name or a local folder of data files: the same datasets call serves both
-            if split not in get_dataset_split_names(dataset_name):
+            if split not in get_dataset_split_names(dataset_name, **cache):
                 return None
-            dataset = load_dataset(dataset_name, split=split)
+            dataset = load_dataset(dataset_name, split=split, **cache)
         except Exception as error:
             raise ConfigError(f"{flag}: cannot load {dataset_name!r}: {first_line(error)}") from None
     require(len(dataset) > 0, f"{flag}: the {split!r} split of {dataset_name} has no rows")
@@ -613,6 +616,15 @@ def load_split(
         len(dataset) > 0, f"{flag}: the {split!r} split of {dataset_name} has no usable row (every row was skipped)"
     )
     return dataset
+
+
+def local_cache(folder: Path) -> str:
+    """A datasets cache of a local dataset folder's own, new whenever one of its files changes. datasets keys the cache
+    of a folder with a dataset card naming its files (the hub's layout) on the folder's name alone: another folder of
+    that name, or this one edited, would be read from a stale copy."""
+    files = sorted(f for f in folder.rglob("*") if f.is_file())
+    stamps = repr([(str(f.resolve()), f.stat().st_mtime_ns, f.stat().st_size) for f in files])
+    return str(Path(datasets_config.HF_DATASETS_CACHE) / "local" / hashlib.sha256(stamps.encode()).hexdigest()[:16])
 
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
