@@ -194,12 +194,7 @@ def get_soft_overlong_punishment(max_completion_len: int, soft_punish_cache: int
     def soft_overlong_punishment_reward(completion_ids, **kwargs) -> list[float]:
         free = max_completion_len - soft_punish_cache
         return [
-            0.0
-            if len(ids) <= free
-            else -1.0
-            if len(ids) > max_completion_len
-            else (free - len(ids)) / soft_punish_cache
-            for ids in completion_ids
+            0.0 if n <= free else max((free - n) / max(soft_punish_cache, 1), -1.0) for n in map(len, completion_ids)
         ]
 
     return soft_overlong_punishment_reward
