@@ -19,6 +19,7 @@ import difflib
 import errno
 import functools
 import gc
+import hashlib
 import importlib.util
 import json
 import logging
@@ -40,6 +41,7 @@ from accelerate import Accelerator, DistributedType, PartialState
 from accelerate.utils import broadcast_object_list, gather_object, get_int_from_env
 from accelerate.utils import reduce as reduce_over_processes
 from datasets import Dataset, get_dataset_split_names, load_dataset
+from datasets import config as datasets_config
 from tqdm.auto import tqdm
 from transformers import GenerationConfig, HfArgumentParser, SchedulerType
 from transformers.utils import logging as transformers_logging
@@ -48,7 +50,9 @@ from transformers.utils import logging as transformers_logging
 from rewards import (  # noqa: F401
     ConfigError,
     TrainingError,
+    accuracy_reward,
     as_completion,
+    compute_rewards,
     first_line,
     is_conversational,
     load_pretrained,
@@ -592,10 +596,11 @@ def load_split(
     else:
         if dataset_name.startswith((".", "/", "~")) or path.exists():
             require(path.is_dir(), f"{flag}: no such file or folder: {dataset_name}")
+        cache = {"cache_dir": local_cache(path)} if path.is_dir() else {}
         try:  # a hub dataset name or a local folder of data files: the same datasets call serves both
-            if split not in get_dataset_split_names(dataset_name):
+            if split not in get_dataset_split_names(dataset_name, **cache):
                 return None
-            dataset = load_dataset(dataset_name, split=split)
+            dataset = load_dataset(dataset_name, split=split, **cache)
         except Exception as error:
             raise ConfigError(f"{flag}: cannot load {dataset_name!r}: {first_line(error)}") from None
     require(len(dataset) > 0, f"{flag}: the {split!r} split of {dataset_name} has no rows")
@@ -604,6 +609,15 @@ def load_split(
         len(dataset) > 0, f"{flag}: the {split!r} split of {dataset_name} has no usable row (every row was skipped)"
     )
     return dataset
+
+
+def local_cache(folder: Path) -> str:
+    """A datasets cache of a local dataset folder's own, new whenever one of its files changes. datasets keys the cache
+    of a folder with a dataset card naming its files (the hub's layout) on the folder's name alone: another folder of
+    that name, or this one edited, would be read from a stale copy."""
+    files = sorted(f for f in folder.rglob("*") if f.is_file())
+    stamps = repr([(str(f.resolve()), f.stat().st_mtime_ns, f.stat().st_size) for f in files])
+    return str(Path(datasets_config.HF_DATASETS_CACHE) / "local" / hashlib.sha256(stamps.encode()).hexdigest()[:16])
 
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
@@ -1077,19 +1091,31 @@ def masked_mean(values: torch.Tensor, mask: torch.Tensor, dim=None) -> torch.Ten
 
 
 # ----------------------------------------------------------------------------------------------------------------------
-# Evaluation: held-out accuracy, sampled at the training temperature and greedy
+# Evaluation: the run's rewards on the held-out split, sampled at the training temperature and greedy
 # ----------------------------------------------------------------------------------------------------------------------
 @torch.no_grad()
-def evaluate(model, tokenizer, eval_dataset: Dataset, args, reward_fns: dict, seed: int, end_ids=None) -> dict:
-    """Mean of each reward function on held-out prompts: `eval/<name>` sampled (`num_generations_eval` samples per
-    prompt at the training temperature) and `eval/<name>_greedy`; a completion ends at the training's end tokens
-    (`end_ids`, default the checkpoint's: `sampling_config`). Runs under its own RNG, so evaluating never changes what
-    training samples. With several processes, each scores an equal share of the prompts (padded by repeating the last
-    one, which is dropped again) and every process returns the same means."""
+def evaluate(
+    model, tokenizer, eval_dataset: Dataset, args, reward_funcs: dict, seed: int, weights=None, end_ids=None
+) -> dict:
+    """The run's reward functions on held-out prompts, each sampled (`num_generations_eval` samples per prompt at the
+    training temperature) and `_greedy`: `eval/reward`, their weighted sum (`weights`, default 1.0 each: what training
+    maximizes), and `eval/<name>`, each function's mean where it applies (a trailing `_reward` dropped from its name:
+    accuracy_reward is eval/accuracy). A test split with a `solution` or `ground_truth` column gets eval/accuracy even
+    when the run does not train on it (weight 0: not in eval/reward), so that runs on other rewards compare.
+
+    A completion ends at the training's end tokens (`end_ids`, default the checkpoint's: `sampling_config`). Runs under
+    its own RNG, so evaluating never changes what training samples. With several processes, each scores an equal share
+    of the prompts (padded by repeating the last one, which is dropped again) and every process returns the same
+    means. A reward function that fails is a TrainingError, as in training."""
     processes = PartialState()  # the process layout `accelerate launch` set up (one process without it)
+    weights = torch.ones(len(reward_funcs)) if weights is None else weights
+    answers = {"solution", "ground_truth"} & set(eval_dataset.column_names)
+    extra = {"accuracy_reward": accuracy_reward} if answers and accuracy_reward not in reward_funcs.values() else {}
+    names = [name.removesuffix("_reward") for name in [*reward_funcs, *extra]]
+    names = [f"rewards/{name}" if name == "reward" else name for name in names]  # not the weighted sum's name
     was_training = model.training
     model.eval()
-    columns = eval_dataset.column_names
+    columns = [c for c in eval_dataset.column_names if c != "prompt"]
     metrics = {}
     with torch.random.fork_rng(devices=[torch.cuda.current_device()] if torch.cuda.is_available() else []):
         torch.manual_seed(seed + 1000 * processes.process_index)
@@ -1099,7 +1125,7 @@ def evaluate(model, tokenizer, eval_dataset: Dataset, args, reward_fns: dict, se
         ):
             config.eos_token_id = end_ids or config.eos_token_id
             rows = [row for row in eval_dataset for _ in range(repeats)]
-            scores = {name: {} for name in reward_fns}  # row index -> score; a padded duplicate overwrites its original
+            scores = {}  # row index -> [reward, each function's]; a padded duplicate overwrites its original
             everyone = list(range(len(rows)))
             everyone += everyone[-1:] * (processes.num_processes - len(everyone))  # fewer rows than processes: repeat
             with processes.split_between_processes(everyone, apply_padding=True) as indices:
@@ -1108,17 +1134,39 @@ def evaluate(model, tokenizer, eval_dataset: Dataset, args, reward_fns: dict, se
                     batch = [rows[i] for i in batch_indices]
                     prompts = [row["prompt"] for row in batch]
                     out = generate(model, tokenizer, [prompt_text(tokenizer, p) for p in prompts], config)
-                    texts = decode_completions(tokenizer, out["completion_ids"])
-                    completions = [as_completion(p, t) for p, t in zip(prompts, texts)]
-                    kwargs = {c: [row[c] for row in batch] for c in columns if c != "prompt"}
-                    for name, fn in reward_fns.items():
-                        scores[name].update(zip(batch_indices, fn(prompts=prompts, completions=completions, **kwargs)))
-            for name, local in scores.items():
-                merged = {i: v for part in gather_object([local]) for i, v in part.items()}
-                applies = [value for value in merged.values() if value is not None]  # None: not applicable
-                metrics[f"eval/{name}{suffix}"] = sum(applies) / len(applies) if applies else math.nan
+                    ids = [until_end(sampled, config.eos_token_id) for sampled in out["completion_ids"].tolist()]
+                    texts = tokenizer.batch_decode(ids, skip_special_tokens=True)
+                    batch_columns = {c: [row[c] for row in batch] for c in columns}
+                    try:
+                        rewards, per_func = compute_rewards(reward_funcs, weights, prompts, texts, ids, batch_columns)
+                        _, per_extra = compute_rewards(
+                            extra, torch.ones(len(extra)), prompts, texts, ids, batch_columns
+                        )
+                    except TrainingError as error:
+                        raise TrainingError(f"held-out evaluation: {error}") from None
+                    scores.update(zip(batch_indices, torch.cat([rewards[:, None], per_func, per_extra], 1).tolist()))
+            merged = {i: v for part in gather_object([scores]) for i, v in part.items()}
+            means = torch.tensor(list(merged.values())).nanmean(0)  # NaN (None) where a function does not apply
+            for name, mean in zip(["reward", *names], means.tolist()):
+                metrics[f"eval/{name}{suffix}"] = mean
     model.train(was_training)
     return metrics
+
+
+def until_end(ids: list[int], end_ids: list[int]) -> list[int]:
+    """A sampled completion's ids up to and including its first end token, as training cuts them."""
+    ends = [k for k, token in enumerate(ids) if token in end_ids]
+    return ids[: ends[0] + 1] if ends else ids
+
+
+def eval_summary(first: dict, last: dict, temperature: float) -> str:
+    """The final line of a run: held-out accuracy where the evaluation reports one, else the held-out reward."""
+    what = "accuracy" if "eval/accuracy" in last else "reward"
+    key = f"eval/{what}"
+    return (
+        f"held-out {what} (sampled, T={temperature}): {first[key]:.3f} → {last[key]:.3f}; "
+        f"greedy: {first[key + '_greedy']:.3f} → {last[key + '_greedy']:.3f}"
+    )
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -1301,9 +1349,12 @@ def check_resumed_args(checkpoint: Path, args):
 
 
 def same_setting(saved, now) -> bool:
-    """Equal values, or two paths to the same existing file or folder (a relative and an absolute one)."""
+    """Equal values, two paths to the same existing file or folder (a relative and an absolute one), or a list flag
+    given in either form (`--reward_funcs accuracy format` is `--reward_funcs accuracy,format`)."""
     if saved == now:
         return True
+    if isinstance(saved, list) or isinstance(now, list):
+        return split_list(saved) == split_list(now)
     if isinstance(saved, str) and isinstance(now, str) and Path(saved).exists() and Path(now).exists():
         return Path(saved).resolve() == Path(now).resolve()
     return False

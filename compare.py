@@ -419,7 +419,7 @@ def heldout_measurements(policy_paths: list[str], config, reward_model_path: str
         if proxy is not None:
             record["proxy"] = statistics.mean(proxy(prompts=prompts, completions=completions))
         if truths is not None:
-            record["gold"] = statistics.mean(accuracy_reward(completions, truths))
+            record["gold"] = statistics.mean(accuracy_reward(completions, ground_truth=truths))
         measured.append(record)
     return measured
 
@@ -1059,10 +1059,8 @@ def main(args: Args):
                 "completions": args.completions_per_step * args.max_steps,
                 "optimizer_steps": args.max_steps * updates_per_batch(config),
                 "model_name_or_path": display_path(config.model_name_or_path),
-                **{
-                    k: getattr(config, k)
-                    for k in ("dataset_name", "reward_funcs", "max_completion_length", "temperature")
-                },
+                **{k: getattr(config, k) for k in ("dataset_name", "max_completion_length", "temperature")},
+                "reward_funcs": ",".join(common.split_list(config.reward_funcs)),
             }
         )
     summaries = {name: summarize(name, [r for r in runs if r["algorithm"] == name]) for name in names}

@@ -77,7 +77,7 @@ from transformers import get_scheduler
 
 import common
 from common import arg, require
-from rewards import accuracy_reward, check_columns, compute_rewards, format_reward, load_reward_funcs, reward_weights
+from rewards import check_columns, compute_rewards, load_reward_funcs, reward_weights
 
 
 @dataclass
@@ -90,11 +90,13 @@ class Args:
         "arithmetic", "'arithmetic' (built in), a hub dataset, or a local data file/folder with a 'prompt' column"
     )
     dataset_train_split: str = arg("train", "split to train on")
-    dataset_test_split: str = arg(
-        "test", "held-out split for eval/accuracy (needs a ground_truth column); skipped when absent"
+    dataset_test_split: str = arg("test", "held-out split, scored by the run's reward functions; skipped when absent")
+    reward_funcs: list[str] = arg(
+        ["accuracy"],
+        "reward functions, a list or comma-separated: accuracy (= accuracy_reward), format, think_format_reward, "
+        "reasoning_accuracy_reward, get_soft_overlong_punishment, module:function, pkg.module.function, or none",
     )
-    reward_funcs: str = arg("accuracy", "comma-separated reward functions: accuracy, format, module:function, or none")
-    reward_weights: str = arg("", "comma-separated weights, one per reward (empty: all 1.0)")
+    reward_weights: list[str] = arg([], "one weight per reward function, a list or comma-separated (default 1.0 each)")
     reward_model_path: str | None = arg(
         None, "a sequence-classification reward model (num_labels=1), added to the rewards"
     )
@@ -171,7 +173,7 @@ class Args:
     num_completions_to_print: int = arg(2, "how many completions --log_completions prints")
     eval_strategy: str = arg("steps", "'steps': evaluate every eval_steps and at the start and the end; 'no': never")
     eval_steps: int = arg(50, "evaluate on the held-out split every this many steps (also at the start and the end)")
-    num_generations_eval: int = arg(4, "completions sampled per held-out prompt for eval/accuracy")
+    num_generations_eval: int = arg(4, "completions sampled per held-out prompt for the evaluation")
     per_device_eval_batch_size: int = arg(512, "completions per generate call during evaluation")
     output_dir: str = arg(
         "outputs/ppo", "where metrics.jsonl, checkpoints and the final model (value model in value_model/) go"
@@ -462,11 +464,8 @@ def main(args: Args):
         f"--prompts_per_step: {args.prompts_per_step} exceeds the {len(train_dataset)} training prompts",
     )
     eval_dataset = common.load_split(args.dataset_name, args.dataset_test_split, builtin)
-    if eval_dataset is None or "ground_truth" not in eval_dataset.column_names:
-        accelerator.print(
-            f"no held-out split {args.dataset_test_split!r} with a ground_truth column: evaluation is skipped"
-        )
-        eval_dataset = None
+    if eval_dataset is None:
+        accelerator.print(f"no held-out split {args.dataset_test_split!r}: evaluation is skipped")
 
     # ---- plumbing: models: policy, reference (only when kl_coef > 0), reward functions, value model ----
     checkpoint = common.resolve_checkpoint(args.resume_from_checkpoint, args.output_dir, args)
@@ -495,9 +494,13 @@ def main(args: Args):
         ref_model = common.load_causal_lm(args.model_name_or_path, dtype=frozen_dtype)
         ref_model = common.prepare_frozen(accelerator, ref_model)  # under DeepSpeed ZeRO-3, an inference engine
     frozen = lambda model: common.prepare_frozen(accelerator, model)  # a reward model too
-    reward_funcs = load_reward_funcs(args.reward_funcs, args.reward_model_path, device, prepare=frozen)
+    reward_funcs = load_reward_funcs(
+        args.reward_funcs, args.reward_model_path, device, frozen, args.max_completion_length
+    )
     weights = reward_weights(args.reward_weights, reward_funcs)
     check_columns(reward_funcs, train_dataset)  # every column a reward function needs, before anything runs
+    if eval_dataset is not None and args.eval_strategy != "no":  # the evaluation scores with them too
+        check_columns(reward_funcs, eval_dataset, "--dataset_test_split")
     value_flag = (
         "--value_model_path"
         if args.value_model_path
@@ -556,7 +559,6 @@ def main(args: Args):
     logger = common.MetricsLogger(
         args.output_dir, args.report_to, asdict(args), resume_step=start_step, enabled=accelerator.is_main_process
     )
-    eval_rewards = {"accuracy": accuracy_reward, "format": format_reward}
 
     def reference_logprobs(input_ids, attention_mask, T):
         policy = accelerator.unwrap_model(model)
@@ -572,8 +574,9 @@ def main(args: Args):
                 tokenizer,
                 eval_dataset,
                 args,
-                eval_rewards,
+                reward_funcs,
                 seed=args.seed + step,
+                weights=weights,
                 end_ids=generation_config.eos_token_id,
             )
         logger.log(step, metrics)
@@ -851,11 +854,7 @@ def main(args: Args):
     last_eval = run_eval(step)
     logger.close()
     if first_eval and last_eval:
-        accelerator.print(
-            f"held-out accuracy (sampled, T={args.temperature}): {first_eval['eval/accuracy']:.3f} → "
-            f"{last_eval['eval/accuracy']:.3f}; "
-            f"greedy: {first_eval['eval/accuracy_greedy']:.3f} → {last_eval['eval/accuracy_greedy']:.3f}"
-        )
+        accelerator.print(common.eval_summary(first_eval, last_eval, args.temperature))
     accelerator.print(f"saved the model to {args.output_dir}")
 
 

@@ -7,11 +7,12 @@ A reward function follows TRL's contract:
 
 one value per completion (a list, a numpy array or a 1-D tensor of Python, numpy or torch numbers or bools, as TRL
 takes); `completions` are strings for standard prompts and `[{"role": "assistant", "content": ...}]` for
-conversational ones; every other dataset column (e.g. `ground_truth`) arrives as a keyword argument. `None` means
+conversational ones; every other dataset column (e.g. `solution`) arrives as a keyword argument. `None` means
 "not applicable to this sample" and is skipped in the weighted sum (TRL's semantics). `async def` functions (any that
-return an awaitable) are awaited concurrently. Select functions with `--reward_funcs accuracy,format` (built-ins) or
-`module:function`, weight them with `--reward_weights 1.0,0.2`, and add a trained reward model with
-`--reward_model_path`.
+return an awaitable) are awaited concurrently. Select functions with `--reward_funcs accuracy_reward format` (TRL's
+list) or `--reward_funcs accuracy,format`: built-in names, `module:function`, `path/to/file.py:function` or TRL's
+dotted `my_pkg.my_module.my_reward`. Weight them with `--reward_weights 1.0 0.2` (or `1.0,0.2`), and add a trained
+reward model with `--reward_model_path`.
 """
 
 import asyncio
@@ -20,7 +21,10 @@ import importlib.util
 import inspect
 import json
 import math
+import os
 import re
+import sys
+import threading
 from pathlib import Path
 
 import torch
@@ -47,9 +51,11 @@ def first_line(error: Exception) -> str:
     return lines[0] if lines else type(error).__name__
 
 
-def split_list(text: str | None, cast=str) -> list:
-    """'accuracy, format' -> ['accuracy', 'format']; empty or None -> []."""
-    return [cast(item.strip()) for item in (text or "").split(",") if item.strip()]
+def split_list(text: str | list[str] | None, cast=str) -> list:
+    """'accuracy, format' -> ['accuracy', 'format']; a list (TRL's `--flag a b` form, or a YAML list) has each of its
+    items split so; empty or None -> []."""
+    items = [text or ""] if isinstance(text, str) or text is None else text
+    return [cast(item.strip()) for text in items for item in str(text).split(",") if item.strip()]
 
 
 def is_conversational(prompt) -> bool:
@@ -107,13 +113,64 @@ def same_answer(answer: str | None, truth) -> bool:
         return False
 
 
-def accuracy_reward(completions, ground_truth, **kwargs) -> list[float | None]:
-    """1.0 when the extracted answer equals the ground truth, else 0.0; None (not applicable) where the row has no
-    ground truth."""
+def accuracy_reward(completions, solution=None, ground_truth=None, **kwargs) -> list[float | None]:
+    r"""1.0 where a completion's answer is right, else 0.0; None (not applicable) where the row has no answer.
+
+    With a `solution` column, TRL's accuracy_reward: math-verify parses the gold solution (LaTeX, e.g. "$\frac{1}{2}$";
+    None where it does not parse, so the row is skipped) and the completion's first \boxed{} or other LaTeX answer,
+    and checks that the two are equal as math (\boxed{0.5} is right for \frac{1}{2}). One addition to TRL's: a
+    completion without \boxed{} whose answer is in <answer>...</answer> has that answer verified, so that the
+    arithmetic task's answer format (and the embedded model) scores on math datasets too. Without `solution`, the
+    arithmetic task's own check: the <answer>N</answer> text equals `ground_truth` (84 matches "84" and 84.0)."""
+    if solution is not None:
+        return [None if gold is None else verified(completion_text(c), gold) for c, gold in zip(completions, solution)]
     return [
         None if answer is None else float(same_answer(extract_answer(completion_text(c)), answer))
         for c, answer in zip(completions, ground_truth)
     ]
+
+
+accuracy_reward.one_of_columns = ("solution", "ground_truth")  # the dataset needs one of them (`check_columns`)
+
+
+def verified(text: str, gold: str) -> float | None:
+    r"""math-verify with TRL's settings: `text`'s first \boxed{} (or LaTeX) answer equals `gold` as math; None when
+    `gold` does not parse."""
+    from latex2sympy2_extended import NormalizationConfig
+    from math_verify import LatexExtractionConfig, parse, verify
+
+    # math-verify times out with signal.alarm, which only the main thread may use (TRL turns the timeouts off so too)
+    main_thread = threading.current_thread() is threading.main_thread()
+    parsing_timeout, verify_timeout = (10, 5) if main_thread else (None, None)
+    gold_parsed = parse(gold, parsing_timeout=parsing_timeout)
+    if not gold_parsed:
+        return None
+    answer = extract_answer(text)
+    if "\\boxed" not in text and answer is not None:
+        text = f"\\boxed{{{answer}}}"
+    latex = LatexExtractionConfig(
+        normalization_config=NormalizationConfig(units=True), boxed_match_priority=0, try_extract_without_anchor=False
+    )
+    answer_parsed = parse(
+        text, extraction_config=[latex], extraction_mode="first_match", parsing_timeout=parsing_timeout
+    )
+    return float(verify(gold_parsed, answer_parsed, timeout_seconds=verify_timeout))
+
+
+def reasoning_accuracy_reward(completions, reasoning_delimiters=None, **kwargs) -> list[float | None]:
+    """TRL's reasoning_accuracy_reward: `accuracy_reward` of the text after the reasoning (after the last
+    `</think>`, or another of `reasoning_delimiters`); 0.0 for a completion whose reasoning never ends."""
+    delimiters = reasoning_delimiters or ["</think>"]
+    answers = []
+    for completion in completions:
+        text = completion_text(completion)
+        delimiter = next((d for d in delimiters if d in text), None)
+        answers.append(None if delimiter is None else text.split(delimiter)[-1])
+    scores = accuracy_reward([answer or "" for answer in answers], **kwargs)
+    return [0.0 if answer is None else score for answer, score in zip(answers, scores)]
+
+
+reasoning_accuracy_reward.one_of_columns = accuracy_reward.one_of_columns
 
 
 def format_reward(completions, **kwargs) -> list[float]:
@@ -121,19 +178,57 @@ def format_reward(completions, **kwargs) -> list[float]:
     return [1.0 if FORMAT.fullmatch(completion_text(c).strip()) else 0.0 for c in completions]
 
 
-BUILTIN_REWARDS = {"accuracy": accuracy_reward, "format": format_reward}
+THINK_FORMAT = re.compile(r"<think>(?!.*<think>).*?</think>.*", flags=re.DOTALL)
+
+
+def think_format_reward(completions, **kwargs) -> list[float]:
+    """TRL's think_format_reward: 1.0 when the completion starts with <think>, closes it with </think> and opens no
+    second <think>, else 0.0."""
+    return [1.0 if THINK_FORMAT.match(completion_text(c)) else 0.0 for c in completions]
+
+
+def get_soft_overlong_punishment(max_completion_len: int, soft_punish_cache: int):
+    """TRL's soft overlong punishment (DAPO, Eq. 13): 0 up to max_completion_len − soft_punish_cache tokens, then down
+    linearly to −1 at max_completion_len, and −1 beyond."""
+
+    def soft_overlong_punishment_reward(completion_ids, **kwargs) -> list[float]:
+        free = max_completion_len - soft_punish_cache
+        return [
+            0.0 if n <= free else max((free - n) / max(soft_punish_cache, 1), -1.0) for n in map(len, completion_ids)
+        ]
+
+    return soft_overlong_punishment_reward
+
+
+BUILTIN_REWARDS = {  # ours, and TRL's names (its GRPO script's registry)
+    "accuracy": accuracy_reward,
+    "accuracy_reward": accuracy_reward,
+    "format": format_reward,
+    "think_format_reward": think_format_reward,
+    "reasoning_accuracy_reward": reasoning_accuracy_reward,
+}
 
 
 def import_function(spec: str):
-    """'package.module:function' or 'path/to/file.py:function'."""
-    module_name, _, function_name = spec.rpartition(":")
+    """'package.module:function', 'path/to/file.py:function', or TRL's dotted 'package.module.function'. Modules are
+    looked up in the current folder too, as TRL's scripts do."""
+    if ":" in spec:
+        module_name, _, function_name = spec.rpartition(":")
+    else:
+        module_name, _, function_name = spec.rpartition(".")
+        if function_name == "py":
+            raise ConfigError(f"--reward_funcs: {spec!r} names a file, not a function: {spec}:function")
     try:
         if module_name.endswith(".py"):
             module_spec = importlib.util.spec_from_file_location(Path(module_name).stem, module_name)
             module = importlib.util.module_from_spec(module_spec)
             module_spec.loader.exec_module(module)
         else:
-            module = importlib.import_module(module_name)
+            sys.path.insert(0, os.getcwd())
+            try:
+                module = importlib.import_module(module_name)
+            finally:
+                sys.path.remove(os.getcwd())
     except SyntaxError as error:
         raise ConfigError(
             f"--reward_funcs: cannot import {spec!r}: {error.filename}:{error.lineno}: {error.msg}"
@@ -276,21 +371,31 @@ def reward_model_function(path: str, device, batch_size: int = 32, prepare=None)
     return score
 
 
-def load_reward_funcs(reward_funcs: str, reward_model_path: str | None = None, device="cpu", prepare=None) -> dict:
-    """{name: function} from --reward_funcs (built-in names or module:function; 'none' for no function) plus the
-    reward model of --reward_model_path, if any (`prepare`: see reward_model_function)."""
+def load_reward_funcs(
+    reward_funcs: str | list[str],
+    reward_model_path: str | None = None,
+    device="cpu",
+    prepare=None,
+    max_completion_length: int | None = None,
+) -> dict:
+    """{name: function} from --reward_funcs (built-in names, module:function, path/to/file.py:function or a dotted
+    path; 'none' for no function) plus the reward model of --reward_model_path, if any (`prepare`: see
+    reward_model_function). TRL's get_soft_overlong_punishment is built for the run's `max_completion_length`, its
+    last fifth penalized (TRL fixes 1280 tokens and the last 256)."""
     functions = {}
     for spec in split_list(reward_funcs):
         if spec == "none":
             continue
         if spec in BUILTIN_REWARDS:
             function = BUILTIN_REWARDS[spec]
-        elif ":" in spec:
+        elif spec == "get_soft_overlong_punishment" and max_completion_length:
+            function = get_soft_overlong_punishment(max_completion_length, max_completion_length // 5)
+        elif ":" in spec or "." in spec:
             function = import_function(spec)
         else:
             raise ConfigError(
-                f"--reward_funcs: unknown reward function {spec!r} (built-in: {', '.join(BUILTIN_REWARDS)}; or "
-                "module:function)"
+                f"--reward_funcs: unknown reward function {spec!r} (built-in: {', '.join(BUILTIN_REWARDS)}, "
+                "get_soft_overlong_punishment; or module:function, path/to/file.py:function, package.module.function)"
             )
         name = getattr(function, "__name__", spec.rpartition(":")[2])  # a functools.partial has no name
         if name in functions:
@@ -304,12 +409,13 @@ def load_reward_funcs(reward_funcs: str, reward_model_path: str | None = None, d
     return functions
 
 
-def reward_weights(weights: str, reward_funcs: dict) -> torch.Tensor:
+def reward_weights(weights: str | list[str], reward_funcs: dict) -> torch.Tensor:
     """--reward_weights as a tensor; empty means 1.0 for every function."""
     try:
         values = split_list(weights, float) or [1.0] * len(reward_funcs)
     except ValueError:
-        raise ConfigError(f"--reward_weights: expected comma-separated numbers, got {weights!r}") from None
+        given = weights if isinstance(weights, str) else " ".join(weights)
+        raise ConfigError(f"--reward_weights: expected comma-separated numbers, got {given!r}") from None
     if len(values) != len(reward_funcs):
         raise ConfigError(
             f"--reward_weights: {len(values)} weights for {len(reward_funcs)} reward functions "
@@ -325,8 +431,7 @@ TRL_ARGUMENTS = ("prompts", "completions", "completion_ids")
 
 def required_columns(function) -> list[str]:
     """The dataset columns a reward function needs: the parameters it declares without a default, other than TRL's
-    prompts, completions and completion_ids: `accuracy_reward(completions, ground_truth, **kwargs)` needs
-    ground_truth."""
+    prompts, completions and completion_ids: TRL's `accuracy_reward(completions, solution, **kwargs)` needs solution."""
     parameters = inspect.signature(function).parameters.values()
     return [
         p.name
@@ -336,12 +441,19 @@ def required_columns(function) -> list[str]:
 
 
 def check_columns(reward_funcs: dict, dataset, flag: str = "--dataset_name"):
-    """Every column each reward function needs is in the dataset, and it accepts every keyword it will be called with
-    (TRL's arguments and every dataset column, which `**kwargs` takes): checked before training, not at its first
-    step."""
+    """Every column each reward function needs is in the dataset (one of its `one_of_columns` too, where it has that
+    attribute, as accuracy_reward does), and it accepts every keyword it will be called with (TRL's arguments and
+    every dataset column, which `**kwargs` takes): checked before training, not at its first step."""
     keywords = [*TRL_ARGUMENTS, *(c for c in dataset.column_names if c != "prompt")]
     for name, function in reward_funcs.items():
-        for column in required_columns(function):
+        one_of = getattr(function, "one_of_columns", ())
+        if one_of and not set(one_of) & set(dataset.column_names):
+            raise ConfigError(
+                f"{flag}: the dataset has no {' or '.join(map(repr, one_of))} column, one of which reward function "
+                f"{name} needs (columns: {dataset.column_names})"
+            )
+        used = [c for c in one_of if c in dataset.column_names][:1]  # the first one present is the one read
+        for column in [*required_columns(function), *used]:
             if column not in dataset.column_names:
                 raise ConfigError(
                     f"{flag}: the dataset has no {column!r} column, which reward function {name} needs "

@@ -50,7 +50,9 @@ class Args:
         "'arithmetic' (built in), a hub dataset, or a local data file/folder with prompt and completion columns",
     )
     dataset_train_split: str = arg("train", "split to train on")
-    dataset_test_split: str = arg("test", "split to evaluate on (needs a ground_truth column); skipped when absent")
+    dataset_test_split: str = arg(
+        "test", "split to evaluate on (needs a solution or ground_truth column); skipped when absent"
+    )
     label_noise: float = arg(
         0.5, "arithmetic: probability that the demonstrator guesses (off by ±1 or ±2) instead of working it out"
     )
@@ -247,12 +249,11 @@ def main(args: Args):
             f"--dataset_name: the dataset has no {column!r} column (columns: {train_dataset.column_names})",
         )
     eval_dataset = common.load_split(args.dataset_name, args.dataset_test_split, builtin, columns=TEXT_COLUMNS)
-    if eval_dataset is not None and "ground_truth" not in eval_dataset.column_names:
+    kept = ("prompt", "solution", "ground_truth")  # what its evaluation reads: prompts, and answers to check
+    if eval_dataset is not None and not set(kept[1:]) & set(eval_dataset.column_names):
         eval_dataset = None
     if eval_dataset is not None:
-        eval_dataset = eval_dataset.remove_columns(
-            [c for c in eval_dataset.column_names if c not in ("prompt", "ground_truth")]
-        )
+        eval_dataset = eval_dataset.remove_columns([c for c in eval_dataset.column_names if c not in kept])
 
     # ---- model ----
     checkpoint = common.resolve_checkpoint(args.resume_from_checkpoint, args.output_dir, args)

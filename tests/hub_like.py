@@ -9,11 +9,14 @@ agree, fails the tests that run on it.
 
 Two copies of the embedded model stand for two more things most hub checkpoints do: store their weights in bfloat16
 (`make_bf16_checkpoint`), and end a turn with a token that is not the tokenizer's EOS (`make_turn_end_checkpoint`).
+
+A dataset folder shaped like trl-lib/DeepMath-103K, the math dataset of TRL's quick start: `make_deepmath_like_dataset`.
 """
 
 from pathlib import Path
 
 import torch
+from datasets import Dataset
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
@@ -108,3 +111,41 @@ def make_turn_end_checkpoint(folder: Path) -> Path:
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder
+
+
+DEEPMATH_CARD = """---
+configs:
+- config_name: default
+  data_files:
+  - split: train
+    path: data/train-*
+  - split: test
+    path: data/test-*
+---
+"""
+
+
+def make_deepmath_like_dataset(folder: Path, train_rows: int = 64, test_rows: int = 16) -> Path:
+    """trl-lib/DeepMath-103K's layout: a dataset card naming the splits, parquet files data/train-*.parquet and
+    data/test-*.parquet, a conversational `prompt` (one user turn) and a LaTeX `solution`, no other column. Its
+    questions are the arithmetic task's, which the embedded model answers as <answer>N</answer>, so that some of its
+    completions are right."""
+    (folder / "data").mkdir(parents=True)
+    (folder / "README.md").write_text(DEEPMATH_CARD)
+    for split, n in (("train", train_rows), ("test", test_rows)):
+        rows = [
+            {
+                "prompt": [{"role": "user", "content": common.arithmetic_question(a, op, b)}],
+                "solution": latex_solution(a, op, b, answer),
+            }
+            for a, op, b, answer in common.arithmetic_split(split)[:n]
+        ]
+        Dataset.from_list(rows).to_parquet(folder / "data" / f"{split}-00000-of-00001.parquet")
+    return folder
+
+
+def latex_solution(a: int, op: str, b: int, answer: int) -> str:
+    """'$7$', a bare '-2', or a quotient as the fraction '\\frac{56}{8}' (whose value math-verify compares)."""
+    if op == "÷":
+        return f"\\frac{{{a}}}{{{b}}}"
+    return f"${answer}$" if answer >= 0 else str(answer)

@@ -166,7 +166,11 @@ def test_evaluate_is_reproducible_and_leaves_training_rng_alone(tiny_model, tiny
     first = common.evaluate(tiny_model, tiny_tokenizer, dataset, Args, {"accuracy": accuracy_reward}, seed=5)
     assert torch.equal(torch.get_rng_state(), state)
     assert common.evaluate(tiny_model, tiny_tokenizer, dataset, Args, {"accuracy": accuracy_reward}, seed=5) == first
-    assert set(first) == {"eval/accuracy", "eval/accuracy_greedy"}
+    assert set(first) == {"eval/reward", "eval/reward_greedy", "eval/accuracy", "eval/accuracy_greedy"}
+    assert (first["eval/reward"], first["eval/reward_greedy"]) == (
+        first["eval/accuracy"],
+        first["eval/accuracy_greedy"],
+    )
 
 
 def test_metrics_logger_truncates_records_past_the_resumed_step(tmp_path):

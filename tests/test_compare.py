@@ -49,7 +49,7 @@ def test_reward_model_experiment_optimizes_the_reward_model_alone_with_the_same_
     for name, (label, script, _, _) in compare.ALGORITHMS.items():
         flags = compare.run_flags(args, name, seed=0)
         config = compare.script_config(script, flags)
-        assert (config.reward_funcs, config.reward_model_path) == ("none", args.reward_model_path), label
+        assert (config.reward_funcs, config.reward_model_path) == (["none"], args.reward_model_path), label
         assert compare.kl_coefficient(config) == 0.05, label  # GRPO too: its own default β = 0 has no KL to trade
         assert config.save_steps == config.eval_steps, (
             label
@@ -62,7 +62,7 @@ def test_reward_model_experiment_optimizes_the_reward_model_alone_with_the_same_
     assert (grpo.beta, grpo.save_steps, grpo.reward_funcs, grpo.output_dir) == (
         0.0,
         0,
-        "accuracy",
+        ["accuracy"],
         str(tmp_path / "runs" / "grpo" / "seed0"),
     )
 

@@ -254,7 +254,7 @@ def test_a_reward_function_that_raises_stops_the_run_after_a_checkpoint(tmp_path
     with pytest.raises(
         TrainingError, match=r"reward function flaky: raised KeyError: 'answer' \(at step 2\); saved .*checkpoint-1"
     ):
-        SCRIPTS[script].main(SCRIPTS[script].Args(output_dir=str(out), reward_funcs=f"{module}:flaky", **TINY[script]))
+        run_tiny(script, out, reward_funcs=f"{module}:flaky", eval_strategy="no")  # calls counted from the first step
     assert common.checkpoint_problem(out / "checkpoint-1") is None
 
 
@@ -281,7 +281,7 @@ def test_the_error_line_starts_on_a_line_of_its_own(tmp_path, script):
         [
             sys.executable,
             str(ROOT / script),
-            *tiny_flags(script, max_steps=5, logging_steps=10),
+            *tiny_flags(script, max_steps=5, logging_steps=10, eval_strategy="no"),  # calls counted from step 1
             "--output_dir",
             str(tmp_path / "out"),
             "--reward_funcs",
@@ -459,7 +459,8 @@ def test_a_dataset_without_the_column_a_reward_function_needs(tmp_path, capsys, 
         script, ["--dataset_name", str(data), "--output_dir", str(tmp_path / "out"), "--prompts_per_step", "4"], capsys
     )
     assert line.startswith(
-        "error: --dataset_name: the dataset has no 'ground_truth' column, which reward function accuracy_reward needs"
+        "error: --dataset_name: the dataset has no 'solution' or 'ground_truth' column, one of which reward function "
+        "accuracy_reward needs"
     )
     assert not (tmp_path / "out").exists()
 
@@ -485,8 +486,8 @@ def test_required_columns_come_from_the_signature():
     def mine(prompts, completions, completion_ids, answer, *, unit, hint=None, **kwargs):
         return []
 
-    assert required_columns(accuracy_reward) == ["ground_truth"]
-    assert required_columns(format_reward) == []
+    assert required_columns(format_reward) == required_columns(accuracy_reward) == []
+    assert accuracy_reward.one_of_columns == ("solution", "ground_truth")  # it reads whichever the dataset has
     assert required_columns(mine) == ["answer", "unit"]
 
 

@@ -65,8 +65,9 @@ def test_builtin_pairs_prefer_the_right_answer_and_hold_out_the_test_problems():
     answers = {common.arithmetic_question(a, op, b): str(answer) for a, op, b, answer in common.arithmetic_problems()}
     for dataset in (train, test):
         correct = [answers[p[0]["content"]] for p in dataset["prompt"]]
-        assert accuracy_reward(dataset["chosen"], correct) == [1.0] * len(dataset) == format_reward(dataset["chosen"])
-        assert accuracy_reward(dataset["rejected"], correct) == [0.0] * len(dataset)
+        assert accuracy_reward(dataset["chosen"], ground_truth=correct) == [1.0] * len(dataset)
+        assert format_reward(dataset["chosen"]) == [1.0] * len(dataset)
+        assert accuracy_reward(dataset["rejected"], ground_truth=correct) == [0.0] * len(dataset)
         broken = 1 - sum(format_reward(dataset["rejected"])) / len(dataset)
         assert 0.15 < broken < 0.35  # about a quarter have a broken format
     assert not {p[0]["content"] for p in train["prompt"]} & {p[0]["content"] for p in test["prompt"]}
@@ -79,8 +80,8 @@ def test_number_pairs_have_one_form_and_differ_only_in_the_number():
         assert len(pairs) == 4 * len(common.arithmetic_split(split))
         correct = [answers[p[0]["content"]] for p in pairs["prompt"]]
         chosen, rejected = [c[0]["content"] for c in pairs["chosen"]], [r[0]["content"] for r in pairs["rejected"]]
-        assert accuracy_reward(pairs["chosen"], correct) == [1.0] * len(pairs) and accuracy_reward(
-            pairs["rejected"], correct
+        assert accuracy_reward(pairs["chosen"], ground_truth=correct) == [1.0] * len(pairs) and accuracy_reward(
+            pairs["rejected"], ground_truth=correct
         ) == [0.0] * len(pairs)
         assert format_reward(pairs["chosen"]) == format_reward(pairs["rejected"]) == [1.0] * len(pairs)
         wrong = [extract_answer(r) for r in rejected]

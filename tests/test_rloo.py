@@ -75,10 +75,11 @@ def test_reward_function_errors_name_the_function(tmp_path):
         "def short(completions, **kw):\n    return [1.0]\n\ndef nan(completions, **kw):\n    return [float('nan')] * "
         "len(completions)\n"
     )
+    training = dict(eval_strategy="no")  # a training step's batch of 8 (the evaluation would find them first)
     with pytest.raises(ConfigError, match="reward function short: returned 1 values for 8 completions"):
-        rloo.main(args(tmp_path, reward_funcs=f"{module}:short", output_dir=str(tmp_path / "short")))
+        rloo.main(args(tmp_path, reward_funcs=f"{module}:short", output_dir=str(tmp_path / "short"), **training))
     with pytest.raises(ConfigError, match="reward function nan: returned nan"):
-        rloo.main(args(tmp_path, reward_funcs=f"{module}:nan", output_dir=str(tmp_path / "nan")))
+        rloo.main(args(tmp_path, reward_funcs=f"{module}:nan", output_dir=str(tmp_path / "nan"), **training))
 
 
 def test_cli_bad_input_prints_one_line_and_exits_2(tmp_path):
