@@ -190,6 +190,18 @@ def check_shared_args(args):
     check("vllm_importance_sampling_mode", lambda value: value in IS_MODES, f"one of {', '.join(IS_MODES)}")
     check("vllm_importance_sampling_clip_max", lambda value: value > 0, "positive")
     check("lora_target_modules", lambda value: bool(split_list(value)), "module names or all-linear")
+    check("bnb_4bit_quant_type", lambda value: value in ("nf4", "fp4"), "nf4 or fp4")
+    if getattr(args, "load_in_4bit", False):
+        require(args.use_peft, "--load_in_4bit: the 4-bit base is frozen, only a LoRA adapter trains: add --use_peft")
+        require(
+            importlib.util.find_spec("bitsandbytes") is not None,
+            "--load_in_4bit: the bitsandbytes package is not installed (pip install bitsandbytes)",
+        )
+        require(
+            not getattr(args, "use_vllm", False),
+            "--use_vllm: not with --load_in_4bit (vLLM is sent the policy's weights after each update, and a 4-bit "
+            "base has no full-precision weights to send)",
+        )
     schedulers = {s.value for s in SchedulerType}
     require(args.lr_scheduler_type in schedulers, f"--lr_scheduler_type: unknown scheduler {args.lr_scheduler_type!r}")
     require(
@@ -810,7 +822,31 @@ def load_causal_lm(path: str, flag: str = "--model_name_or_path", **kwargs):
     head = model.get_output_embeddings()
     if head is not None:
         head.register_forward_pre_hook(lambda module, args: (args[0].contiguous(), *args[1:]))
+    # --load_in_4bit on a CPU with AVX512-BF16: bitsandbytes (0.50) repacks a 4-bit layer for its CPU inference kernel
+    # at the first forward without gradients, one way, and a training forward after that fails. Sampling and training
+    # alternate here, so the layers keep the layout both use.
+    for module in model.modules():
+        if getattr(module, "support_avx512bf16_for_cpu", False):
+            module.support_avx512bf16_for_cpu = False
     return model
+
+
+def quantization(args) -> dict:
+    """The `from_pretrained` keywords of the policy's frozen base: with --load_in_4bit (QLoRA, TRL's
+    `get_quantization_config`), bitsandbytes' 4-bit linear layers, which compute in bf16 under --bf16 and in float32
+    otherwise; else none. Only the base's linear layers are quantized: the embeddings, the norms and the LoRA adapter
+    keep their dtype, and the adapter trains in float32."""
+    if not args.load_in_4bit:
+        return {}
+    from transformers import BitsAndBytesConfig
+
+    config = BitsAndBytesConfig(
+        load_in_4bit=True,
+        bnb_4bit_quant_type=args.bnb_4bit_quant_type,
+        bnb_4bit_use_double_quant=args.use_bnb_nested_quant,
+        bnb_4bit_compute_dtype=torch.bfloat16 if args.bf16 else torch.float32,
+    )
+    return {"quantization_config": config}
 
 
 def warn_missing_weights(missing_keys: list[str], flag: str):
@@ -1370,8 +1406,12 @@ def load_training_state(accelerator: Accelerator, checkpoint: Path) -> dict:
         f"--resume_from_checkpoint: {checkpoint} was saved by {saved} processes; resume it with as many (got "
         f"{accelerator.num_processes})",
     )
+    # a 4-bit base saves its quantization constants next to its weights, and load_state_dict takes them back as
+    # unexpected keys: the frozen base is as loaded, and the flags that shape the adapter match args.json
+    saved_args = checkpoint / "args.json"
+    quantized = saved_args.is_file() and json.loads(saved_args.read_text()).get("load_in_4bit", False)
     try:
-        accelerator.load_state(str(checkpoint / "accelerator_state"))
+        accelerator.load_state(str(checkpoint / "accelerator_state"), strict=not quantized)
     except (RuntimeError, ValueError, KeyError) as error:  # saved before args.json, or the model changed on disk
         raise ConfigError(
             f"--resume_from_checkpoint: {checkpoint} does not fit this run's model and optimizer (was it saved with "
@@ -1424,7 +1464,11 @@ def save_final_model(
             save_model(accelerator, tmp / name, other, tokenizer)
         unwrapped = accelerator.unwrap_model(model)
         if save_merged and hasattr(unwrapped, "merge_and_unload") and accelerator.is_main_process:
-            unwrapped.merge_and_unload().save_pretrained(tmp / "merged")
+            # merged into a 4-bit base the weights would be rounded to 4 bits again: QLoRA's adapter goes into the
+            # full-precision base (the adapter folder just written names it)
+            quantized = getattr(unwrapped, "is_loaded_in_4bit", False)
+            merged = load_causal_lm(str(tmp), dtype=torch.float32) if quantized else unwrapped.merge_and_unload()
+            merged.save_pretrained(tmp / "merged")
             tokenizer.save_pretrained(tmp / "merged")
 
     def publish():

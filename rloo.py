@@ -149,6 +149,9 @@ class Args:
     lora_dropout: float = arg(0.05, "LoRA dropout")
     lora_target_modules: str = arg("all-linear", "comma-separated module names, or all-linear")
     save_merged_model: bool = arg(False, "with --use_peft, also save the merged model in output_dir/merged")
+    load_in_4bit: bool = arg(False, "QLoRA: the frozen base in 4 bits (bitsandbytes), the LoRA adapter in float32")
+    bnb_4bit_quant_type: str = arg("nf4", "4-bit data type of --load_in_4bit: nf4 or fp4")
+    use_bnb_nested_quant: bool = arg(False, "with --load_in_4bit, also quantize the quantization constants")
     gradient_checkpointing: bool = arg(False, "recompute activations in the backward pass to save memory")
     bf16: bool = arg(False, "bfloat16 autocast for forward passes")
     report_to: str = arg("none", "none, tensorboard or wandb")
@@ -342,7 +345,7 @@ def main(args: Args):
     # float32 master weights whatever the checkpoint's dtype (with --use_peft --bf16 the frozen base is bf16); a
     # resumed run gets its weights from the checkpoint below
     master_dtype = torch.bfloat16 if args.bf16 and args.use_peft else torch.float32
-    model = common.load_causal_lm(args.model_name_or_path, dtype=master_dtype)
+    model = common.load_causal_lm(args.model_name_or_path, dtype=master_dtype, **common.quantization(args))
     splits = {args.dataset_train_split: train_dataset, args.dataset_test_split: eval_dataset}
     vllm_context = args.vllm_max_model_length if args.use_vllm else None
     common.check_prompt_lengths(tokenizer, model, args.max_completion_length, splits, vllm_context)  # they fit

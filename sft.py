@@ -85,6 +85,9 @@ class Args:
     lora_dropout: float = arg(0.05, "LoRA dropout")
     lora_target_modules: str = arg("all-linear", "comma-separated module names, or all-linear")
     save_merged_model: bool = arg(False, "with --use_peft, also save the merged model in output_dir/merged")
+    load_in_4bit: bool = arg(False, "QLoRA: the frozen base in 4 bits (bitsandbytes), the LoRA adapter in float32")
+    bnb_4bit_quant_type: str = arg("nf4", "4-bit data type of --load_in_4bit: nf4 or fp4")
+    use_bnb_nested_quant: bool = arg(False, "with --load_in_4bit, also quantize the quantization constants")
     gradient_checkpointing: bool = arg(False, "recompute activations in the backward pass to save memory")
     bf16: bool = arg(False, "bfloat16 autocast for forward passes")
     report_to: str = arg("none", "none, tensorboard or wandb")
@@ -221,6 +224,7 @@ def check_args(args: Args):
         )
         require(args.num_hidden_layers > 0, f"--num_hidden_layers: must be positive, got {args.num_hidden_layers}")
         require(args.vocab_size > 0, f"--vocab_size: must be positive, got {args.vocab_size}")
+        require(not args.load_in_4bit, "--load_in_4bit: quantizes a pretrained base, not a model --from_scratch builds")
 
 
 def main(args: Args):
@@ -266,7 +270,7 @@ def main(args: Args):
         # float32 master weights whatever the checkpoint's dtype (with --use_peft --bf16 the frozen base is bf16); a
         # resumed run gets its weights from the checkpoint below
         master_dtype = torch.bfloat16 if args.bf16 and args.use_peft else torch.float32
-        model = common.load_causal_lm(args.model_name_or_path, dtype=master_dtype)
+        model = common.load_causal_lm(args.model_name_or_path, dtype=master_dtype, **common.quantization(args))
     if args.use_peft:
         from peft import get_peft_model
 
