@@ -37,7 +37,8 @@ from pathlib import Path
 
 import torch
 from accelerate import Accelerator, DistributedType, PartialState
-from accelerate.utils import broadcast_object_list, gather_object, get_int_from_env
+from accelerate.tracking import LOGGER_TYPE_TO_CLASS, GeneralTracker, get_available_trackers
+from accelerate.utils import LoggerType, ProjectConfiguration, broadcast_object_list, gather_object, get_int_from_env
 from accelerate.utils import reduce as reduce_over_processes
 from datasets import Dataset, get_dataset_split_names, load_dataset
 from tqdm.auto import tqdm
@@ -204,16 +205,7 @@ def check_shared_args(args):
         )
     schedulers = {s.value for s in SchedulerType}
     require(args.lr_scheduler_type in schedulers, f"--lr_scheduler_type: unknown scheduler {args.lr_scheduler_type!r}")
-    require(
-        args.report_to in ("none", "tensorboard", "wandb"),
-        f"--report_to: expected none, tensorboard or wandb, got {args.report_to!r}",
-    )
-    if args.report_to != "none":
-        package = "tensorboard" if args.report_to == "tensorboard" else "wandb"
-        require(
-            importlib.util.find_spec(package) is not None,
-            f"--report_to {args.report_to}: the {package} package is not installed (pip install {package})",
-        )
+    tracker_names(args.report_to)  # an unknown tracker or a missing package stops here, before anything loads
     if getattr(args, "reward_clip_range", None) is not None:
         require(len(args.reward_clip_range) == 2, "--reward_clip_range: expected two numbers, low and high")
         low, high = args.reward_clip_range
@@ -342,8 +334,9 @@ def stop_early(accelerator: Accelerator, stopped: threading.Event, step: int, ch
     to continue, then exit status 128 + the signal's number (130 for Ctrl-C, 143 for SIGTERM), or the TrainingError's
     line and status 2."""
     if stopped.error is not None:
+        at = getattr(stopped.error, "step", step + 1)  # a record that failed to log says its step; else the next failed
         raise TrainingError(
-            f"{stopped.error} (at step {step + 1}); saved {checkpoint}: after fixing it, continue with "
+            f"{stopped.error} (at step {at}); saved {checkpoint}: after fixing it, continue with "
             "--resume_from_checkpoint latest"
         )
     accelerator.print(f"interrupted at step {step}: saved {checkpoint}; continue with --resume_from_checkpoint latest")
@@ -387,10 +380,15 @@ def seed_everything(seed: int):
 # Processes: every script runs as one process, or as N under `accelerate launch` (DDP, DeepSpeed, FSDP)
 # ----------------------------------------------------------------------------------------------------------------------
 def make_accelerator(args) -> Accelerator:
-    """accelerate's Accelerator: one process, or whatever `accelerate launch` set up (`check_launch`). `--bf16` forces
-    bf16 autocast; otherwise the launch config's mixed precision applies. Under DeepSpeed, which clips inside
+    """accelerate's Accelerator: one process, or whatever `accelerate launch` set up (`check_launch`), with
+    metrics.jsonl and the --report_to trackers (`MetricsLogger` starts them). `--bf16` forces bf16 autocast; otherwise
+    the launch config's mixed precision applies. Under DeepSpeed, which clips inside
     `backward`, --max_grad_norm sets the engine's `gradient_clipping`, over any a launch config gives."""
-    accelerator = Accelerator(mixed_precision="bf16" if args.bf16 else None)
+    accelerator = Accelerator(
+        mixed_precision="bf16" if args.bf16 else None,
+        log_with=[MetricsFile(args.output_dir), *tracker_names(args.report_to)],  # started by MetricsLogger
+        project_config=ProjectConfiguration(logging_dir=str(Path(args.output_dir) / "runs")),  # tensorboard's, aim's
+    )
     check_launch(accelerator)
     map_large_blocks()
     if accelerator.state.deepspeed_plugin is not None:
@@ -1640,77 +1638,56 @@ def release_output_dir(output_dir: str):
 
 
 # ----------------------------------------------------------------------------------------------------------------------
-# Logging: {output_dir}/metrics.jsonl (one object per logged step), plus TensorBoard or W&B on request
+# Logging: {output_dir}/metrics.jsonl (one object per logged step) and the --report_to trackers, all through accelerate
 # ----------------------------------------------------------------------------------------------------------------------
-class MetricsLogger:
-    """Only the main process writes (pass `enabled=accelerator.is_main_process`), but every process calls `log`, so
-    that a write that fails stops them all."""
+PROJECT = "huggingface"  # the trackers' project: transformers' and TRL's default for W&B and trackio
+COMPLETION_COLUMNS = ["step", "prompt", "completion", "reward"]
 
-    def __init__(self, output_dir: str, report_to: str, config: dict, resume_step: int = 0, enabled: bool = True):
+
+def tracker_names(report_to: str | list[str]) -> list[str]:
+    """The accelerate trackers --report_to names (a list, or names separated by commas): any of accelerate's
+    (`LoggerType`: tensorboard, wandb, trackio, comet_ml, mlflow, aim, clearml, dvclive, swanlab), `all` for every
+    one whose package is installed, or `none`. An unknown name, or one whose package is missing, is a ConfigError."""
+    names = [name for item in ([report_to] if isinstance(report_to, str) else report_to) for name in split_list(item)]
+    for alone in {"all", "none"} & set(names):
+        require(len(names) == 1, f"--report_to: {alone} stands alone, got {' '.join(names)}")
+    if names in ([], ["none"]):
+        return []
+    installed = [str(tracker) for tracker in get_available_trackers()]
+    if names == ["all"]:
+        return installed
+    for name in names:
         require(
-            report_to in ("none", "tensorboard", "wandb"),
-            f"--report_to: expected none, tensorboard or wandb, got {report_to!r}",
+            name in LOGGER_TYPE_TO_CLASS,
+            f"--report_to: unknown tracker {name!r} (accelerate's: {', '.join(sorted(LOGGER_TYPE_TO_CLASS))}; or all, "
+            "none)",
         )
-        self.enabled = enabled
-        self.writer = self.wandb = None
+        # a tracker registered with accelerate (not one of its own) brings its package with it
+        require(
+            name in installed or name not in {str(t) for t in LoggerType},
+            f"--report_to {name}: the {name} package is not installed (pip install {name})",
+        )
+    return list(dict.fromkeys(names))
+
+
+class MetricsFile(GeneralTracker):
+    """{output_dir}/metrics.jsonl as one of accelerate's trackers: each record is one line `{"step": N, ...}`, appended
+    in one write, whole or not at all; a value that is not finite is written as null. A write that fails (a full disk)
+    is cut back off and raises a TrainingError."""
+
+    name = "metrics.jsonl"
+    requires_logging_directory = False
+
+    def __init__(self, output_dir: str):
+        super().__init__()
         self.path = Path(output_dir) / "metrics.jsonl"
-        failure = self.start(resume_step) if enabled else None
-        if any_process(PartialState(), failure is not None):
-            raise ConfigError(f"--output_dir: cannot write {self.path} ({failure or 'failed on the main process'})")
-        if not enabled:
-            return
-        if report_to == "tensorboard":
-            try:
-                from torch.utils.tensorboard import SummaryWriter
-            except ImportError:
-                raise ConfigError(
-                    "--report_to tensorboard: the tensorboard package is not installed (pip install tensorboard)"
-                ) from None
-            self.writer = SummaryWriter(str(Path(output_dir) / "runs"))
-        elif report_to == "wandb":
-            try:
-                import wandb
-            except ImportError:
-                raise ConfigError("--report_to wandb: the wandb package is not installed (pip install wandb)") from None
-            self.wandb = wandb.init(config=config, dir=output_dir)
 
-    def start(self, resume_step: int) -> str | None:
-        """A fresh metrics.jsonl, or a resumed run's without the records past its checkpoint, replacing the old file
-        only once written (a full disk keeps it whole); why it failed, or None."""
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        kept = []
-        if resume_step and self.path.exists():  # a resumed run continues the file: drop records past the checkpoint
-            kept = [json.dumps(r) for r in read_metrics(self.path.parent) if r.get("step", 0) <= resume_step]
-        tmp = self.path.with_name(".metrics.jsonl.tmp")
-        try:
-            tmp.write_text("".join(line + "\n" for line in kept))
-            os.replace(tmp, self.path)
-        except OSError as error:
-            tmp.unlink(missing_ok=True)
-            return write_failure(error, self.path.parent)
-        return None
+    @property
+    def tracker(self):
+        return self.path
 
-    def log(self, step: int, metrics: dict):
-        """Append the record of `step`, whole or not at all: a write that fails (a full disk) is cut back off, and
-        stops every process with one line (in the loop, after a checkpoint). Every process must call it."""
-        failure = None
-        if self.enabled:
-            failure = self.append(step, metrics)
-        if any_process(PartialState(), failure is not None):
-            raise TrainingError(
-                f"--output_dir: cannot append to {self.path} ({failure or 'failed on the main process'})"
-            )
-        if not self.enabled:
-            return
-        for key, value in metrics.items():
-            if self.writer is not None:
-                self.writer.add_scalar(key, value, step)
-        if self.wandb is not None:
-            self.wandb.log(metrics, step=step)
-
-    def append(self, step: int, metrics: dict) -> str | None:
-        """Append one line in one write; why it failed, or None."""
-        record = {"step": step, **{k: (float(v) if isinstance(v, (int, float)) else v) for k, v in metrics.items()}}
+    def log(self, values: dict, step: int | None = None, **kwargs):
+        record = {"step": step, **{k: (float(v) if isinstance(v, (int, float)) else v) for k, v in values.items()}}
         record = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in record.items()}
         line = (json.dumps(record) + "\n").encode()
         try:
@@ -1720,14 +1697,87 @@ class MetricsLogger:
                     f.truncate(size)  # no torn line for the next record to be glued to
                     raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         except OSError as error:
-            return write_failure(error, self.path.parent)
-        return None
+            raise TrainingError(
+                f"--output_dir: cannot append to {self.path} ({write_failure(error, self.path.parent)})"
+            ) from None
+
+
+class MetricsLogger:
+    """The run's logging: metrics.jsonl and the --report_to trackers, which `make_accelerator` handed to accelerate.
+    `log` goes to all of them (`accelerator.log`). Only the main process writes, but every process calls `log`, so
+    that a write or a tracker that fails stops them all with one line (in the loop, after a checkpoint)."""
+
+    def __init__(self, accelerator: Accelerator, args, resume_step: int = 0):
+        self.accelerator = accelerator
+        path = Path(args.output_dir) / "metrics.jsonl"
+        reason = restart_metrics(path, resume_step) if accelerator.is_main_process else None
+        failure = f"--output_dir: cannot write {path} ({reason})" if reason else None
+        if failure is None and accelerator.is_main_process:
+            # tensorboard's hyperparameters take numbers, strings and booleans only
+            config = {k: v if isinstance(v, (int, float, str, bool)) else str(v) for k, v in vars(args).items()}
+            try:
+                accelerator.init_trackers(PROJECT, config, init_kwargs={"wandb": {"dir": args.output_dir}})
+            except Exception as error:  # a tracker that cannot start: not logged in, no server, ...
+                failure = f"--report_to: cannot start the trackers: {type(error).__name__}: {first_line(error)}"
+        if any_process(accelerator, failure is not None):
+            raise ConfigError(failure or f"--output_dir: cannot write {path} (failed on the main process)")
+
+    def log(self, step: int, metrics: dict):
+        """Send the record of `step` to every tracker. Every process must call it."""
+        self.send_from_main(lambda: self.accelerator.log(metrics, step=step), step)
+
+    def log_completions(self, step: int, prompts: list, completions: list[str], rewards, num_to_print: int):
+        """--log_completions: the step's completions from every process, the first `num_to_print` printed, and all
+        of them as a table (step, prompt, completion, reward) to each tracker that takes one (accelerate's
+        `log_table`: wandb, clearml). Every process must call it."""
+        text = lambda prompt: prompt if isinstance(prompt, str) else "\n".join(m["content"] for m in prompt)
+        rows = gather_object([[step, text(p), c, r] for p, c, r in zip(prompts, completions, rewards.tolist())])
+
+        def send():
+            for _, prompt, completion, reward in rows[:num_to_print]:
+                tqdm.write(f"[step {step}] {prompt!r} → {completion!r}  reward {reward:.3f}")
+            for tracker in self.accelerator.trackers:
+                if hasattr(tracker, "log_table"):
+                    tracker.log_table("completions", columns=COMPLETION_COLUMNS, data=rows, step=step)
+
+        self.send_from_main(send, step)
+
+    def send_from_main(self, send, step: int):
+        """Run `send` (which logs) on the main process; a failure stops every process with one line."""
+        failure = None
+        if self.accelerator.is_main_process:
+            try:
+                send()
+            except TrainingError as error:  # metrics.jsonl's
+                failure = str(error)
+            except Exception as error:
+                failure = f"--report_to: a tracker failed: {type(error).__name__}: {first_line(error)}"
+        if any_process(self.accelerator, failure is not None):
+            error = TrainingError(failure or "logging failed on the main process")
+            error.step = step
+            raise error
 
     def close(self):
-        if self.writer is not None:
-            self.writer.close()
-        if self.wandb is not None:
-            self.wandb.finish()
+        """End the trackers' runs (accelerate's `end_training` without the process group, which `cli` ends)."""
+        for tracker in self.accelerator.trackers:
+            tracker.finish()
+
+
+def restart_metrics(path: Path, resume_step: int) -> str | None:
+    """A fresh metrics.jsonl, or a resumed run's without the records past its checkpoint, replacing the old file only
+    once written (a full disk keeps it whole); why it failed, or None."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    kept = []
+    if resume_step and path.exists():  # a resumed run continues the file: drop records past the checkpoint
+        kept = [json.dumps(r) for r in read_metrics(path.parent) if r.get("step", 0) <= resume_step]
+    tmp = path.with_name(".metrics.jsonl.tmp")
+    try:
+        tmp.write_text("".join(line + "\n" for line in kept))
+        os.replace(tmp, path)
+    except OSError as error:
+        tmp.unlink(missing_ok=True)
+        return write_failure(error, path.parent)
+    return None
 
 
 def read_metrics(output_dir: str) -> list[dict]:

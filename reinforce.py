@@ -59,7 +59,7 @@ and rewards.py (reward functions, reward-model scoring; it stands alone); vllm_c
 
 import time
 from contextlib import nullcontext
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import torch
 import torch.utils.checkpoint
@@ -171,7 +171,9 @@ class Args:
     use_bnb_nested_quant: bool = arg(False, "with --load_in_4bit, also quantize the quantization constants")
     gradient_checkpointing: bool = arg(False, "recompute activations in the backward pass to save memory")
     bf16: bool = arg(False, "bfloat16 autocast for forward passes")
-    report_to: str = arg("none", "none, tensorboard or wandb")
+    report_to: list[str] = arg(
+        ["none"], "trackers besides metrics.jsonl: none, all, or accelerate's (tensorboard, wandb, trackio, ...)"
+    )
 
 
 def check_args(args: Args):
@@ -420,9 +422,7 @@ def main(args: Args):
         vllm = VLLMGenerator(accelerator, args, tokenizer, model, generation_config.eos_token_id)
     sampler = common.bf16_sampler(accelerator, model, args)  # --bf16: a bf16 copy of the policy samples
     common.claim_output_dir(accelerator, args)  # every check is done: from here on, this run writes
-    logger = common.MetricsLogger(
-        args.output_dir, args.report_to, asdict(args), resume_step=start_step, enabled=accelerator.is_main_process
-    )
+    logger = common.MetricsLogger(accelerator, args, resume_step=start_step)  # metrics.jsonl, --report_to
     eval_rewards = {"accuracy": accuracy_reward, "format": format_reward}
 
     def reference_logprobs(input_ids, attention_mask, T):
@@ -671,11 +671,8 @@ def main(args: Args):
                 }
                 logger.log(step, metrics)
                 progress.set_postfix(reward=f"{metrics['reward']:.3f}", grad_norm=f"{metrics['grad_norm']:.3f}")
-                if args.log_completions and accelerator.is_main_process:
-                    for i in range(min(args.num_completions_to_print, local_batch_size)):
-                        tqdm.write(
-                            f"[step {step}] {prompts[i]!r} → {completion_texts[i]!r}  reward {rewards[i].item():.3f}"
-                        )
+                if args.log_completions:  # printed, and a table for the trackers that take one
+                    logger.log_completions(step, prompts, completion_texts, rewards, args.num_completions_to_print)
 
             if args.eval_steps and step % args.eval_steps == 0 and step != args.max_steps:
                 run_eval(step)
@@ -689,7 +686,7 @@ def main(args: Args):
                     {"num_tokens": num_tokens, "reward_sum": reward_sum, "reward_count": reward_count},
                 )
     progress.close()
-    if step < args.max_steps:  # stopped early: Ctrl-C or SIGTERM on any process, or a reward function that failed
+    if step < args.max_steps or interrupted.error:  # stopped: Ctrl-C, SIGTERM, a reward function or a log that failed
         path = common.save_checkpoint(
             accelerator,
             args,

@@ -25,7 +25,7 @@ held-out prompts between the processes and reports the mean over all of them.
 """
 
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import torch
 from tqdm.auto import tqdm
@@ -90,7 +90,9 @@ class Args:
     use_bnb_nested_quant: bool = arg(False, "with --load_in_4bit, also quantize the quantization constants")
     gradient_checkpointing: bool = arg(False, "recompute activations in the backward pass to save memory")
     bf16: bool = arg(False, "bfloat16 autocast for forward passes")
-    report_to: str = arg("none", "none, tensorboard or wandb")
+    report_to: list[str] = arg(
+        ["none"], "trackers besides metrics.jsonl: none, all, or accelerate's (tensorboard, wandb, trackio, ...)"
+    )
 
 
 TEXT_COLUMNS = ("prompt", "completion")  # checked row by row as they load (common.usable_rows)
@@ -302,9 +304,7 @@ def main(args: Args):
     if checkpoint is not None:
         start_step = common.load_training_state(accelerator, checkpoint)["step"]
     common.claim_output_dir(accelerator, args)  # every check is done: from here on, this run writes
-    logger = common.MetricsLogger(
-        args.output_dir, args.report_to, asdict(args), resume_step=start_step, enabled=accelerator.is_main_process
-    )
+    logger = common.MetricsLogger(accelerator, args, resume_step=start_step)  # metrics.jsonl, --report_to
     eval_rewards = {"accuracy": accuracy_reward, "format": format_reward}
 
     def run_eval(step):
@@ -362,7 +362,7 @@ def main(args: Args):
             if args.save_steps and step % args.save_steps == 0:
                 common.save_checkpoint(accelerator, args, step, model, tokenizer)
     progress.close()
-    if step < args.max_steps:  # stopped early: Ctrl-C or SIGTERM on any process
+    if step < args.max_steps or interrupted.error:  # stopped: Ctrl-C or SIGTERM on any process, or a log that failed
         path = common.save_checkpoint(accelerator, args, step, model, tokenizer)
         logger.close()
         common.stop_early(accelerator, interrupted, step, path)
