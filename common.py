@@ -36,13 +36,14 @@ import warnings
 from pathlib import Path
 
 import torch
+import transformers
 from accelerate import Accelerator, DistributedType, PartialState
 from accelerate.tracking import LOGGER_TYPE_TO_CLASS, GeneralTracker, get_available_trackers
 from accelerate.utils import LoggerType, ProjectConfiguration, broadcast_object_list, gather_object, get_int_from_env
 from accelerate.utils import reduce as reduce_over_processes
 from datasets import Dataset, get_dataset_split_names, load_dataset
 from tqdm.auto import tqdm
-from transformers import GenerationConfig, HfArgumentParser, SchedulerType
+from transformers import GenerationConfig, HfArgumentParser
 from transformers.utils import logging as transformers_logging
 
 # defined in rewards.py, which imports nothing from this project so that it can be copied alone
@@ -61,6 +62,12 @@ from rewards import (  # noqa: F401
 # peft reads transformers' deprecated `is_gradient_checkpointing` in every get_peft_model: a FutureWarning the user of
 # --use_peft cannot act on
 warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
+# bitsandbytes, which peft imports whenever it is installed, says at import on an AVX512-BF16 CPU that it could not
+# fetch a faster CPU kernel from the Hub (the `kernels` package); its own CPU kernel runs instead, and a run without
+# --load_in_4bit uses neither. In place before that import: this file and the scripts reach transformers' trainer
+# utilities, which import peft, as `transformers.<name>` when they run, not when they are imported.
+kernel_hint = lambda record: "kernels-community" not in record.getMessage()
+logging.getLogger("bitsandbytes.backends.cpu.ops").addFilter(kernel_hint)
 
 ROOT = Path(__file__).resolve().parent
 EMBEDDED_MODEL = str(ROOT / "models" / "tiny-arith")
@@ -203,7 +210,7 @@ def check_shared_args(args):
             "--use_vllm: not with --load_in_4bit (vLLM is sent the policy's weights after each update, and a 4-bit "
             "base has no full-precision weights to send)",
         )
-    schedulers = {s.value for s in SchedulerType}
+    schedulers = {s.value for s in transformers.SchedulerType}
     require(args.lr_scheduler_type in schedulers, f"--lr_scheduler_type: unknown scheduler {args.lr_scheduler_type!r}")
     tracker_names(args.report_to)  # an unknown tracker or a missing package stops here, before anything loads
     if getattr(args, "reward_clip_range", None) is not None:
@@ -1662,7 +1669,7 @@ def tracker_names(report_to: str | list[str]) -> list[str]:
             f"--report_to: unknown tracker {name!r} (accelerate's: {', '.join(sorted(LOGGER_TYPE_TO_CLASS))}; or all, "
             "none)",
         )
-        # a tracker registered with accelerate (not one of its own) brings its package with it
+    for name in names:  # a tracker registered with accelerate (not one of its own) brings its package with it
         require(
             name in installed or name not in {str(t) for t in LoggerType},
             f"--report_to {name}: the {name} package is not installed (pip install {name})",

@@ -68,8 +68,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 import torch.utils.checkpoint
+import transformers
 from tqdm.auto import tqdm
-from transformers import get_scheduler
 
 import common
 from common import arg, require
@@ -500,7 +500,7 @@ def main(args: Args):
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=args.learning_rate, weight_decay=args.weight_decay)
     total_updates = args.max_steps * args.num_iterations
-    scheduler = get_scheduler(
+    scheduler = transformers.get_scheduler(
         args.lr_scheduler_type,
         optimizer,
         num_warmup_steps=int(args.warmup_ratio * total_updates),

@@ -71,9 +71,9 @@ from dataclasses import dataclass
 
 import torch
 import torch.utils.checkpoint
+import transformers
 from accelerate import DistributedType
 from tqdm.auto import tqdm
-from transformers import get_scheduler
 
 import common
 from common import arg, require
@@ -533,7 +533,7 @@ def main(args: Args):
         [{"params": params}, {"params": value_params}], lr=args.learning_rate, weight_decay=args.weight_decay
     )
     total_updates = args.max_steps * args.num_ppo_epochs * args.num_mini_batches
-    scheduler = get_scheduler(
+    scheduler = transformers.get_scheduler(
         args.lr_scheduler_type,
         optimizer,
         num_warmup_steps=int(args.warmup_ratio * total_updates),

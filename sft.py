@@ -28,8 +28,8 @@ import time
 from dataclasses import dataclass
 
 import torch
+import transformers
 from tqdm.auto import tqdm
-from transformers import get_scheduler
 
 import common
 from common import arg, require
@@ -292,7 +292,7 @@ def main(args: Args):
     optimizer = torch.optim.AdamW(
         [p for p in model.parameters() if p.requires_grad], lr=args.learning_rate, weight_decay=args.weight_decay
     )
-    scheduler = get_scheduler(
+    scheduler = transformers.get_scheduler(
         args.lr_scheduler_type,
         optimizer,
         num_warmup_steps=int(args.warmup_ratio * args.max_steps),
