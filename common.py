@@ -341,7 +341,7 @@ def stop_early(accelerator: Accelerator, stopped: threading.Event, step: int, ch
     to continue, then exit status 128 + the signal's number (130 for Ctrl-C, 143 for SIGTERM), or the TrainingError's
     line and status 2."""
     if stopped.error is not None:
-        at = getattr(stopped.error, "step", step + 1)  # a record that failed to log says its step; else the next failed
+        at = getattr(stopped.error, "step", step + 1)  # a failed log names its step; a reward fails in the next
         raise TrainingError(
             f"{stopped.error} (at step {at}); saved {checkpoint}: after fixing it, continue with "
             "--resume_from_checkpoint latest"
@@ -389,8 +389,8 @@ def seed_everything(seed: int):
 def make_accelerator(args) -> Accelerator:
     """accelerate's Accelerator: one process, or whatever `accelerate launch` set up (`check_launch`), with
     metrics.jsonl and the --report_to trackers (`MetricsLogger` starts them). `--bf16` forces bf16 autocast; otherwise
-    the launch config's mixed precision applies. Under DeepSpeed, which clips inside
-    `backward`, --max_grad_norm sets the engine's `gradient_clipping`, over any a launch config gives."""
+    the launch config's mixed precision applies. Under DeepSpeed, which clips inside `backward`, --max_grad_norm sets
+    the engine's `gradient_clipping`, over any a launch config gives."""
     accelerator = Accelerator(
         mixed_precision="bf16" if args.bf16 else None,
         log_with=[MetricsFile(args.output_dir), *tracker_names(args.report_to)],  # started by MetricsLogger
