@@ -37,13 +37,15 @@ import warnings
 from pathlib import Path
 
 import torch
+import transformers
 from accelerate import Accelerator, DistributedType, PartialState
-from accelerate.utils import broadcast_object_list, gather_object, get_int_from_env
+from accelerate.tracking import LOGGER_TYPE_TO_CLASS, GeneralTracker, get_available_trackers
+from accelerate.utils import LoggerType, ProjectConfiguration, broadcast_object_list, gather_object, get_int_from_env
 from accelerate.utils import reduce as reduce_over_processes
 from datasets import Dataset, get_dataset_split_names, load_dataset
 from datasets import config as datasets_config
 from tqdm.auto import tqdm
-from transformers import GenerationConfig, HfArgumentParser, SchedulerType
+from transformers import GenerationConfig, HfArgumentParser
 from transformers.utils import logging as transformers_logging
 
 # defined in rewards.py, which imports nothing from this project so that it can be copied alone
@@ -64,6 +66,12 @@ from rewards import (  # noqa: F401
 # peft reads transformers' deprecated `is_gradient_checkpointing` in every get_peft_model: a FutureWarning the user of
 # --use_peft cannot act on
 warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
+# bitsandbytes, which peft imports whenever it is installed, says at import on an AVX512-BF16 CPU that it could not
+# fetch a faster CPU kernel from the Hub (the `kernels` package); its own CPU kernel runs instead, and a run without
+# --load_in_4bit uses neither. In place before that import: this file and the scripts reach transformers' trainer
+# utilities, which import peft, as `transformers.<name>` when they run, not when they are imported.
+kernel_hint = lambda record: "kernels-community" not in record.getMessage()
+logging.getLogger("bitsandbytes.backends.cpu.ops").addFilter(kernel_hint)
 
 ROOT = Path(__file__).resolve().parent
 EMBEDDED_MODEL = str(ROOT / "models" / "tiny-arith")
@@ -194,18 +202,21 @@ def check_shared_args(args):
     check("vllm_importance_sampling_mode", lambda value: value in IS_MODES, f"one of {', '.join(IS_MODES)}")
     check("vllm_importance_sampling_clip_max", lambda value: value > 0, "positive")
     check("lora_target_modules", lambda value: bool(split_list(value)), "module names or all-linear")
-    schedulers = {s.value for s in SchedulerType}
-    require(args.lr_scheduler_type in schedulers, f"--lr_scheduler_type: unknown scheduler {args.lr_scheduler_type!r}")
-    require(
-        args.report_to in ("none", "tensorboard", "wandb"),
-        f"--report_to: expected none, tensorboard or wandb, got {args.report_to!r}",
-    )
-    if args.report_to != "none":
-        package = "tensorboard" if args.report_to == "tensorboard" else "wandb"
+    check("bnb_4bit_quant_type", lambda value: value in ("nf4", "fp4"), "nf4 or fp4")
+    if getattr(args, "load_in_4bit", False):
+        require(args.use_peft, "--load_in_4bit: the 4-bit base is frozen, only a LoRA adapter trains: add --use_peft")
         require(
-            importlib.util.find_spec(package) is not None,
-            f"--report_to {args.report_to}: the {package} package is not installed (pip install {package})",
+            importlib.util.find_spec("bitsandbytes") is not None,
+            "--load_in_4bit: the bitsandbytes package is not installed (pip install bitsandbytes)",
         )
+        require(
+            not getattr(args, "use_vllm", False),
+            "--use_vllm: not with --load_in_4bit (vLLM is sent the policy's weights after each update, and a 4-bit "
+            "base has no full-precision weights to send)",
+        )
+    schedulers = {s.value for s in transformers.SchedulerType}
+    require(args.lr_scheduler_type in schedulers, f"--lr_scheduler_type: unknown scheduler {args.lr_scheduler_type!r}")
+    tracker_names(args.report_to)  # an unknown tracker or a missing package stops here, before anything loads
     if getattr(args, "reward_clip_range", None) is not None:
         require(len(args.reward_clip_range) == 2, "--reward_clip_range: expected two numbers, low and high")
         low, high = args.reward_clip_range
@@ -334,8 +345,9 @@ def stop_early(accelerator: Accelerator, stopped: threading.Event, step: int, ch
     to continue, then exit status 128 + the signal's number (130 for Ctrl-C, 143 for SIGTERM), or the TrainingError's
     line and status 2."""
     if stopped.error is not None:
+        at = getattr(stopped.error, "step", step + 1)  # a failed log names its step; a reward fails in the next
         raise TrainingError(
-            f"{stopped.error} (at step {step + 1}); saved {checkpoint}: after fixing it, continue with "
+            f"{stopped.error} (at step {at}); saved {checkpoint}: after fixing it, continue with "
             "--resume_from_checkpoint latest"
         )
     accelerator.print(f"interrupted at step {step}: saved {checkpoint}; continue with --resume_from_checkpoint latest")
@@ -379,10 +391,15 @@ def seed_everything(seed: int):
 # Processes: every script runs as one process, or as N under `accelerate launch` (DDP, DeepSpeed, FSDP)
 # ----------------------------------------------------------------------------------------------------------------------
 def make_accelerator(args) -> Accelerator:
-    """accelerate's Accelerator: one process, or whatever `accelerate launch` set up (`check_launch`). `--bf16` forces
-    bf16 autocast; otherwise the launch config's mixed precision applies. Under DeepSpeed, which clips inside
-    `backward`, --max_grad_norm sets the engine's `gradient_clipping`, over any a launch config gives."""
-    accelerator = Accelerator(mixed_precision="bf16" if args.bf16 else None)
+    """accelerate's Accelerator: one process, or whatever `accelerate launch` set up (`check_launch`), with
+    metrics.jsonl and the --report_to trackers (`MetricsLogger` starts them). `--bf16` forces bf16 autocast; otherwise
+    the launch config's mixed precision applies. Under DeepSpeed, which clips inside `backward`, --max_grad_norm sets
+    the engine's `gradient_clipping`, over any a launch config gives."""
+    accelerator = Accelerator(
+        mixed_precision="bf16" if args.bf16 else None,
+        log_with=[MetricsFile(args.output_dir), *tracker_names(args.report_to)],  # started by MetricsLogger
+        project_config=ProjectConfiguration(logging_dir=str(Path(args.output_dir) / "runs")),  # tensorboard's, aim's
+    )
     check_launch(accelerator)
     map_large_blocks()
     if accelerator.state.deepspeed_plugin is not None:
@@ -817,7 +834,31 @@ def load_causal_lm(path: str, flag: str = "--model_name_or_path", **kwargs):
     head = model.get_output_embeddings()
     if head is not None:
         head.register_forward_pre_hook(lambda module, args: (args[0].contiguous(), *args[1:]))
+    # --load_in_4bit on a CPU with AVX512-BF16: bitsandbytes (0.50) repacks a 4-bit layer for its CPU inference kernel
+    # at the first forward without gradients, one way, and a training forward after that fails. Sampling and training
+    # alternate here, so the layers keep the layout both use.
+    for module in model.modules():
+        if getattr(module, "support_avx512bf16_for_cpu", False):
+            module.support_avx512bf16_for_cpu = False
     return model
+
+
+def quantization(args) -> dict:
+    """The `from_pretrained` keywords of the policy's frozen base: with --load_in_4bit (QLoRA, TRL's
+    `get_quantization_config`), bitsandbytes' 4-bit linear layers, which compute in bf16 under --bf16 and in float32
+    otherwise; else none. Only the base's linear layers are quantized: the embeddings, the norms and the LoRA adapter
+    keep their dtype, and the adapter trains in float32."""
+    if not args.load_in_4bit:
+        return {}
+    from transformers import BitsAndBytesConfig
+
+    config = BitsAndBytesConfig(
+        load_in_4bit=True,
+        bnb_4bit_quant_type=args.bnb_4bit_quant_type,
+        bnb_4bit_use_double_quant=args.use_bnb_nested_quant,
+        bnb_4bit_compute_dtype=torch.bfloat16 if args.bf16 else torch.float32,
+    )
+    return {"quantization_config": config}
 
 
 def warn_missing_weights(missing_keys: list[str], flag: str):
@@ -1414,8 +1455,12 @@ def load_training_state(accelerator: Accelerator, checkpoint: Path) -> dict:
         f"--resume_from_checkpoint: {checkpoint} was saved by {saved} processes; resume it with as many (got "
         f"{accelerator.num_processes})",
     )
+    # a 4-bit base saves its quantization constants next to its weights, and load_state_dict takes them back as
+    # unexpected keys: the frozen base is as loaded, and the flags that shape the adapter match args.json
+    saved_args = checkpoint / "args.json"
+    quantized = saved_args.is_file() and json.loads(saved_args.read_text()).get("load_in_4bit", False)
     try:
-        accelerator.load_state(str(checkpoint / "accelerator_state"))
+        accelerator.load_state(str(checkpoint / "accelerator_state"), strict=not quantized)
     except (RuntimeError, ValueError, KeyError) as error:  # saved before args.json, or the model changed on disk
         raise ConfigError(
             f"--resume_from_checkpoint: {checkpoint} does not fit this run's model and optimizer (was it saved with "
@@ -1468,7 +1513,11 @@ def save_final_model(
             save_model(accelerator, tmp / name, other, tokenizer)
         unwrapped = accelerator.unwrap_model(model)
         if save_merged and hasattr(unwrapped, "merge_and_unload") and accelerator.is_main_process:
-            unwrapped.merge_and_unload().save_pretrained(tmp / "merged")
+            # merged into a 4-bit base the weights would be rounded to 4 bits again: QLoRA's adapter goes into the
+            # full-precision base (the adapter folder just written names it)
+            quantized = getattr(unwrapped, "is_loaded_in_4bit", False)
+            merged = load_causal_lm(str(tmp), dtype=torch.float32) if quantized else unwrapped.merge_and_unload()
+            merged.save_pretrained(tmp / "merged")
             tokenizer.save_pretrained(tmp / "merged")
 
     def publish():
@@ -1640,77 +1689,56 @@ def release_output_dir(output_dir: str):
 
 
 # ----------------------------------------------------------------------------------------------------------------------
-# Logging: {output_dir}/metrics.jsonl (one object per logged step), plus TensorBoard or W&B on request
+# Logging: {output_dir}/metrics.jsonl (one object per logged step) and the --report_to trackers, all through accelerate
 # ----------------------------------------------------------------------------------------------------------------------
-class MetricsLogger:
-    """Only the main process writes (pass `enabled=accelerator.is_main_process`), but every process calls `log`, so
-    that a write that fails stops them all."""
+PROJECT = "huggingface"  # the trackers' project: transformers' and TRL's default for W&B and trackio
+COMPLETION_COLUMNS = ["step", "prompt", "completion", "reward"]
 
-    def __init__(self, output_dir: str, report_to: str, config: dict, resume_step: int = 0, enabled: bool = True):
+
+def tracker_names(report_to: str | list[str]) -> list[str]:
+    """The accelerate trackers --report_to names (a list, or names separated by commas): any of accelerate's
+    (`LoggerType`: tensorboard, wandb, trackio, comet_ml, mlflow, aim, clearml, dvclive, swanlab), `all` for every
+    one whose package is installed, or `none`. An unknown name, or one whose package is missing, is a ConfigError."""
+    names = [name for item in ([report_to] if isinstance(report_to, str) else report_to) for name in split_list(item)]
+    for alone in {"all", "none"} & set(names):
+        require(len(names) == 1, f"--report_to: {alone} stands alone, got {' '.join(names)}")
+    if names in ([], ["none"]):
+        return []
+    installed = [str(tracker) for tracker in get_available_trackers()]
+    if names == ["all"]:
+        return installed
+    for name in names:
         require(
-            report_to in ("none", "tensorboard", "wandb"),
-            f"--report_to: expected none, tensorboard or wandb, got {report_to!r}",
+            name in LOGGER_TYPE_TO_CLASS,
+            f"--report_to: unknown tracker {name!r} (accelerate's: {', '.join(sorted(LOGGER_TYPE_TO_CLASS))}; or all, "
+            "none)",
         )
-        self.enabled = enabled
-        self.writer = self.wandb = None
+    for name in names:  # a tracker registered with accelerate (not one of its own) brings its package with it
+        require(
+            name in installed or name not in {str(t) for t in LoggerType},
+            f"--report_to {name}: the {name} package is not installed (pip install {name})",
+        )
+    return list(dict.fromkeys(names))
+
+
+class MetricsFile(GeneralTracker):
+    """{output_dir}/metrics.jsonl as one of accelerate's trackers: each record is one line `{"step": N, ...}`, appended
+    in one write, whole or not at all; a value that is not finite is written as null. A write that fails (a full disk)
+    is cut back off and raises a TrainingError."""
+
+    name = "metrics.jsonl"
+    requires_logging_directory = False
+
+    def __init__(self, output_dir: str):
+        super().__init__()
         self.path = Path(output_dir) / "metrics.jsonl"
-        failure = self.start(resume_step) if enabled else None
-        if any_process(PartialState(), failure is not None):
-            raise ConfigError(f"--output_dir: cannot write {self.path} ({failure or 'failed on the main process'})")
-        if not enabled:
-            return
-        if report_to == "tensorboard":
-            try:
-                from torch.utils.tensorboard import SummaryWriter
-            except ImportError:
-                raise ConfigError(
-                    "--report_to tensorboard: the tensorboard package is not installed (pip install tensorboard)"
-                ) from None
-            self.writer = SummaryWriter(str(Path(output_dir) / "runs"))
-        elif report_to == "wandb":
-            try:
-                import wandb
-            except ImportError:
-                raise ConfigError("--report_to wandb: the wandb package is not installed (pip install wandb)") from None
-            self.wandb = wandb.init(config=config, dir=output_dir)
 
-    def start(self, resume_step: int) -> str | None:
-        """A fresh metrics.jsonl, or a resumed run's without the records past its checkpoint, replacing the old file
-        only once written (a full disk keeps it whole); why it failed, or None."""
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        kept = []
-        if resume_step and self.path.exists():  # a resumed run continues the file: drop records past the checkpoint
-            kept = [json.dumps(r) for r in read_metrics(self.path.parent) if r.get("step", 0) <= resume_step]
-        tmp = self.path.with_name(".metrics.jsonl.tmp")
-        try:
-            tmp.write_text("".join(line + "\n" for line in kept))
-            os.replace(tmp, self.path)
-        except OSError as error:
-            tmp.unlink(missing_ok=True)
-            return write_failure(error, self.path.parent)
-        return None
+    @property
+    def tracker(self):
+        return self.path
 
-    def log(self, step: int, metrics: dict):
-        """Append the record of `step`, whole or not at all: a write that fails (a full disk) is cut back off, and
-        stops every process with one line (in the loop, after a checkpoint). Every process must call it."""
-        failure = None
-        if self.enabled:
-            failure = self.append(step, metrics)
-        if any_process(PartialState(), failure is not None):
-            raise TrainingError(
-                f"--output_dir: cannot append to {self.path} ({failure or 'failed on the main process'})"
-            )
-        if not self.enabled:
-            return
-        for key, value in metrics.items():
-            if self.writer is not None:
-                self.writer.add_scalar(key, value, step)
-        if self.wandb is not None:
-            self.wandb.log(metrics, step=step)
-
-    def append(self, step: int, metrics: dict) -> str | None:
-        """Append one line in one write; why it failed, or None."""
-        record = {"step": step, **{k: (float(v) if isinstance(v, (int, float)) else v) for k, v in metrics.items()}}
+    def log(self, values: dict, step: int | None = None, **kwargs):
+        record = {"step": step, **{k: (float(v) if isinstance(v, (int, float)) else v) for k, v in values.items()}}
         record = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in record.items()}
         line = (json.dumps(record) + "\n").encode()
         try:
@@ -1720,14 +1748,87 @@ class MetricsLogger:
                     f.truncate(size)  # no torn line for the next record to be glued to
                     raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         except OSError as error:
-            return write_failure(error, self.path.parent)
-        return None
+            raise TrainingError(
+                f"--output_dir: cannot append to {self.path} ({write_failure(error, self.path.parent)})"
+            ) from None
+
+
+class MetricsLogger:
+    """The run's logging: metrics.jsonl and the --report_to trackers, which `make_accelerator` handed to accelerate.
+    `log` goes to all of them (`accelerator.log`). Only the main process writes, but every process calls `log`, so
+    that a write or a tracker that fails stops them all with one line (in the loop, after a checkpoint)."""
+
+    def __init__(self, accelerator: Accelerator, args, resume_step: int = 0):
+        self.accelerator = accelerator
+        path = Path(args.output_dir) / "metrics.jsonl"
+        reason = restart_metrics(path, resume_step) if accelerator.is_main_process else None
+        failure = f"--output_dir: cannot write {path} ({reason})" if reason else None
+        if failure is None and accelerator.is_main_process:
+            # tensorboard's hyperparameters take numbers, strings and booleans only
+            config = {k: v if isinstance(v, (int, float, str, bool)) else str(v) for k, v in vars(args).items()}
+            try:
+                accelerator.init_trackers(PROJECT, config, init_kwargs={"wandb": {"dir": args.output_dir}})
+            except Exception as error:  # a tracker that cannot start: not logged in, no server, ...
+                failure = f"--report_to: cannot start the trackers: {type(error).__name__}: {first_line(error)}"
+        if any_process(accelerator, failure is not None):
+            raise ConfigError(failure or f"--output_dir: cannot write {path} (failed on the main process)")
+
+    def log(self, step: int, metrics: dict):
+        """Send the record of `step` to every tracker. Every process must call it."""
+        self.send_from_main(lambda: self.accelerator.log(metrics, step=step), step)
+
+    def log_completions(self, step: int, prompts: list, completions: list[str], rewards, num_to_print: int):
+        """--log_completions: the step's completions from every process, the first `num_to_print` printed, and all
+        of them as a table (step, prompt, completion, reward) to each tracker that takes one (accelerate's
+        `log_table`: wandb, clearml). Every process must call it."""
+        text = lambda prompt: prompt if isinstance(prompt, str) else "\n".join(m["content"] for m in prompt)
+        rows = gather_object([[step, text(p), c, r] for p, c, r in zip(prompts, completions, rewards.tolist())])
+
+        def send():
+            for _, prompt, completion, reward in rows[:num_to_print]:
+                tqdm.write(f"[step {step}] {prompt!r} → {completion!r}  reward {reward:.3f}")
+            for tracker in self.accelerator.trackers:
+                if hasattr(tracker, "log_table"):
+                    tracker.log_table("completions", columns=COMPLETION_COLUMNS, data=rows, step=step)
+
+        self.send_from_main(send, step)
+
+    def send_from_main(self, send, step: int):
+        """Run `send` (which logs) on the main process; a failure stops every process with one line."""
+        failure = None
+        if self.accelerator.is_main_process:
+            try:
+                send()
+            except TrainingError as error:  # metrics.jsonl's
+                failure = str(error)
+            except Exception as error:
+                failure = f"--report_to: a tracker failed: {type(error).__name__}: {first_line(error)}"
+        if any_process(self.accelerator, failure is not None):
+            error = TrainingError(failure or "logging failed on the main process")
+            error.step = step
+            raise error
 
     def close(self):
-        if self.writer is not None:
-            self.writer.close()
-        if self.wandb is not None:
-            self.wandb.finish()
+        """End the trackers' runs (accelerate's `end_training` without the process group, which `cli` ends)."""
+        for tracker in self.accelerator.trackers:
+            tracker.finish()
+
+
+def restart_metrics(path: Path, resume_step: int) -> str | None:
+    """A fresh metrics.jsonl, or a resumed run's without the records past its checkpoint, replacing the old file only
+    once written (a full disk keeps it whole); why it failed, or None."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    kept = []
+    if resume_step and path.exists():  # a resumed run continues the file: drop records past the checkpoint
+        kept = [json.dumps(r) for r in read_metrics(path.parent) if r.get("step", 0) <= resume_step]
+    tmp = path.with_name(".metrics.jsonl.tmp")
+    try:
+        tmp.write_text("".join(line + "\n" for line in kept))
+        os.replace(tmp, path)
+    except OSError as error:
+        tmp.unlink(missing_ok=True)
+        return write_failure(error, path.parent)
+    return None
 
 
 def read_metrics(output_dir: str) -> list[dict]:

@@ -67,13 +67,13 @@ and rewards.py (reward functions, reward-model scoring; it stands alone); vllm_c
 
 import time
 from contextlib import nullcontext
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import torch
 import torch.utils.checkpoint
+import transformers
 from accelerate import DistributedType
 from tqdm.auto import tqdm
-from transformers import get_scheduler
 
 import common
 from common import arg, require
@@ -193,7 +193,9 @@ class Args:
     save_merged_model: bool = arg(False, "with --use_peft, also save the merged model in output_dir/merged")
     gradient_checkpointing: bool = arg(False, "recompute activations in the backward pass to save memory")
     bf16: bool = arg(False, "bfloat16 autocast for forward passes")
-    report_to: str = arg("none", "none, tensorboard or wandb")
+    report_to: list[str] = arg(
+        ["none"], "trackers besides metrics.jsonl: none, all, or accelerate's (tensorboard, wandb, trackio, ...)"
+    )
 
 
 def check_args(args: Args):
@@ -534,7 +536,7 @@ def main(args: Args):
         [{"params": params}, {"params": value_params}], lr=args.learning_rate, weight_decay=args.weight_decay
     )
     total_updates = args.max_steps * args.num_ppo_epochs * args.num_mini_batches
-    scheduler = get_scheduler(
+    scheduler = transformers.get_scheduler(
         args.lr_scheduler_type,
         optimizer,
         num_warmup_steps=int(args.warmup_ratio * total_updates),
@@ -556,9 +558,7 @@ def main(args: Args):
         vllm = VLLMGenerator(accelerator, args, tokenizer, model, generation_config.eos_token_id)
     sampler = common.bf16_sampler(accelerator, model, args)  # --bf16: a bf16 copy of the policy samples
     common.claim_output_dir(accelerator, args)  # every check is done: from here on, this run writes
-    logger = common.MetricsLogger(
-        args.output_dir, args.report_to, asdict(args), resume_step=start_step, enabled=accelerator.is_main_process
-    )
+    logger = common.MetricsLogger(accelerator, args, resume_step=start_step)  # metrics.jsonl, --report_to
 
     def reference_logprobs(input_ids, attention_mask, T):
         policy = accelerator.unwrap_model(model)
@@ -831,18 +831,15 @@ def main(args: Args):
                 }
                 logger.log(step, metrics)
                 progress.set_postfix(score=f"{metrics['objective/scores']:.3f}", kl=f"{metrics['objective/kl']:.4f}")
-                if args.log_completions and accelerator.is_main_process:
-                    for i in range(min(args.num_completions_to_print, local_batch_size)):
-                        tqdm.write(
-                            f"[step {step}] {prompts[i]!r} → {completion_texts[i]!r}  score {scores[i].item():.3f}"
-                        )
+                if args.log_completions:  # printed, and a table for the trackers that take one
+                    logger.log_completions(step, prompts, completion_texts, scores, args.num_completions_to_print)
 
             if args.eval_steps and step % args.eval_steps == 0 and step != args.max_steps:
                 run_eval(step)
             if args.save_steps and step % args.save_steps == 0:
                 common.save_checkpoint(accelerator, args, step, model, tokenizer, training_state())
     progress.close()
-    if step < args.max_steps:  # stopped early: Ctrl-C or SIGTERM on any process, or a reward function that failed
+    if step < args.max_steps or interrupted.error:  # stopped: Ctrl-C, SIGTERM, a reward function or a log that failed
         path = common.save_checkpoint(accelerator, args, step, model, tokenizer, training_state())
         logger.close()
         common.stop_early(accelerator, interrupted, step, path)

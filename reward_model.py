@@ -42,11 +42,11 @@ every held-out pair once, each process an equal share.
 
 import random
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import torch
+import transformers
 from tqdm.auto import tqdm
-from transformers import get_scheduler
 
 import common
 from common import arg, require
@@ -110,7 +110,9 @@ class Args:
     save_merged_model: bool = arg(False, "with --use_peft, also save the merged model in output_dir/merged")
     gradient_checkpointing: bool = arg(False, "recompute activations in the backward pass to save memory")
     bf16: bool = arg(False, "bfloat16 autocast for forward passes")
-    report_to: str = arg("none", "none, tensorboard or wandb")
+    report_to: list[str] = arg(
+        ["none"], "trackers besides metrics.jsonl: none, all, or accelerate's (tensorboard, wandb, trackio, ...)"
+    )
 
 
 def arithmetic_preference_dataset(split: str, pairs_per_problem: int, seed: int, pairs: str = "demonstrator"):
@@ -288,7 +290,7 @@ def main(args: Args):
     optimizer = torch.optim.AdamW(
         [p for p in model.parameters() if p.requires_grad], lr=args.learning_rate, weight_decay=args.weight_decay
     )
-    scheduler = get_scheduler(
+    scheduler = transformers.get_scheduler(
         args.lr_scheduler_type,
         optimizer,
         num_warmup_steps=int(args.warmup_ratio * args.max_steps),
@@ -300,9 +302,7 @@ def main(args: Args):
     if checkpoint is not None:
         start_step = common.load_training_state(accelerator, checkpoint)["step"]
     common.claim_output_dir(accelerator, args)  # every check is done: from here on, this run writes
-    logger = common.MetricsLogger(
-        args.output_dir, args.report_to, asdict(args), resume_step=start_step, enabled=accelerator.is_main_process
-    )
+    logger = common.MetricsLogger(accelerator, args, resume_step=start_step)  # metrics.jsonl, --report_to
 
     @torch.no_grad()
     def run_eval(step: int) -> dict:
@@ -392,7 +392,7 @@ def main(args: Args):
             if args.save_steps and step % args.save_steps == 0:
                 common.save_checkpoint(accelerator, args, step, model, tokenizer)
     progress.close()
-    if step < args.max_steps:  # stopped early: Ctrl-C or SIGTERM on any process
+    if step < args.max_steps or interrupted.error:  # stopped: Ctrl-C or SIGTERM on any process, or a log that failed
         path = common.save_checkpoint(accelerator, args, step, model, tokenizer)
         logger.close()
         common.stop_early(accelerator, interrupted, step, path)

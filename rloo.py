@@ -48,12 +48,12 @@ and rewards.py (reward functions, reward-model scoring; it stands alone); vllm_c
 
 import time
 from contextlib import nullcontext
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import torch
 import torch.utils.checkpoint
+import transformers
 from tqdm.auto import tqdm
-from transformers import get_scheduler
 
 import common
 from common import arg, require
@@ -151,9 +151,14 @@ class Args:
     lora_dropout: float = arg(0.05, "LoRA dropout")
     lora_target_modules: str = arg("all-linear", "comma-separated module names, or all-linear")
     save_merged_model: bool = arg(False, "with --use_peft, also save the merged model in output_dir/merged")
+    load_in_4bit: bool = arg(False, "QLoRA: the frozen base in 4 bits (bitsandbytes), the LoRA adapter in float32")
+    bnb_4bit_quant_type: str = arg("nf4", "4-bit data type of --load_in_4bit: nf4 or fp4")
+    use_bnb_nested_quant: bool = arg(False, "with --load_in_4bit, also quantize the quantization constants")
     gradient_checkpointing: bool = arg(False, "recompute activations in the backward pass to save memory")
     bf16: bool = arg(False, "bfloat16 autocast for forward passes")
-    report_to: str = arg("none", "none, tensorboard or wandb")
+    report_to: list[str] = arg(
+        ["none"], "trackers besides metrics.jsonl: none, all, or accelerate's (tensorboard, wandb, trackio, ...)"
+    )
 
 
 def check_args(args: Args):
@@ -338,7 +343,7 @@ def main(args: Args):
     # float32 master weights whatever the checkpoint's dtype (with --use_peft --bf16 the frozen base is bf16); a
     # resumed run gets its weights from the checkpoint below
     master_dtype = torch.bfloat16 if args.bf16 and args.use_peft else torch.float32
-    model = common.load_causal_lm(args.model_name_or_path, dtype=master_dtype)
+    model = common.load_causal_lm(args.model_name_or_path, dtype=master_dtype, **common.quantization(args))
     splits = {args.dataset_train_split: train_dataset, args.dataset_test_split: eval_dataset}
     vllm_context = args.vllm_max_model_length if args.use_vllm else None
     common.check_prompt_lengths(tokenizer, model, args.max_completion_length, splits, vllm_context)  # they fit
@@ -371,7 +376,7 @@ def main(args: Args):
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=args.learning_rate, weight_decay=args.weight_decay)
     total_updates = args.max_steps * args.num_iterations
-    scheduler = get_scheduler(
+    scheduler = transformers.get_scheduler(
         args.lr_scheduler_type,
         optimizer,
         num_warmup_steps=int(args.warmup_ratio * total_updates),
@@ -393,9 +398,7 @@ def main(args: Args):
         vllm = VLLMGenerator(accelerator, args, tokenizer, model, generation_config.eos_token_id)
     sampler = common.bf16_sampler(accelerator, model, args)  # --bf16: a bf16 copy of the policy samples
     common.claim_output_dir(accelerator, args)  # every check is done: from here on, this run writes
-    logger = common.MetricsLogger(
-        args.output_dir, args.report_to, asdict(args), resume_step=start_step, enabled=accelerator.is_main_process
-    )
+    logger = common.MetricsLogger(accelerator, args, resume_step=start_step)  # metrics.jsonl, --report_to
 
     def reference_logprobs(input_ids, attention_mask, T):
         policy = accelerator.unwrap_model(model)
@@ -595,18 +598,15 @@ def main(args: Args):
                 }
                 logger.log(step, metrics)
                 progress.set_postfix(reward=f"{metrics['reward']:.3f}", grad_norm=f"{metrics['grad_norm']:.3f}")
-                if args.log_completions and accelerator.is_main_process:
-                    for i in range(min(args.num_completions_to_print, local_batch_size)):
-                        tqdm.write(
-                            f"[step {step}] {prompts[i]!r} → {completion_texts[i]!r}  reward {rewards[i].item():.3f}"
-                        )
+                if args.log_completions:  # printed, and a table for the trackers that take one
+                    logger.log_completions(step, prompts, completion_texts, rewards, args.num_completions_to_print)
 
             if args.eval_steps and step % args.eval_steps == 0 and step != args.max_steps:
                 run_eval(step)
             if args.save_steps and step % args.save_steps == 0:
                 common.save_checkpoint(accelerator, args, step, model, tokenizer, {"num_tokens": num_tokens})
     progress.close()
-    if step < args.max_steps:  # stopped early: Ctrl-C or SIGTERM on any process, or a reward function that failed
+    if step < args.max_steps or interrupted.error:  # stopped: Ctrl-C, SIGTERM, a reward function or a log that failed
         path = common.save_checkpoint(accelerator, args, step, model, tokenizer, {"num_tokens": num_tokens})
         logger.close()
         common.stop_early(accelerator, interrupted, step, path)

@@ -25,11 +25,11 @@ held-out prompts between the processes and reports the mean over all of them.
 """
 
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import torch
+import transformers
 from tqdm.auto import tqdm
-from transformers import get_scheduler
 
 import common
 from common import arg, require
@@ -87,9 +87,14 @@ class Args:
     lora_dropout: float = arg(0.05, "LoRA dropout")
     lora_target_modules: str = arg("all-linear", "comma-separated module names, or all-linear")
     save_merged_model: bool = arg(False, "with --use_peft, also save the merged model in output_dir/merged")
+    load_in_4bit: bool = arg(False, "QLoRA: the frozen base in 4 bits (bitsandbytes), the LoRA adapter in float32")
+    bnb_4bit_quant_type: str = arg("nf4", "4-bit data type of --load_in_4bit: nf4 or fp4")
+    use_bnb_nested_quant: bool = arg(False, "with --load_in_4bit, also quantize the quantization constants")
     gradient_checkpointing: bool = arg(False, "recompute activations in the backward pass to save memory")
     bf16: bool = arg(False, "bfloat16 autocast for forward passes")
-    report_to: str = arg("none", "none, tensorboard or wandb")
+    report_to: list[str] = arg(
+        ["none"], "trackers besides metrics.jsonl: none, all, or accelerate's (tensorboard, wandb, trackio, ...)"
+    )
 
 
 TEXT_COLUMNS = ("prompt", "completion")  # checked row by row as they load (common.usable_rows)
@@ -223,6 +228,7 @@ def check_args(args: Args):
         )
         require(args.num_hidden_layers > 0, f"--num_hidden_layers: must be positive, got {args.num_hidden_layers}")
         require(args.vocab_size > 0, f"--vocab_size: must be positive, got {args.vocab_size}")
+        require(not args.load_in_4bit, "--load_in_4bit: quantizes a pretrained base, not a model --from_scratch builds")
 
 
 def main(args: Args):
@@ -267,7 +273,7 @@ def main(args: Args):
         # float32 master weights whatever the checkpoint's dtype (with --use_peft --bf16 the frozen base is bf16); a
         # resumed run gets its weights from the checkpoint below
         master_dtype = torch.bfloat16 if args.bf16 and args.use_peft else torch.float32
-        model = common.load_causal_lm(args.model_name_or_path, dtype=master_dtype)
+        model = common.load_causal_lm(args.model_name_or_path, dtype=master_dtype, **common.quantization(args))
     if args.use_peft:
         from peft import get_peft_model
 
@@ -287,7 +293,7 @@ def main(args: Args):
     optimizer = torch.optim.AdamW(
         [p for p in model.parameters() if p.requires_grad], lr=args.learning_rate, weight_decay=args.weight_decay
     )
-    scheduler = get_scheduler(
+    scheduler = transformers.get_scheduler(
         args.lr_scheduler_type,
         optimizer,
         num_warmup_steps=int(args.warmup_ratio * args.max_steps),
@@ -299,9 +305,7 @@ def main(args: Args):
     if checkpoint is not None:
         start_step = common.load_training_state(accelerator, checkpoint)["step"]
     common.claim_output_dir(accelerator, args)  # every check is done: from here on, this run writes
-    logger = common.MetricsLogger(
-        args.output_dir, args.report_to, asdict(args), resume_step=start_step, enabled=accelerator.is_main_process
-    )
+    logger = common.MetricsLogger(accelerator, args, resume_step=start_step)  # metrics.jsonl, --report_to
     eval_rewards = {"accuracy": accuracy_reward, "format": format_reward}
 
     def run_eval(step):
@@ -359,7 +363,7 @@ def main(args: Args):
             if args.save_steps and step % args.save_steps == 0:
                 common.save_checkpoint(accelerator, args, step, model, tokenizer)
     progress.close()
-    if step < args.max_steps:  # stopped early: Ctrl-C or SIGTERM on any process
+    if step < args.max_steps or interrupted.error:  # stopped: Ctrl-C or SIGTERM on any process, or a log that failed
         path = common.save_checkpoint(accelerator, args, step, model, tokenizer)
         logger.close()
         common.stop_early(accelerator, interrupted, step, path)

@@ -3,6 +3,7 @@
 import inspect
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -174,14 +175,13 @@ def test_evaluate_is_reproducible_and_leaves_training_rng_alone(tiny_model, tiny
 
 
 def test_metrics_logger_truncates_records_past_the_resumed_step(tmp_path):
-    logger = common.MetricsLogger(str(tmp_path), "none", {})
+    run = SimpleNamespace(output_dir=str(tmp_path), report_to="none", bf16=False)
+    logger = common.MetricsLogger(common.make_accelerator(run), run)
     for step in (1, 2, 3):
         logger.log(step, {"reward": step / 10, "kl": float("nan")})
     assert common.read_metrics(str(tmp_path))[0] == {"step": 1, "reward": 0.1, "kl": None}
-    common.MetricsLogger(str(tmp_path), "none", {}, resume_step=2).log(3, {"reward": 0.5})
+    common.MetricsLogger(common.make_accelerator(run), run, resume_step=2).log(3, {"reward": 0.5})
     assert [(r["step"], r["reward"]) for r in common.read_metrics(str(tmp_path))] == [(1, 0.1), (2, 0.2), (3, 0.5)]
-    with pytest.raises(ConfigError, match="--report_to"):
-        common.MetricsLogger(str(tmp_path), "mlflow", {})
 
 
 def test_resolve_checkpoint(tmp_path):

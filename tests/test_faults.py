@@ -390,7 +390,7 @@ MISTAKES = [  # (scripts, flags, the line's start)
         "error: --dataset_train_split: the built-in arithmetic task trains on 'train'",
     ),
     (SCRIPTS, ["--dataset_test_split", "train"], "error: --dataset_test_split: 'train' is also --dataset_train_split"),
-    (SCRIPTS, ["--report_to", "mlflow"], "error: --report_to: expected none, tensorboard or wandb"),
+    (SCRIPTS, ["--report_to", "wandb,tensorbord"], "error: --report_to: unknown tracker 'tensorbord'"),
     (
         SCRIPTS,
         ["--resume_from_checkpoint", "latest", "--overwrite_output_dir"],

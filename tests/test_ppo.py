@@ -325,7 +325,7 @@ def test_value_model_errors_name_the_flag(tmp_path):
         (dict(dataset_name="/no/such/data.jsonl"), "--dataset_name: no such file"),
         (dict(reward_funcs="accuracy,bogus"), "--reward_funcs: unknown reward function 'bogus'"),
         (dict(reward_model_path="/no/such/rm"), "--reward_model_path: cannot load a reward model"),
-        (dict(report_to="mlflow"), "--report_to: expected none, tensorboard or wandb"),
+        (dict(report_to="tensorbord"), "--report_to: unknown tracker 'tensorbord'"),
         (dict(resume_from_checkpoint="latest"), "--resume_from_checkpoint latest: no checkpoint"),
     ],
 )

@@ -159,7 +159,7 @@ def test_over_long_pairs_are_dropped(tmp_path, capsys):
         (dict(train_batch_size=10_000), "--train_batch_size: 10000 exceeds the 312 training pairs"),
         (dict(model_name_or_path="/no/such/model"), "--model_name_or_path: cannot load a tokenizer"),
         (dict(dataset_name="/no/such/pairs.jsonl"), "--dataset_name: no such file"),
-        (dict(report_to="mlflow"), "--report_to: expected none, tensorboard or wandb"),
+        (dict(report_to="tensorbord"), "--report_to: unknown tracker 'tensorbord'"),
         (dict(resume_from_checkpoint="latest"), "--resume_from_checkpoint latest: no checkpoint"),
     ],
 )

@@ -43,7 +43,7 @@ def training_records(output_dir):
         (dict(learning_rate=0.0), "--learning_rate: must be positive"),
         (dict(max_completion_length=0), "--max_completion_length: must be positive"),
         (dict(lr_scheduler_type="cosine_annealing"), "--lr_scheduler_type: unknown scheduler"),
-        (dict(report_to="mlflow"), "--report_to: expected none, tensorboard or wandb"),
+        (dict(report_to="tensorbord"), "--report_to: unknown tracker 'tensorbord'"),
         (dict(kl_estimator="k2"), "--kl_estimator: expected k1 or k3"),
         (dict(model_name_or_path="/no/such/model"), "--model_name_or_path: cannot load a tokenizer"),
         (dict(dataset_name="/no/such/data.jsonl"), "--dataset_name: no such file"),
