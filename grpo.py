@@ -48,8 +48,8 @@ advantages of each group sum to zero; `grad_norm` shows that the update is not. 
 --scale_rewards none): rewards 10, 8, 4, 2 have group mean 6 and advantages +4, +2, −2, −4, which RLOO's
 leave-one-out advantages scale by G/(G−1) = 4/3.
 
-Before any update, one pass without gradient gives log π_θ_old (the policy that sampled: the ratio's denominator, and
-the logged entropy) and, with β > 0, log π_ref; β = 0 (the default) loads no reference model.
+One forward pass per completion and iteration: the policy log-probs of the first iteration, detached, are π_θ_old,
+so no separate "old log-prob" pass is spent; β = 0 (the default) loads no reference model.
 
 Sampling draws from softmax(logits / τ), the distribution the log-probs above are computed from, whatever the
 checkpoint's generation_config.json sets. --top_k > 0 or --top_p < 1 truncate what is sampled but not the log-probs
@@ -610,23 +610,7 @@ def main(args: Args):
             rewards, rewards_per_func = batch["rewards"].to(device), batch["rewards_per_func"]
             loss_mask = completion_mask * ~is_truncated[:, None] if args.mask_truncated_completions else completion_mask
 
-            # ==== 3. log-probs without gradient: π_θ_old (the policy that sampled) and π_ref ====
-            micro_batches = torch.arange(local_batch_size, device=device).split(micro_batch_size)
-            old_logprobs, ref_logprobs, entropy = (torch.zeros(local_batch_size, T, device=device) for _ in range(3))
-            with torch.no_grad():
-                for mb in micro_batches:
-                    with accelerator.autocast():
-                        old_logprobs[mb], token_entropy = completion_logprobs(
-                            model, input_ids[mb], attention_mask[mb], T, args.temperature, entropy=logging_step
-                        )
-                    if logging_step:
-                        entropy[mb] = token_entropy
-                    ref_logprobs[mb] = (  # β = 0: no reference model, and kl = 0
-                        reference_logprobs(input_ids[mb], attention_mask[mb], T) if args.beta > 0 else old_logprobs[mb]
-                    )
-            kl = per_token_kl(old_logprobs, ref_logprobs) * completion_mask  # logged; the loss's KL is on π_θ
-
-            # ==== 4. advantages over the batch: group-relative, from the rewards only (the KL is a loss term) ====
+            # ==== 3. advantage: group-relative, from the rewards only (the KL is a loss term) ====
             # Over the whole batch, gathered from every process, of which this process keeps its rows; and the token
             # weights, normalized over the whole batch.
             # DDP averages the N processes' gradients, so each process's weights are N × its share of the one sum.
@@ -637,34 +621,58 @@ def main(args: Args):
                 loss_token_weights(loss_mask, args.loss_type, args.max_completion_length, sum_over_processes)
                 * accelerator.num_processes
             )
-            # vLLM or the bf16 copy sampled, not π_θ: w = π_θ_old / π_sampler, capped or masked at C; else 1
-            off_policy = args.vllm_importance_sampling_correction and "sampler_logprobs" in batch
-            is_weights = torch.ones(local_batch_size, 1, device=device)
-            if off_policy:
-                is_weights = importance_sampling_weights(
-                    old_logprobs,
-                    batch["sampler_logprobs"],
-                    completion_mask,
-                    mode=args.vllm_importance_sampling_mode,
-                    clip_max=args.vllm_importance_sampling_clip_max,
-                )
 
-            # ==== 5-6. loss and update: num_iterations passes over the batch, micro-batches accumulated ====
+            # ==== 4-6. per micro-batch: log-probs → per-token clipped surrogate + β·KL → loss; update ====
+            # vLLM or the bf16 copy sampled, not π_θ: importance-sampling weights; else they stay 1
+            off_policy = args.vllm_importance_sampling_correction and "sampler_logprobs" in batch
+            is_weights = torch.ones(
+                local_batch_size, T if args.vllm_importance_sampling_mode.startswith("token") else 1, device=device
+            )
+            old_logprobs = torch.zeros(local_batch_size, T, device=device)
+            ref_logprobs = torch.zeros(local_batch_size, T, device=device)
+            kl = torch.zeros(local_batch_size, T, device=device)
+            entropy = torch.zeros(local_batch_size, T, device=device)
             clip_low, clip_high, losses, policy_losses, grad_norms = [], [], [], [], []
-            for _ in range(args.num_iterations):
+            micro_batches = torch.arange(local_batch_size, device=device).split(micro_batch_size)
+            for iteration in range(args.num_iterations):
                 loss_sum, policy_loss_sum = 0.0, 0.0
                 for k, mb in enumerate(micro_batches):
                     # one all-reduce per update: all but the last micro-batch run forward and backward under no_sync
                     with nullcontext() if k == len(micro_batches) - 1 else accelerator.no_sync(model):
+                        # the reference pass first, so that its activations never coexist with the policy's
+                        if iteration == 0 and args.beta > 0:
+                            ref_logprobs[mb] = reference_logprobs(input_ids[mb], attention_mask[mb], T)
                         with accelerator.autocast():
-                            logprobs = completion_logprobs(
-                                model, input_ids[mb], attention_mask[mb], T, args.temperature
-                            )[0]
+                            logprobs, token_entropy = completion_logprobs(
+                                model,
+                                input_ids[mb],
+                                attention_mask[mb],
+                                T,
+                                args.temperature,
+                                entropy=iteration == 0 and logging_step,
+                            )
+                        mask = completion_mask[mb]
+                        if iteration == 0:
+                            # π_θ_old = the sampling policy = π_θ before this batch's first update
+                            old_logprobs[mb] = logprobs.detach()
+                            if off_policy:  # w = π_θ_old / π_sampler, capped or masked at C
+                                is_weights[mb] = importance_sampling_weights(
+                                    old_logprobs[mb],
+                                    batch["sampler_logprobs"][mb],
+                                    mask,
+                                    mode=args.vllm_importance_sampling_mode,
+                                    clip_max=args.vllm_importance_sampling_clip_max,
+                                )
+                            if logging_step:
+                                entropy[mb] = token_entropy
+                            if args.beta > 0:
+                                kl[mb] = per_token_kl(old_logprobs[mb], ref_logprobs[mb]) * mask
+                        A = advantages[mb]
                         loss, policy_loss, ratio = grpo_loss(
                             logprobs,
                             old_logprobs[mb],
                             ref_logprobs[mb],
-                            advantages[mb],
+                            A,
                             token_weights[mb],
                             beta=args.beta,
                             epsilon=args.epsilon,
@@ -674,7 +682,6 @@ def main(args: Args):
                         accelerator.backward(loss)
                     loss_sum += loss.item()
                     policy_loss_sum += policy_loss.item()
-                    A, mask = advantages[mb], completion_mask[mb]
                     is_low = (ratio < 1 - args.epsilon) & (A[:, None] < 0)
                     is_high = (ratio > 1 + epsilon_high) & (A[:, None] > 0)
                     clip_low.append(common.masked_mean(is_low.float(), mask).item())
