@@ -385,7 +385,6 @@ def main(args: Args):
     model, optimizer = common.prepare(
         accelerator, model, optimizer
     )  # DDP / DeepSpeed / FSDP wrapping, device placement
-    params = [p for p in model.parameters() if p.requires_grad]  # the prepared model's (FSDP replaces them)
     accelerator.register_for_checkpointing(scheduler)  # saved and restored, but stepped once per update by us
     start_step, num_tokens = 0, 0
     if checkpoint is not None:
