@@ -1176,7 +1176,7 @@ def evaluate(
                     prompts = [row["prompt"] for row in batch]
                     out = generate(model, tokenizer, [prompt_text(tokenizer, p) for p in prompts], config)
                     ids = [until_end(sampled, config.eos_token_id) for sampled in out["completion_ids"].tolist()]
-                    texts = tokenizer.batch_decode(ids, skip_special_tokens=True)
+                    texts = decode_completions(tokenizer, ids)
                     batch_columns = {c: [row[c] for row in batch] for c in columns}
                     try:
                         rewards, per_func = compute_rewards(reward_funcs, weights, prompts, texts, ids, batch_columns)
@@ -1699,7 +1699,7 @@ def tracker_names(report_to: str | list[str]) -> list[str]:
     """The accelerate trackers --report_to names (a list, or names separated by commas): any of accelerate's
     (`LoggerType`: tensorboard, wandb, trackio, comet_ml, mlflow, aim, clearml, dvclive, swanlab), `all` for every
     one whose package is installed, or `none`. An unknown name, or one whose package is missing, is a ConfigError."""
-    names = [name for item in ([report_to] if isinstance(report_to, str) else report_to) for name in split_list(item)]
+    names = split_list(report_to)
     for alone in {"all", "none"} & set(names):
         require(len(names) == 1, f"--report_to: {alone} stands alone, got {' '.join(names)}")
     if names in ([], ["none"]):
