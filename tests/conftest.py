@@ -14,6 +14,7 @@ sys.path.insert(0, str(ROOT))
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
+from accelerate import Accelerator  # noqa: E402
 
 import common  # noqa: E402
 
@@ -47,16 +48,29 @@ def tiny_tokenizer():
 @pytest.fixture
 def recorded_gradients(monkeypatch) -> list:
     """The accumulated gradient of every optimizer step, recorded just before clipping (Adam-updated weights would blur
-    comparisons: its first step is nearly a sign step). accelerate's clip_grad_norm_ calls torch's."""
-    gradients = []
-    clip = torch.nn.utils.clip_grad_norm_
+    comparisons: its first step is nearly a sign step). The scripts clip with accelerate's clip_grad_norm_ (ppo.py's
+    value model with torch's, which some accelerate releases also call: recorded once)."""
+    gradients, inside_accelerate = [], []
+    accelerate_clip, torch_clip = Accelerator.clip_grad_norm_, torch.nn.utils.clip_grad_norm_
 
-    def record_then_clip(params, max_norm, **kwargs):
+    def record(params):
         params = [p for p in params if p.grad is not None]
-        gradients.append(torch.cat([p.grad.flatten() for p in params]))
-        return clip(params, max_norm, **kwargs)
+        if not inside_accelerate:
+            gradients.append(torch.cat([p.grad.flatten() for p in params]))
+        return params
 
-    monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", record_then_clip)
+    def accelerator_record_then_clip(self, params, max_norm, **kwargs):
+        params = record(params)
+        inside_accelerate.append(True)
+        try:
+            return accelerate_clip(self, params, max_norm, **kwargs)
+        finally:
+            inside_accelerate.pop()
+
+    monkeypatch.setattr(Accelerator, "clip_grad_norm_", accelerator_record_then_clip)
+    monkeypatch.setattr(
+        torch.nn.utils, "clip_grad_norm_", lambda params, *a, **kw: torch_clip(record(params), *a, **kw)
+    )
     return gradients
 
 

@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 import torch
+from accelerate import Accelerator
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import common  # noqa: E402
@@ -66,18 +67,18 @@ def main():
     argv = sys.argv[2:]
     output_dir = Path(argv[argv.index("--output_dir") + 1])
     common.generate = fixed_generate
-    clip = torch.nn.utils.clip_grad_norm_
+    clip = Accelerator.clip_grad_norm_
 
-    def save_first_gradient(params, max_norm, **kwargs):
+    def save_first_gradient(self, params, max_norm, **kwargs):
         params = list(params)
         path = output_dir / "gradient.pt"
         grads = [p.grad for p in params if p.grad is not None]
-        plain = all(type(grad) is torch.Tensor for grad in grads)  # not FSDP's DTensor shards
+        plain = grads and all(type(grad) is torch.Tensor for grad in grads)  # not DeepSpeed's (none) nor FSDP's shards
         if common.PartialState().is_main_process and plain and not path.exists():
             torch.save(torch.cat([grad.flatten() for grad in grads]), path)
-        return clip(params, max_norm, **kwargs)
+        return clip(self, params, max_norm, **kwargs)
 
-    torch.nn.utils.clip_grad_norm_ = save_first_gradient
+    Accelerator.clip_grad_norm_ = save_first_gradient
     common.cli(script.main, script.Args, argv)
 
 
