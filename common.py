@@ -12,6 +12,7 @@ finds them. Reward functions and how rewards combine live in `rewards.py`, which
 errors and TRL's conventions from there); the colocated vLLM engine lives in `vllm_colocate.py`.
 """
 
+import argparse
 import contextlib
 import ctypes
 import dataclasses
@@ -38,12 +39,15 @@ from pathlib import Path
 
 import torch
 import transformers
+import yaml
 from accelerate import Accelerator, DistributedType, PartialState
 from accelerate.tracking import LOGGER_TYPE_TO_CLASS, GeneralTracker, get_available_trackers
 from accelerate.utils import LoggerType, ProjectConfiguration, broadcast_object_list, gather_object, get_int_from_env
 from accelerate.utils import reduce as reduce_over_processes
 from datasets import Dataset, get_dataset_split_names, load_dataset
 from datasets import config as datasets_config
+from safetensors import safe_open
+from safetensors.torch import load_file
 from tqdm.auto import tqdm
 from transformers import GenerationConfig, HfArgumentParser
 from transformers.utils import logging as transformers_logging
@@ -88,13 +92,25 @@ def arg(default, help: str):
 def parse_args(args_class, argv=None):
     """`args_class` from the command line. Prefixes of flags are not accepted (`--num_generation` is not
     `--num_generations_eval`); an unknown flag or a value of the wrong type is a ConfigError naming the flag. Only the
-    command line counts: no `<script>.args` file next to the script is read (HfArgumentParser's default)."""
+    command line counts: no `<script>.args` file next to the script is read (HfArgumentParser's default).
+
+    `--config FILE` reads flags from a YAML (or JSON) file (`config_flags`); flags on the command line override it. A
+    dict-typed field (--chat_template_kwargs) takes a JSON object."""
     parser = HfArgumentParser(args_class, allow_abbrev=False)
+    parser.add_argument(  # for --help only: the file is read below, before parsing
+        "--config", metavar="FILE", default=argparse.SUPPRESS, help=CONFIG_HELP
+    )
+    for action in parser._actions:  # HfArgumentParser would call dict('{"a": 1}')
+        if action.type is dict:
+            action.type = json_object
 
     def error(message: str):  # argparse's "argument --flag/--flag-alias: invalid int value: 'x'" -> "--flag: ..."
         raise ConfigError(re.sub(r"^argument (--[^/:]+)(/[^:]*)?: ", r"\1: ", message))
 
     parser.error = error
+    argv, config = without_config(sys.argv[1:] if argv is None else list(argv))
+    if config is not None:
+        argv = config_flags(config, args_class) + argv  # before the command line, whose flags then win
     args, unknown = parser.parse_args_into_dataclasses(
         args=argv, return_remaining_strings=True, look_for_args_file=False
     )
@@ -105,6 +121,72 @@ def parse_args(args_class, argv=None):
         require(not unknown[0].startswith("-"), f"{unknown[0]}: unknown flag{hint}")
         raise ConfigError(f"{unknown[0]}: unexpected argument")
     return args
+
+
+CONFIG_HELP = (
+    "a YAML (or JSON) file of flag: value, such as a run's output_dir/args.json; flags on the command line override it"
+)
+
+
+def without_config(argv: list[str]) -> tuple[list[str], str | None]:
+    """The command line without its `--config FILE` (or `--config=FILE`), and FILE (None without one)."""
+    rest, config, tokens = [], None, iter(argv)
+    for token in tokens:
+        if token == "--config":
+            config = next(tokens, None)
+            require(config is not None, "--config: expected a file")
+        elif token.startswith("--config="):
+            config = token.removeprefix("--config=")
+        else:
+            rest.append(token)
+    return rest, config
+
+
+def config_flags(path: str, args_class) -> list[str]:
+    """The flags a --config file sets, as command-line tokens, so that argparse checks their types as it checks the
+    command line's: the file is a mapping of flag names (TRL's YAML recipes, or a run's args.json) to values; a list is
+    several values, a mapping a JSON object, and null leaves the flag at its default. An `env` mapping sets environment
+    variables, as TRL's does. A key that is no flag, or a file that is not such a mapping, is one line."""
+    try:
+        config = yaml.safe_load(Path(path).expanduser().read_text())
+    except OSError as error:
+        raise ConfigError(f"--config: cannot read {path}: {error.strerror or error}") from None
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        where = f" (line {mark.line + 1})" if mark else ""
+        raise ConfigError(f"--config {path}: not YAML{where}: {getattr(error, 'problem', None) or error}") from None
+    require(
+        isinstance(config, dict), f"--config {path}: expected a mapping of flag: value, got {type(config).__name__}"
+    )
+    env = config.pop("env", None) or {}
+    require(isinstance(env, dict), f"--config {path}: env: expected a mapping of variable: value")
+    os.environ.update({str(name): str(value) for name, value in env.items()})
+    names = [field.name for field in dataclasses.fields(args_class)]
+    text = lambda v: json.dumps(v) if isinstance(v, dict) else str(v).lower() if isinstance(v, bool) else str(v)
+    tokens = []
+    for key, value in config.items():
+        if key not in names:
+            close = difflib.get_close_matches(str(key), names, n=1)
+            hint = f" (did you mean --{close[0]}?)" if close else " (--help lists the flags)"
+            raise ConfigError(f"--config {path}: unknown key {key!r}{hint}")
+        if isinstance(value, list):
+            tokens += [f"--{key}", *map(text, value)] if value else []
+        elif value is not None:
+            tokens.append(f"--{key}={text(value)}")  # one token: a value may start with "-"
+    return tokens
+
+
+def json_object(text: str) -> dict:
+    """argparse's type for a dict-typed flag: a JSON object."""
+    try:
+        value = json.loads(text)
+    except ValueError:
+        value = None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(
+            f"expected a JSON object such as '{{\"enable_thinking\": false}}', got {text!r}"
+        )
+    return value
 
 
 def cli(main, args_class, argv=None):
@@ -202,6 +284,7 @@ def check_shared_args(args):
     check("vllm_importance_sampling_mode", lambda value: value in IS_MODES, f"one of {', '.join(IS_MODES)}")
     check("vllm_importance_sampling_clip_max", lambda value: value > 0, "positive")
     check("lora_target_modules", lambda value: bool(split_list(value)), "module names or all-linear")
+    check("save_total_limit", lambda value: value is None or value > 0, "positive (or unset: keep every checkpoint)")
     check("bnb_4bit_quant_type", lambda value: value in ("nf4", "fp4"), "nf4 or fp4")
     if getattr(args, "load_in_4bit", False):
         require(args.use_peft, "--load_in_4bit: the 4-bit base is frozen, only a LoRA adapter trains: add --use_peft")
@@ -524,7 +607,8 @@ def bf16_sampler(accelerator: Accelerator, model, args):
     if not args.bf16 or args.use_vllm or args.use_peft or sharded:
         return None
     policy = accelerator.unwrap_model(model)
-    sampler = load_causal_lm(args.model_name_or_path, dtype=torch.bfloat16).to(accelerator.device)
+    sampler = load_causal_lm(args.model_name_or_path, dtype=torch.bfloat16, **loading_options(args))
+    sampler = sampler.to(accelerator.device)
     sampler.eval().requires_grad_(False)
     sync_sampler(sampler, policy)  # a resumed run's weights are the policy's, not the checkpoint's on disk
     return sampler
@@ -594,13 +678,19 @@ def load_split(
     builtin: dict | None = None,
     flag: str = "--dataset_name",
     columns: tuple[str, ...] = ("prompt",),
+    config: str | None = None,
 ) -> Dataset | None:
     """One split of a dataset: a built-in name (its splits are 'train' and 'test'), a local data file, a local folder,
-    or a hub dataset name. A single local file is its 'train' split. Returns None when the split does not exist.
-    The text `columns` the script reads are checked row by row (`usable_rows`)."""
+    or a hub dataset name, of its configuration `config` (--dataset_config, load_dataset's `name`) when it has several.
+    A single local file is its 'train' split. Returns None when the split does not exist. The text `columns` the script
+    reads are checked row by row (`usable_rows`)."""
+    path = Path(dataset_name)
+    require(
+        config is None or not ((builtin and dataset_name in builtin) or path.suffix in FILE_BUILDERS),
+        f"--dataset_config: {dataset_name} has no configurations (only a hub dataset or a dataset folder has)",
+    )
     if builtin and dataset_name in builtin:
         return builtin[dataset_name](split) if split in ("train", "test") else None
-    path = Path(dataset_name)
     if path.suffix in FILE_BUILDERS:
         require(path.is_file(), f"{flag}: no such file: {dataset_name}")
         if split != "train":
@@ -615,11 +705,15 @@ def load_split(
             require(path.is_dir(), f"{flag}: no such file or folder: {dataset_name}")
         cache = {"cache_dir": local_cache(path)} if path.is_dir() else {}
         try:  # a hub dataset name or a local folder of data files: the same datasets call serves both
-            if split not in get_dataset_split_names(dataset_name, **cache):
+            if split not in get_dataset_split_names(dataset_name, config, **cache):
                 return None
-            dataset = load_dataset(dataset_name, split=split, **cache)
+            dataset = load_dataset(dataset_name, config, split=split, **cache)
         except Exception as error:
-            raise ConfigError(f"{flag}: cannot load {dataset_name!r}: {first_line(error)}") from None
+            reason = first_line(error)
+            if config is not None:
+                raise ConfigError(f"--dataset_config: cannot load {config!r} of {dataset_name!r}: {reason}") from None
+            hint = " (choose one with --dataset_config)" if "config" in reason.lower() else ""
+            raise ConfigError(f"{flag}: cannot load {dataset_name!r}: {reason}{hint}") from None
     require(len(dataset) > 0, f"{flag}: the {split!r} split of {dataset_name} has no rows")
     dataset = usable_rows(dataset, split, columns, flag)
     require(
@@ -726,7 +820,12 @@ def check_prompt_column(dataset: Dataset, flag: str = "--dataset_name"):
 
 
 def check_prompt_lengths(
-    tokenizer, model, max_completion_length: int, datasets: dict, vllm_max_model_length: int | None = None
+    tokenizer,
+    model,
+    max_completion_length: int,
+    datasets: dict,
+    vllm_max_model_length: int | None = None,
+    chat_template_kwargs: dict | None = None,
 ):
     """Stop with one line, before anything runs, when a prompt followed by max_completion_length tokens does not fit the
     model's context (`config.max_position_embeddings`; a model without one is not checked), or vLLM's
@@ -743,7 +842,7 @@ def check_prompt_lengths(
     for split, dataset in datasets.items():
         if dataset is None:
             continue
-        texts = [prompt_text(tokenizer, prompt) for prompt in dataset["prompt"]]
+        texts = [prompt_text(tokenizer, prompt, chat_template_kwargs) for prompt in dataset["prompt"]]
         lengths = [len(ids) for ids in tokenizer(texts, add_special_tokens=False).input_ids]
         longest = max(range(len(lengths)), key=lengths.__getitem__)
         where = f"prompt {longest} of the {split!r} split is {lengths[longest]} tokens"
@@ -769,10 +868,11 @@ def check_max_length(model, max_length: int):
     )
 
 
-def prompt_text(tokenizer, prompt) -> str:
+def prompt_text(tokenizer, prompt, chat_template_kwargs: dict | None = None) -> str:
     """A conversational prompt goes through the chat template as TRL renders it: after the user's (or a tool's) turn,
     the generation prompt opens the assistant's; a prompt that ends with the assistant's turn has that turn continued
-    (`continue_final_message`), not closed. A standard (string) prompt is used as it is."""
+    (`continue_final_message`), not closed. `chat_template_kwargs` (--chat_template_kwargs, e.g. enable_thinking) go
+    to the template. A standard (string) prompt is used as it is."""
     if is_conversational(prompt):
         require(
             tokenizer.chat_template is not None,
@@ -780,7 +880,11 @@ def prompt_text(tokenizer, prompt) -> str:
         )
         continued = bool(prompt) and prompt[-1]["role"] == "assistant"
         return tokenizer.apply_chat_template(
-            prompt, tokenize=False, add_generation_prompt=not continued, continue_final_message=continued
+            prompt,
+            tokenize=False,
+            add_generation_prompt=not continued,
+            continue_final_message=continued,
+            **(chat_template_kwargs or {}),
         )
     require(isinstance(prompt, str), f"prompt: expected a string or a list of messages, got {type(prompt).__name__}")
     return prompt
@@ -789,16 +893,18 @@ def prompt_text(tokenizer, prompt) -> str:
 # ----------------------------------------------------------------------------------------------------------------------
 # Tokenizer, models
 # ----------------------------------------------------------------------------------------------------------------------
-def load_tokenizer(path: str, flag: str = "--model_name_or_path"):
+def load_tokenizer(path: str, flag: str = "--model_name_or_path", **options):
     """The tokenizer at `path`, padding on the left, with a pad token (its eos token when it has none). It must have an
-    eos token: that is where a completion ends, and what sft.py and reward_model.py end a sequence with."""
+    eos token: that is where a completion ends, and what sft.py and reward_model.py end a sequence with. `options`:
+    `loading_options` (a model's attn_implementation is left out)."""
     from transformers import AutoTokenizer
 
     problem = model_folder_problem(path)  # a folder holding a tokenizer alone is one
     if problem and not (Path(path).expanduser() / "tokenizer_config.json").is_file():
         raise ConfigError(f"{flag}: cannot load a tokenizer from {path!r}: {problem}")
+    options.pop("attn_implementation", None)
     try:
-        tokenizer = AutoTokenizer.from_pretrained(path, padding_side="left")
+        tokenizer = AutoTokenizer.from_pretrained(path, padding_side="left", **options)
     except (OSError, ValueError) as error:
         raise ConfigError(f"{flag}: cannot load a tokenizer from {path!r}: {first_line(error)}") from None
     require(
@@ -809,6 +915,18 @@ def load_tokenizer(path: str, flag: str = "--model_name_or_path"):
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer
+
+
+def loading_options(args, path: str | None = None) -> dict:
+    """from_pretrained's keyword arguments from TRL's loading flags, for the policy, its reference, ppo.py's value model
+    and the tokenizer. --model_revision names a commit of --model_name_or_path: a model from another `path` (a value
+    model from --value_model_path) loads at its own default branch."""
+    options = {"trust_remote_code": args.trust_remote_code}
+    if path in (None, args.model_name_or_path):
+        options["revision"] = args.model_revision
+    if args.attn_implementation is not None:
+        options["attn_implementation"] = args.attn_implementation
+    return options
 
 
 def load_causal_lm(path: str, flag: str = "--model_name_or_path", **kwargs):
@@ -1174,7 +1292,12 @@ def evaluate(
                     batch_indices = indices[start : start + args.per_device_eval_batch_size]
                     batch = [rows[i] for i in batch_indices]
                     prompts = [row["prompt"] for row in batch]
-                    out = generate(model, tokenizer, [prompt_text(tokenizer, p) for p in prompts], config)
+                    out = generate(
+                        model,
+                        tokenizer,
+                        [prompt_text(tokenizer, p, args.chat_template_kwargs) for p in prompts],
+                        config,
+                    )
                     ids = [until_end(sampled, config.eos_token_id) for sampled in out["completion_ids"].tolist()]
                     texts = decode_completions(tokenizer, ids)
                     batch_columns = {c: [row[c] for row in batch] for c in columns}
@@ -1213,29 +1336,54 @@ def eval_summary(first: dict, last: dict, temperature: float) -> str:
 # ----------------------------------------------------------------------------------------------------------------------
 # Checkpoints: HF-format model + tokenizer (or adapter), plus optimizer, scheduler, RNG and step
 # ----------------------------------------------------------------------------------------------------------------------
-def save_checkpoint(accelerator: Accelerator, args, step: int, model, tokenizer, extra: dict | None = None) -> Path:
-    """Write `checkpoint-{step}` in args.output_dir: the model in HF format (or the LoRA adapter) and the tokenizer, for
-    people; `accelerator_state/` (accelerate's own: model, optimizer, registered scheduler, every process's RNG; sharded
-    states under DeepSpeed / FSDP), for resuming; `args.json`, the run's flags (`asdict(args)`), which a resumed run is
-    checked against (`check_resumed_args`); `training_state.pt` with the step, the script's extras and the size of
-    every other file (what `checkpoint_problem` checks). Written whole (`write_whole`), and no earlier checkpoint is
-    touched. Every process must call it."""
+def save_checkpoint(
+    accelerator: Accelerator,
+    args,
+    step: int,
+    model,
+    tokenizer,
+    extra: dict | None = None,
+    others: dict | None = None,
+    resumed_from: Path | None = None,
+) -> Path:
+    """Write `checkpoint-{step}` in args.output_dir: the model in HF format (or the LoRA adapter) and the tokenizer,
+    which people load and a resumed run takes the weights from, and each of `others` (folder name -> model: ppo's
+    value_model) in a folder of its own; `accelerator_state/` (accelerate's: optimizer, registered scheduler, every
+    process's RNG; under DeepSpeed / FSDP the sharded weights with the optimizer), for resuming; `args.json`, the run's
+    flags (`write_args`), which a resumed run is checked against (`check_resumed_args`); `training_state.pt` with the
+    step, the script's extras and the size of every other file (what `checkpoint_problem` checks). The weights are
+    written once: accelerate writes its own copy only where the HF files hold them under other names
+    (`hf_files_hold_weights`). Written whole (`write_whole`), and no earlier checkpoint is touched, until
+    --save_total_limit deletes the oldest beyond the newest N, never `resumed_from` (`delete_old_checkpoints`). Every
+    process must call it."""
     output_dir = args.output_dir
     final = Path(output_dir) / f"checkpoint-{step}"
     tmp = Path(output_dir) / f".checkpoint-{step}.tmp"
+    models = model_folders(tmp, model, others)
 
     def write():
-        accelerator.save_state(str(tmp / "accelerator_state"))
-        save_model(accelerator, tmp, model, tokenizer)
+        for folder, each in models.items():
+            save_model(accelerator, folder, each, tokenizer)
+        # accelerate writes weights from the main process only, the one that wrote (and can read) the HF files
+        once = accelerator.is_main_process and hf_files_hold_weights(accelerator, models)
+        hook = accelerator.register_save_state_pre_hook(
+            lambda models, weights, folder: weights.clear() if once else None
+        )
+        try:
+            accelerator.save_state(str(tmp / "accelerator_state"))
+        finally:
+            hook.remove()
 
     def publish():
-        (tmp / "args.json").write_text(json.dumps(dataclasses.asdict(args), indent=2) + "\n")
+        write_args(args, tmp)
         files = {str(f.relative_to(tmp)): f.stat().st_size for f in tmp.rglob("*") if f.is_file()}
         torch.save({"step": step, **(extra or {}), "files": files}, tmp / "training_state.pt")
         if final.exists():  # the same step saved again: the old copy goes only once the new one is complete
             os.replace(final, tmp.with_suffix(".old"))
         os.replace(tmp, final)
         shutil.rmtree(tmp.with_suffix(".old"), ignore_errors=True)
+        if args.save_total_limit:
+            delete_old_checkpoints(output_dir, args.save_total_limit, keep=[final, resumed_from])
 
     write_whole(
         accelerator,
@@ -1245,6 +1393,97 @@ def save_checkpoint(accelerator: Accelerator, args, step: int, model, tokenizer,
         lambda reason: f"cannot write {final} ({reason}); the earlier checkpoints are kept",
     )
     return final
+
+
+def model_folders(folder: Path, model, others: dict | None) -> dict:
+    """Where a checkpoint holds each model: `model` in `folder`, each of `others` (name -> model) in folder/name."""
+    return {folder: model, **{folder / name: other for name, other in (others or {}).items()}}
+
+
+def write_args(args, folder: Path):
+    """`folder`/args.json: every field of `args` (`asdict`), which `--config` reads back; written whole (a temporary
+    file, then a rename). The run's record in --output_dir (`claim_output_dir`) and each checkpoint's."""
+    tmp = Path(folder) / ".args.json.tmp"
+    tmp.write_text(json.dumps(dataclasses.asdict(args), indent=2) + "\n")
+    os.replace(tmp, Path(folder) / "args.json")
+
+
+def weight_files(folder: Path, model) -> list[Path]:
+    """The safetensors files `save_pretrained` wrote `model` (unwrapped) into: the adapter of a peft model, else the
+    weights, one file or its shards."""
+    pattern = "adapter_model.safetensors" if hasattr(model, "peft_config") else "model*.safetensors"
+    return sorted(Path(folder).glob(pattern))
+
+
+def trainable_names(model) -> set[str]:
+    """The names `load_weights` must find: every trainable parameter's (a tied one once, under its first name)."""
+    return {name for name, parameter in model.named_parameters() if parameter.requires_grad}
+
+
+def hf_files_hold_weights(accelerator: Accelerator, models: dict) -> bool:
+    """Whether the HF-format files `save_model` wrote (folder -> prepared model) restore every model exactly
+    (`load_weights`), so that accelerate need not write the weights again: not under DeepSpeed or FSDP, whose own
+    files hold the sharded weights, nor for a model that transformers saves under other names than it trains them
+    (the fused experts of some mixture-of-experts models are saved one by one); a LoRA adapter always does."""
+    if accelerator.distributed_type in (DistributedType.DEEPSPEED, DistributedType.FSDP):
+        return False
+    for folder, model in models.items():
+        unwrapped = accelerator.unwrap_model(model)
+        if not hasattr(unwrapped, "peft_config"):
+            saved = set()
+            for file in weight_files(folder, unwrapped):
+                with safe_open(file, "pt") as f:
+                    saved.update(f.keys())
+            if not trainable_names(unwrapped) <= saved:
+                return False
+    return True
+
+
+def load_weights(accelerator: Accelerator, folder: Path, model):
+    """Restore `model`'s weights (with LoRA: its adapter) in place from the HF-format files `save_model` wrote into
+    `folder`, exactly as saved. A full model is read one tensor at a time (a 7B float32 policy is 28 GB, on every
+    process). A trainable weight the files lack, a weight the model lacks or one of another shape is a ValueError."""
+    from peft import set_peft_model_state_dict
+
+    unwrapped = accelerator.unwrap_model(model)
+    files = weight_files(folder, unwrapped)
+    if not files:
+        raise ValueError(f"{folder} holds no {'LoRA adapter' if hasattr(unwrapped, 'peft_config') else 'full model'}")
+    if hasattr(unwrapped, "peft_config"):
+        loaded = set_peft_model_state_dict(unwrapped, {k: v for file in files for k, v in load_file(file).items()})
+        missing, unexpected = set(loaded.missing_keys), loaded.unexpected_keys
+    else:
+        own, unexpected = unwrapped.state_dict(keep_vars=True), []
+        missing = set(own)
+        for file in files:
+            with safe_open(file, "pt") as f, torch.no_grad():
+                for key in f.keys():
+                    if key not in own:
+                        unexpected.append(key)
+                        continue
+                    saved = f.get_tensor(key)
+                    if saved.shape != own[key].shape:
+                        raise ValueError(f"{key} is {tuple(saved.shape)} in {folder}, not {tuple(own[key].shape)}")
+                    own[key].copy_(saved)
+                    missing.discard(key)
+    missing = sorted(trainable_names(unwrapped) & missing)
+    if missing or unexpected:
+        raise ValueError(f"{folder}: missing {missing[:3]}, unexpected {unexpected[:3]}")
+
+
+def delete_old_checkpoints(output_dir: str, limit: int, keep: list[Path | None]):
+    """--save_total_limit: delete the oldest complete checkpoint-N folders beyond the newest `limit`, except those in
+    `keep` (the one just saved, the one this run resumed from), so that a resumed run keeps its starting point. A
+    folder is renamed before it is deleted: a kill meanwhile leaves no half checkpoint-N."""
+    found = [p for p in Path(output_dir).glob("checkpoint-*") if CHECKPOINT_NAME.fullmatch(p.name)]
+    complete = sorted((p for p in found if checkpoint_problem(p) is None), key=lambda p: int(p.name.split("-")[1]))
+    kept = {Path(path).resolve() for path in keep if path is not None}
+    for path in complete[: max(len(complete) - limit, 0)]:
+        if path.resolve() not in kept:
+            doomed = path.with_name(f".{path.name}.deleted")
+            with contextlib.suppress(OSError):  # one that cannot be deleted is kept
+                os.replace(path, doomed)
+                shutil.rmtree(doomed)
 
 
 def write_whole(accelerator: Accelerator, tmp: Path, write, publish, failed):
@@ -1346,6 +1585,7 @@ RESUME_MAY_CHANGE = {
     "per_device_eval_batch_size",
     "dataset_test_split",
     "save_steps",
+    "save_total_limit",
     "save_merged_model",
     "output_dir",
     # the rest of the schedule, which the checkpoint does not hold
@@ -1359,6 +1599,8 @@ RESUME_MAY_CHANGE = {
     "use_vllm",
     "vllm_gpu_memory_utilization",
     "vllm_max_model_length",
+    "attn_implementation",
+    "trust_remote_code",
     "seed",
 }
 
@@ -1377,7 +1619,10 @@ def check_resumed_args(checkpoint: Path, args):
         if not same_setting(saved[name], now[name])
     ]
     changed.sort(key=list(now).index)
-    said = lambda names: "; ".join(f"--{name} {now[name]} (the checkpoint's: {saved[name]})" for name in names)
+    typed = lambda value: " ".join(map(str, value)) if isinstance(value, list) else value  # as on the command line
+    said = lambda names: "; ".join(
+        f"--{name} {typed(now[name])} (the checkpoint's: {typed(saved[name])})" for name in names
+    )
     refused = [name for name in changed if name not in RESUME_MAY_CHANGE]
     require(
         not refused,
@@ -1446,21 +1691,33 @@ def torn_metrics_lines(output_dir: str) -> int:
     return len(lines) - len(read_metrics(output_dir))
 
 
-def load_training_state(accelerator: Accelerator, checkpoint: Path) -> dict:
-    """Restore what `save_checkpoint` saved into the prepared model(s) and optimizer(s), the registered scheduler and
-    this process's RNG; returns the step and the script's extras. Resume with the same number of processes."""
+def load_training_state(accelerator: Accelerator, checkpoint: Path, model, others: dict | None = None) -> dict:
+    """Restore what `save_checkpoint` saved: the weights of the prepared `model` and of each of `others` (folder name
+    -> model) from their HF-format files (`load_weights`; under DeepSpeed / FSDP, or where accelerate kept its own copy,
+    from accelerator_state/), the optimizer(s), the registered scheduler and this process's RNG; returns the step and
+    the script's extras. Resume with the same number of processes."""
     saved = len(list((checkpoint / "accelerator_state").glob("random_states_*.pkl")))
     require(
         saved == accelerator.num_processes,
         f"--resume_from_checkpoint: {checkpoint} was saved by {saved} processes; resume it with as many (got "
         f"{accelerator.num_processes})",
     )
-    # a 4-bit base saves its quantization constants next to its weights, and load_state_dict takes them back as
+    sharded = accelerator.distributed_type in (DistributedType.DEEPSPEED, DistributedType.FSDP)
+    from_hf_files = not sharded and not list((checkpoint / "accelerator_state").glob("model*.safetensors"))
+    # accelerate's own copy of a 4-bit base holds its quantization constants, which load_state_dict takes back as
     # unexpected keys: the frozen base is as loaded, and the flags that shape the adapter match args.json
     saved_args = checkpoint / "args.json"
     quantized = saved_args.is_file() and json.loads(saved_args.read_text()).get("load_in_4bit", False)
     try:
-        accelerator.load_state(str(checkpoint / "accelerator_state"), strict=not quantized)
+        for folder, each in model_folders(checkpoint, model, others).items() if from_hf_files else ():
+            load_weights(accelerator, folder, each)
+        hook = accelerator.register_load_state_pre_hook(
+            lambda models, folder: models.clear() if from_hf_files else None
+        )
+        try:
+            accelerator.load_state(str(checkpoint / "accelerator_state"), strict=not quantized)
+        finally:
+            hook.remove()
     except (RuntimeError, ValueError, KeyError) as error:  # saved before args.json, or the model changed on disk
         raise ConfigError(
             f"--resume_from_checkpoint: {checkpoint} does not fit this run's model and optimizer (was it saved with "
@@ -1557,11 +1814,14 @@ def claim_output_dir(accelerator: Accelerator, args):
     - A fresh run (no --resume_from_checkpoint) into a folder holding another run's metrics.jsonl or checkpoints
       stops, unless --overwrite_output_dir, which deletes them first (they would mix with this run's, and `latest`
       would resume the other run's).
+    - The run's record, `args.json` (`write_args`): every flag of this run, which `--config` reads back.
     """
     message = None
     if accelerator.is_main_process:
         try:
             message = take_lock(Path(args.output_dir)) or claim_contents(args)
+            if message is None:
+                write_args(args, Path(args.output_dir))
         except OSError as error:
             message = f"--output_dir: cannot write to {args.output_dir}: {error.strerror or error}"
     if accelerator.num_processes > 1:

@@ -378,13 +378,16 @@ def heldout_measurements(policy_paths: list[str], config, reward_model_path: str
     r_φ(x, y),
     and the exact-match accuracy on these same samples. None when the dataset has no held-out split."""
     eval_dataset = common.load_split(
-        config.dataset_name, config.dataset_test_split, {"arithmetic": common.arithmetic_dataset}
+        config.dataset_name,
+        config.dataset_test_split,
+        {"arithmetic": common.arithmetic_dataset},
+        config=config.dataset_config,
     )
     if eval_dataset is None:
         return None
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    tokenizer = common.load_tokenizer(config.model_name_or_path)
-    reference = common.load_causal_lm(config.model_name_or_path).to(device).eval()
+    tokenizer = common.load_tokenizer(config.model_name_or_path, **common.loading_options(config))
+    reference = common.load_causal_lm(config.model_name_or_path, **common.loading_options(config)).to(device).eval()
     proxy = (
         reward_model_function(reward_model_path, device) if reward_model_path else None
     )  # what the scripts score with
@@ -394,11 +397,11 @@ def heldout_measurements(policy_paths: list[str], config, reward_model_path: str
         if "ground_truth" in eval_dataset.column_names
         else None
     )
-    texts = [common.prompt_text(tokenizer, p) for p in prompts]
+    texts = [common.prompt_text(tokenizer, p, config.chat_template_kwargs) for p in prompts]
     generation_config = common.sampling_config(reference, tokenizer, config)
     measured = []
     for path in policy_paths:
-        policy = common.load_causal_lm(path).to(device).eval()
+        policy = common.load_causal_lm(path, **common.loading_options(config, path)).to(device).eval()
         sums, completions = [], []
         with torch.random.fork_rng(devices=[torch.cuda.current_device()] if torch.cuda.is_available() else []):
             torch.manual_seed(config.seed)

@@ -84,8 +84,16 @@ class Args:
     model_name_or_path: str = arg(
         common.EMBEDDED_MODEL, "policy to train: a hub id or a local folder (default: the embedded tiny model)"
     )
+    model_revision: str = arg("main", "branch, tag or commit of --model_name_or_path on the hub")
+    trust_remote_code: bool = arg(False, "let a hub model or tokenizer run its own code (its modeling files)")
+    attn_implementation: str | None = arg(
+        None, "attention kernel: eager, sdpa, flash_attention_2, ... (None: transformers' choice)"
+    )
     dataset_name: str = arg(
         "arithmetic", "'arithmetic' (built in), a hub dataset, or a local data file/folder with a 'prompt' column"
+    )
+    dataset_config: str | None = arg(
+        None, "configuration name of a hub dataset or dataset folder with several (load_dataset's `name`)"
     )
     dataset_train_split: str = arg("train", "split to train on")
     dataset_test_split: str = arg("test", "held-out split, scored by the run's reward functions; skipped when absent")
@@ -129,6 +137,9 @@ class Args:
     top_p: float = arg(1.0, "nucleus sampling (1.0 = off); < 1 is off-policy (log-probs of the full softmax, as TRL)")
     top_k: int = arg(0, "top-k sampling (0 = off); > 0 is off-policy (log-probs of the full softmax, as TRL)")
     max_completion_length: int = arg(24, "max generated tokens per completion")
+    chat_template_kwargs: dict | None = arg(
+        None, "extra arguments of the chat template, a JSON object such as '{\"enable_thinking\": false}'"
+    )
     use_vllm: bool = arg(
         False, "sample with a colocated vLLM engine (needs vllm and a GPU); weights synced after each update"
     )
@@ -167,6 +178,9 @@ class Args:
     per_device_eval_batch_size: int = arg(512, "completions per generate call during evaluation")
     output_dir: str = arg("outputs/grpo", "where metrics.jsonl, checkpoints and the final model go")
     save_steps: int = arg(50, "save a checkpoint every this many steps (0 = never; Ctrl-C, SIGTERM always save)")
+    save_total_limit: int | None = arg(
+        None, "keep only the newest N checkpoints (None: all); never deletes the one the run resumed from"
+    )
     resume_from_checkpoint: str | None = arg(None, "a checkpoint folder, or 'latest' (newest complete in output_dir)")
     overwrite_output_dir: bool = arg(False, "start over in an output_dir of another run (deletes its checkpoints)")
     # efficiency
@@ -174,7 +188,7 @@ class Args:
     lora_r: int = arg(16, "LoRA rank")
     lora_alpha: int = arg(32, "LoRA alpha")
     lora_dropout: float = arg(0.05, "LoRA dropout")
-    lora_target_modules: str = arg("all-linear", "comma-separated module names, or all-linear")
+    lora_target_modules: list[str] = arg(["all-linear"], "module names (q_proj v_proj or q_proj,v_proj) or all-linear")
     save_merged_model: bool = arg(False, "with --use_peft, also save the merged model in output_dir/merged")
     load_in_4bit: bool = arg(False, "QLoRA: the frozen base in 4 bits (bitsandbytes), the LoRA adapter in float32")
     bnb_4bit_quant_type: str = arg("nf4", "4-bit data type of --load_in_4bit: nf4 or fp4")
@@ -452,7 +466,7 @@ def main(args: Args):
 
     # ---- plumbing: data (prompts, and every other column for the reward functions) ----
     builtin = {"arithmetic": common.arithmetic_dataset}
-    train_dataset = common.load_split(args.dataset_name, args.dataset_train_split, builtin)
+    train_dataset = common.load_split(args.dataset_name, args.dataset_train_split, builtin, config=args.dataset_config)
     require(
         train_dataset is not None,
         f"--dataset_train_split: {args.dataset_name} has no split {args.dataset_train_split!r}",
@@ -462,20 +476,24 @@ def main(args: Args):
         len(train_dataset) >= args.prompts_per_step,
         f"--prompts_per_step: {args.prompts_per_step} exceeds the {len(train_dataset)} training prompts",
     )
-    eval_dataset = common.load_split(args.dataset_name, args.dataset_test_split, builtin)
+    eval_dataset = common.load_split(args.dataset_name, args.dataset_test_split, builtin, config=args.dataset_config)
     if eval_dataset is None:
         print(f"no held-out split {args.dataset_test_split!r}: evaluation is skipped")
 
     # ---- plumbing: models: policy, reference (only when β > 0), reward functions ----
     checkpoint = common.resolve_checkpoint(args.resume_from_checkpoint, args.output_dir, args)
-    tokenizer = common.load_tokenizer(args.model_name_or_path)
+    tokenizer = common.load_tokenizer(args.model_name_or_path, **common.loading_options(args))
     # float32 master weights whatever the checkpoint's dtype (with --use_peft --bf16 the frozen base is bf16); a
     # resumed run gets its weights from the checkpoint below
     master_dtype = torch.bfloat16 if args.bf16 and args.use_peft else torch.float32
-    model = common.load_causal_lm(args.model_name_or_path, dtype=master_dtype, **common.quantization(args))
+    model = common.load_causal_lm(
+        args.model_name_or_path, dtype=master_dtype, **common.loading_options(args), **common.quantization(args)
+    )
     splits = {args.dataset_train_split: train_dataset, args.dataset_test_split: eval_dataset}
     vllm_context = args.vllm_max_model_length if args.use_vllm else None
-    common.check_prompt_lengths(tokenizer, model, args.max_completion_length, splits, vllm_context)  # they fit
+    common.check_prompt_lengths(  # they fit
+        tokenizer, model, args.max_completion_length, splits, vllm_context, args.chat_template_kwargs
+    )
     if args.use_peft:
         from peft import get_peft_model
 
@@ -490,7 +508,7 @@ def main(args: Args):
     ref_model = None
     if args.beta > 0 and not args.use_peft:
         frozen_dtype = torch.bfloat16 if args.bf16 else torch.float32  # nothing to update: bf16 once, under --bf16
-        ref_model = common.load_causal_lm(args.model_name_or_path, dtype=frozen_dtype)
+        ref_model = common.load_causal_lm(args.model_name_or_path, dtype=frozen_dtype, **common.loading_options(args))
         ref_model = common.prepare_frozen(accelerator, ref_model)  # under DeepSpeed ZeRO-3, an inference engine
     frozen = lambda model: common.prepare_frozen(accelerator, model)  # a reward model too
     reward_funcs = load_reward_funcs(
@@ -517,7 +535,7 @@ def main(args: Args):
     accelerator.register_for_checkpointing(scheduler)  # saved and restored, but stepped once per update by us
     start_step, num_tokens = 0, 0
     if checkpoint is not None:
-        state = common.load_training_state(accelerator, checkpoint)
+        state = common.load_training_state(accelerator, checkpoint, model)
         start_step, num_tokens = state["step"], state["num_tokens"]
     vllm = None
     if args.use_vllm:  # after resuming, so the engine starts from the resumed weights
@@ -550,7 +568,7 @@ def main(args: Args):
         """Phases 1 and 2 for this process's prompts `rows`: the tensors and texts of the rollout, and the rewards."""
         # ==== 1. rollout: G completions per prompt, each ended at its first end token ====
         prompts = [p for p in rows["prompt"] for _ in range(G)]  # each prompt's G completions are contiguous
-        texts = [common.prompt_text(tokenizer, p) for p in prompts]
+        texts = [common.prompt_text(tokenizer, p, args.chat_template_kwargs) for p in prompts]
         rollout = common.sample_completions(accelerator, model, tokenizer, texts, generation_config, vllm, sampler)
         completion_mask, is_truncated = end_of_completion(rollout["completion_ids"], generation_config.eos_token_id)
         completion_ids = rollout["completion_ids"].masked_fill(completion_mask == 0, tokenizer.pad_token_id)  # (B, T)
@@ -760,10 +778,14 @@ def main(args: Args):
             if args.eval_steps and step % args.eval_steps == 0 and step != args.max_steps:
                 run_eval(step)
             if args.save_steps and step % args.save_steps == 0:
-                common.save_checkpoint(accelerator, args, step, model, tokenizer, {"num_tokens": num_tokens})
+                common.save_checkpoint(
+                    accelerator, args, step, model, tokenizer, {"num_tokens": num_tokens}, resumed_from=checkpoint
+                )
     progress.close()
     if step < args.max_steps or interrupted.error:  # stopped: Ctrl-C, SIGTERM, a reward function or a log that failed
-        path = common.save_checkpoint(accelerator, args, step, model, tokenizer, {"num_tokens": num_tokens})
+        path = common.save_checkpoint(
+            accelerator, args, step, model, tokenizer, {"num_tokens": num_tokens}, resumed_from=checkpoint
+        )
         logger.close()
         common.stop_early(accelerator, interrupted, step, path)
 

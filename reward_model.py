@@ -30,7 +30,8 @@ classic reward-model failure that eval/accuracy (the exact-answer check) exposes
 pairs that only arithmetic separates: chosen and rejected in the same form, bare or worked, differing only in the
 number.
 On those the embedded model reaches held-out pair accuracy 0.654 after 400 steps (0.858 on its training problems), but
-a near miss (±1 or ±2) on a held-out problem still scores at chance (README, compare.py's second comparison).
+a near miss (±1 or ±2) on a held-out problem still scores at chance (docs/sft-and-reward-model.md, compare.py's second
+comparison).
 
 Under `accelerate launch --num_processes N`, each step's batch is the one a single process would take, in the same
 order, split into N equal shares of pairs, one per process: the mean over a share, averaged over the processes by DDP,
@@ -63,9 +64,17 @@ class Args:
     model_name_or_path: str = arg(
         common.EMBEDDED_MODEL, "model to start from: a causal LM (a fresh scalar head is added) or a reward model"
     )
+    model_revision: str = arg("main", "branch, tag or commit of --model_name_or_path on the hub")
+    trust_remote_code: bool = arg(False, "let a hub model or tokenizer run its own code (its modeling files)")
+    attn_implementation: str | None = arg(
+        None, "attention kernel: eager, sdpa, flash_attention_2, ... (None: transformers' choice)"
+    )
     dataset_name: str = arg(
         "arithmetic",
         "'arithmetic' (built in), a hub dataset, or a local data file/folder with chosen and rejected columns",
+    )
+    dataset_config: str | None = arg(
+        None, "configuration name of a hub dataset or dataset folder with several (load_dataset's `name`)"
     )
     dataset_train_split: str = arg("train", "split to train on")
     dataset_test_split: str = arg("test", "held-out split for eval/accuracy; skipped when absent")
@@ -97,6 +106,9 @@ class Args:
     per_device_eval_batch_size: int = arg(256, "pairs per forward pass during evaluation")
     output_dir: str = arg("outputs/reward_model", "where metrics, checkpoints and the final model go")
     save_steps: int = arg(50, "save a checkpoint every this many steps (0 = never; Ctrl-C, SIGTERM always save)")
+    save_total_limit: int | None = arg(
+        None, "keep only the newest N checkpoints (None: all); never deletes the one the run resumed from"
+    )
     resume_from_checkpoint: str | None = arg(None, "a checkpoint folder, or 'latest' (newest complete in output_dir)")
     overwrite_output_dir: bool = arg(False, "start over in an output_dir of another run (deletes its checkpoints)")
     use_peft: bool = arg(
@@ -106,7 +118,7 @@ class Args:
     lora_alpha: int = arg(32, "LoRA alpha")
     disable_dropout: bool = arg(True, "turn dropout off (LoRA's too), as TRL's RewardTrainer does by default")
     lora_dropout: float = arg(0.05, "LoRA dropout")
-    lora_target_modules: str = arg("all-linear", "comma-separated module names, or all-linear")
+    lora_target_modules: list[str] = arg(["all-linear"], "module names (q_proj v_proj or q_proj,v_proj) or all-linear")
     save_merged_model: bool = arg(False, "with --use_peft, also save the merged model in output_dir/merged")
     gradient_checkpointing: bool = arg(False, "recompute activations in the backward pass to save memory")
     bf16: bool = arg(False, "bfloat16 autocast for forward passes")
@@ -243,12 +255,16 @@ def main(args: Args):
             split, args.pairs_per_problem, args.seed, args.arithmetic_pairs
         )
     }
-    train_dataset = common.load_split(args.dataset_name, args.dataset_train_split, builtin, columns=TEXT_COLUMNS)
+    train_dataset = common.load_split(
+        args.dataset_name, args.dataset_train_split, builtin, columns=TEXT_COLUMNS, config=args.dataset_config
+    )
     require(
         train_dataset is not None,
         f"--dataset_train_split: {args.dataset_name} has no split {args.dataset_train_split!r}",
     )
-    eval_dataset = common.load_split(args.dataset_name, args.dataset_test_split, builtin, columns=TEXT_COLUMNS)
+    eval_dataset = common.load_split(
+        args.dataset_name, args.dataset_test_split, builtin, columns=TEXT_COLUMNS, config=args.dataset_config
+    )
     for dataset in (train_dataset, eval_dataset) if eval_dataset is not None else (train_dataset,):
         for column in ("chosen", "rejected"):
             require(
@@ -258,12 +274,16 @@ def main(args: Args):
 
     # ---- model: the backbone of a causal LM (or a reward model) with a scalar head ----
     checkpoint = common.resolve_checkpoint(args.resume_from_checkpoint, args.output_dir, args)
-    tokenizer = common.load_tokenizer(args.model_name_or_path)
+    tokenizer = common.load_tokenizer(args.model_name_or_path, **common.loading_options(args))
     # float32 master weights whatever the checkpoint's dtype (with --use_peft --bf16 the frozen base is bf16)
     master_dtype = torch.bfloat16 if args.bf16 and args.use_peft else torch.float32
     # a causal LM gets a new score head; a resumed run gets its weights from the checkpoint below
     model, missing_keys = common.load_sequence_classifier(
-        args.model_name_or_path, "--model_name_or_path", new_head=True, dtype=master_dtype
+        args.model_name_or_path,
+        "--model_name_or_path",
+        new_head=True,
+        dtype=master_dtype,
+        **common.loading_options(args),
     )
     common.warn_missing_weights(missing_keys, "--model_name_or_path")
     common.check_max_length(model, args.max_length)
@@ -300,7 +320,7 @@ def main(args: Args):
     accelerator.register_for_checkpointing(scheduler)  # saved and restored, but stepped once per update by us
     start_step = 0
     if checkpoint is not None:
-        start_step = common.load_training_state(accelerator, checkpoint)["step"]
+        start_step = common.load_training_state(accelerator, checkpoint, model)["step"]
     common.claim_output_dir(accelerator, args)  # every check is done: from here on, this run writes
     logger = common.MetricsLogger(accelerator, args, resume_step=start_step)  # metrics.jsonl, --report_to
 
@@ -390,10 +410,10 @@ def main(args: Args):
             if args.eval_steps and step % args.eval_steps == 0 and step != args.max_steps:
                 run_eval(step)
             if args.save_steps and step % args.save_steps == 0:
-                common.save_checkpoint(accelerator, args, step, model, tokenizer)
+                common.save_checkpoint(accelerator, args, step, model, tokenizer, resumed_from=checkpoint)
     progress.close()
     if step < args.max_steps or interrupted.error:  # stopped: Ctrl-C or SIGTERM on any process, or a log that failed
-        path = common.save_checkpoint(accelerator, args, step, model, tokenizer)
+        path = common.save_checkpoint(accelerator, args, step, model, tokenizer, resumed_from=checkpoint)
         logger.close()
         common.stop_early(accelerator, interrupted, step, path)
 

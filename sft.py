@@ -41,6 +41,11 @@ class Args:
     model_name_or_path: str = arg(
         common.EMBEDDED_MODEL, "model to fine-tune: a hub id or a local folder (ignored with --from_scratch)"
     )
+    model_revision: str = arg("main", "branch, tag or commit of --model_name_or_path on the hub")
+    trust_remote_code: bool = arg(False, "let a hub model or tokenizer run its own code (its modeling files)")
+    attn_implementation: str | None = arg(
+        None, "attention kernel: eager, sdpa, flash_attention_2, ... (None: transformers' choice)"
+    )
     from_scratch: bool = arg(False, "build a new tokenizer and a tiny Qwen2 model instead of loading one")
     hidden_size: int = arg(128, "--from_scratch: hidden size")
     num_hidden_layers: int = arg(4, "--from_scratch: transformer layers")
@@ -48,6 +53,9 @@ class Args:
     dataset_name: str = arg(
         "arithmetic",
         "'arithmetic' (built in), a hub dataset, or a local data file/folder with prompt and completion columns",
+    )
+    dataset_config: str | None = arg(
+        None, "configuration name of a hub dataset or dataset folder with several (load_dataset's `name`)"
     )
     dataset_train_split: str = arg("train", "split to train on")
     dataset_test_split: str = arg(
@@ -77,15 +85,21 @@ class Args:
     top_p: float = arg(1.0, "evaluation nucleus sampling (1.0 = off)")
     top_k: int = arg(0, "evaluation top-k sampling (0 = off)")
     max_completion_length: int = arg(24, "evaluation: max generated tokens")
+    chat_template_kwargs: dict | None = arg(
+        None, "extra arguments of the chat template, a JSON object such as '{\"enable_thinking\": false}'"
+    )
     output_dir: str = arg("outputs/sft", "where metrics, checkpoints and the final model go")
     save_steps: int = arg(500, "save a checkpoint every this many steps (0 = never; Ctrl-C, SIGTERM always save)")
+    save_total_limit: int | None = arg(
+        None, "keep only the newest N checkpoints (None: all); never deletes the one the run resumed from"
+    )
     resume_from_checkpoint: str | None = arg(None, "a checkpoint folder, or 'latest' (newest complete in output_dir)")
     overwrite_output_dir: bool = arg(False, "start over in an output_dir of another run (deletes its checkpoints)")
     use_peft: bool = arg(False, "train a LoRA adapter instead of all weights")
     lora_r: int = arg(16, "LoRA rank")
     lora_alpha: int = arg(32, "LoRA alpha")
     lora_dropout: float = arg(0.05, "LoRA dropout")
-    lora_target_modules: str = arg("all-linear", "comma-separated module names, or all-linear")
+    lora_target_modules: list[str] = arg(["all-linear"], "module names (q_proj v_proj or q_proj,v_proj) or all-linear")
     save_merged_model: bool = arg(False, "with --use_peft, also save the merged model in output_dir/merged")
     load_in_4bit: bool = arg(False, "QLoRA: the frozen base in 4 bits (bitsandbytes), the LoRA adapter in float32")
     bnb_4bit_quant_type: str = arg("nf4", "4-bit data type of --load_in_4bit: nf4 or fp4")
@@ -166,17 +180,18 @@ def build_tiny_model(args, dataset):
     return tokenizer, AutoModelForCausalLM.from_config(config)
 
 
-def tokenize(tokenizer, dataset, max_length: int) -> list[dict]:
-    """input_ids and labels (-100 on prompt tokens) per prompt/completion pair; each completion ends with EOS. A
-    sequence longer than max_length keeps its first max_length tokens (said once, with how many were cut); a row whose
-    prompt alone takes max_length tokens has nothing left to train on and is skipped (said once, with how many)."""
+def tokenize(tokenizer, dataset, max_length: int, chat_template_kwargs: dict | None = None) -> list[dict]:
+    """input_ids and labels (-100 on prompt tokens) per prompt/completion pair, the prompt rendered as the RL scripts
+    render it (`common.prompt_text`); each completion ends with EOS. A sequence longer than max_length keeps its first
+    max_length tokens (said once, with how many were cut); a row whose prompt alone takes max_length tokens has nothing
+    left to train on and is skipped (said once, with how many)."""
     for i, completion in enumerate(dataset["completion"]):
         require(
             isinstance(completion, str) or len(completion) == 1,
             f"--dataset_name: 'completion' of training row {i}: expected one assistant message, got "
             f"{len(completion)} messages",
         )
-    prompt_texts = [common.prompt_text(tokenizer, p) for p in dataset["prompt"]]
+    prompt_texts = [common.prompt_text(tokenizer, p, chat_template_kwargs) for p in dataset["prompt"]]
     completion_texts = [c if isinstance(c, str) else c[-1]["content"] for c in dataset["completion"]]
     prompt_ids = tokenizer(prompt_texts, add_special_tokens=False).input_ids
     completion_ids = tokenizer(completion_texts, add_special_tokens=False).input_ids
@@ -244,7 +259,9 @@ def main(args: Args):
     builtin = {
         "arithmetic": lambda split: arithmetic_sft_dataset(split, args.label_noise, args.samples_per_problem, args.seed)
     }
-    train_dataset = common.load_split(args.dataset_name, args.dataset_train_split, builtin, columns=TEXT_COLUMNS)
+    train_dataset = common.load_split(
+        args.dataset_name, args.dataset_train_split, builtin, columns=TEXT_COLUMNS, config=args.dataset_config
+    )
     require(
         train_dataset is not None,
         f"--dataset_train_split: {args.dataset_name} has no split {args.dataset_train_split!r}",
@@ -254,7 +271,9 @@ def main(args: Args):
             column in train_dataset.column_names,
             f"--dataset_name: the dataset has no {column!r} column (columns: {train_dataset.column_names})",
         )
-    eval_dataset = common.load_split(args.dataset_name, args.dataset_test_split, builtin, columns=TEXT_COLUMNS)
+    eval_dataset = common.load_split(
+        args.dataset_name, args.dataset_test_split, builtin, columns=TEXT_COLUMNS, config=args.dataset_config
+    )
     kept = ("prompt", "solution", "ground_truth")  # what its evaluation reads: prompts, and answers to check
     if eval_dataset is not None and not set(kept[1:]) & set(eval_dataset.column_names):
         eval_dataset = None
@@ -269,11 +288,13 @@ def main(args: Args):
             tokenizer = common.load_tokenizer(str(checkpoint), "--resume_from_checkpoint")
             model = common.load_causal_lm(str(checkpoint), "--resume_from_checkpoint")
     else:
-        tokenizer = common.load_tokenizer(args.model_name_or_path)
+        tokenizer = common.load_tokenizer(args.model_name_or_path, **common.loading_options(args))
         # float32 master weights whatever the checkpoint's dtype (with --use_peft --bf16 the frozen base is bf16); a
         # resumed run gets its weights from the checkpoint below
         master_dtype = torch.bfloat16 if args.bf16 and args.use_peft else torch.float32
-        model = common.load_causal_lm(args.model_name_or_path, dtype=master_dtype, **common.quantization(args))
+        model = common.load_causal_lm(
+            args.model_name_or_path, dtype=master_dtype, **common.loading_options(args), **common.quantization(args)
+        )
     if args.use_peft:
         from peft import get_peft_model
 
@@ -283,11 +304,17 @@ def main(args: Args):
         model.config.use_cache = False
     model.train()
     common.check_max_length(model, args.max_length)
-    common.check_prompt_lengths(tokenizer, model, args.max_completion_length, {args.dataset_test_split: eval_dataset})
+    common.check_prompt_lengths(
+        tokenizer,
+        model,
+        args.max_completion_length,
+        {args.dataset_test_split: eval_dataset},
+        chat_template_kwargs=args.chat_template_kwargs,
+    )
     n_params = sum(p.numel() for p in model.parameters())
     accelerator.print(f"model: {n_params / 1e6:.2f}M parameters, vocabulary {len(tokenizer)}")
 
-    rows = tokenize(tokenizer, train_dataset, args.max_length)
+    rows = tokenize(tokenizer, train_dataset, args.max_length, args.chat_template_kwargs)
     batches_per_epoch = len(rows) // args.train_batch_size
     require(batches_per_epoch > 0, f"--train_batch_size: {args.train_batch_size} exceeds the {len(rows)} training rows")
     optimizer = torch.optim.AdamW(
@@ -303,7 +330,7 @@ def main(args: Args):
     accelerator.register_for_checkpointing(scheduler)  # saved and restored, but stepped once per update by us
     start_step = 0
     if checkpoint is not None:
-        start_step = common.load_training_state(accelerator, checkpoint)["step"]
+        start_step = common.load_training_state(accelerator, checkpoint, model)["step"]
     common.claim_output_dir(accelerator, args)  # every check is done: from here on, this run writes
     logger = common.MetricsLogger(accelerator, args, resume_step=start_step)  # metrics.jsonl, --report_to
     eval_rewards = {"accuracy": accuracy_reward, "format": format_reward}
@@ -361,10 +388,10 @@ def main(args: Args):
             if args.eval_steps and step % args.eval_steps == 0 and step != args.max_steps:
                 run_eval(step)
             if args.save_steps and step % args.save_steps == 0:
-                common.save_checkpoint(accelerator, args, step, model, tokenizer)
+                common.save_checkpoint(accelerator, args, step, model, tokenizer, resumed_from=checkpoint)
     progress.close()
     if step < args.max_steps or interrupted.error:  # stopped: Ctrl-C or SIGTERM on any process, or a log that failed
-        path = common.save_checkpoint(accelerator, args, step, model, tokenizer)
+        path = common.save_checkpoint(accelerator, args, step, model, tokenizer, resumed_from=checkpoint)
         logger.close()
         common.stop_early(accelerator, interrupted, step, path)
 

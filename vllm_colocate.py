@@ -42,6 +42,8 @@ class VLLMGenerator:
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         self.llm = vllm.LLM(
             model=args.model_name_or_path,
+            revision=args.model_revision,
+            trust_remote_code=args.trust_remote_code,
             gpu_memory_utilization=args.vllm_gpu_memory_utilization,
             distributed_executor_backend="external_launcher",
             seed=args.seed + accelerator.process_index,

@@ -65,8 +65,19 @@ def test_no_float32_copy_of_the_logits_is_kept_for_the_backward_pass(tiny_model,
 
 def bf16_args(**overrides):
     flags = {"bf16": True, "use_vllm": False, "use_peft": False, "model_name_or_path": common.EMBEDDED_MODEL}
-    # make_accelerator's trackers: nothing is written until a MetricsLogger starts them
-    return SimpleNamespace(**{**flags, "output_dir": "unused", "report_to": "none", **overrides})
+    # output_dir and report_to for make_accelerator's trackers (nothing is written until a MetricsLogger starts them),
+    # the rest for loading_options
+    return SimpleNamespace(
+        **{
+            **flags,
+            "output_dir": "unused",
+            "model_revision": "main",
+            "trust_remote_code": False,
+            "attn_implementation": None,
+            "report_to": "none",
+            **overrides,
+        }
+    )
 
 
 def test_bf16_sampler_is_a_bf16_copy_refreshed_from_the_policy_before_each_generation():

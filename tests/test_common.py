@@ -160,6 +160,7 @@ def test_evaluate_is_reproducible_and_leaves_training_rng_alone(tiny_model, tiny
     class Args:
         temperature, top_p, top_k, max_completion_length = 1.0, 1.0, 0, 12
         num_generations_eval, per_device_eval_batch_size = 2, 50
+        chat_template_kwargs = None
 
     dataset = common.arithmetic_dataset("test").select(range(20))
     torch.manual_seed(1)

@@ -270,7 +270,8 @@ def test_a_resume_that_runs_longer_and_logs_otherwise_carries_on_and_says_so(tmp
 @pytest.mark.parametrize("script", every(SCRIPTS))
 def test_a_checkpoint_without_a_record_that_does_not_fit_is_one_line(tmp_path, script):
     """A checkpoint saved before args.json resumes unchecked, as before; one whose model no longer fits (here: resumed
-    with --use_peft added) is one line instead of a load_state_dict traceback."""
+    with --use_peft added, and the checkpoint holds a full model, no adapter) is one line instead of a load_state_dict
+    traceback."""
     out = tmp_path / "out"
     checkpoint = first_run(script, out)
     (checkpoint / "args.json").unlink(missing_ok=True)
@@ -281,5 +282,5 @@ def test_a_checkpoint_without_a_record_that_does_not_fit_is_one_line(tmp_path, s
         run_tiny(script, out, resume_from_checkpoint="latest", max_steps=2, use_peft=True)
     assert str(error.value).startswith(
         f"--resume_from_checkpoint: {checkpoint} does not fit this run's model and optimizer (was it saved with "
-        "another --model_name_or_path, --use_peft or --lora_* flags?): Error(s) in loading state_dict for "
+        f"another --model_name_or_path, --use_peft or --lora_* flags?): {checkpoint} holds no LoRA adapter"
     )

@@ -471,9 +471,7 @@ def test_ctrl_c_saves_a_checkpoint_and_exits_cleanly(tmp_path, interrupt_run):
     checkpoint = interrupt_run("ppo.py", tmp_path / "out", "objective/scores")
     state = torch.load(checkpoint / "training_state.pt", weights_only=False)
     assert state["step"] == int(checkpoint.name.split("-")[1]) and "kl_coef" in state
-    assert (
-        checkpoint / "accelerator_state" / "model_1.safetensors"
-    ).is_file()  # the value model, saved with the policy
+    assert (checkpoint / "value_model" / "model.safetensors").is_file()  # the value model, saved with the policy
 
 
 def test_reward_model_as_the_reward_and_the_value_model_start(tmp_path):

@@ -121,7 +121,9 @@ def test_evaluation_ends_completions_at_the_checkpoints_turn_end(turn_end_model)
     """The same weights, with <|im_end|> as the tokenizer's EOS (the embedded model) or as a second end id: the same
     held-out scores. Cut at the tokenizer's EOS only, every completion ran on past its answer and failed the format."""
     dataset = common.arithmetic_dataset("test").select(range(16))
-    args = types.SimpleNamespace(**vars(SAMPLING), num_generations_eval=2, per_device_eval_batch_size=64)
+    args = types.SimpleNamespace(
+        **vars(SAMPLING), num_generations_eval=2, per_device_eval_batch_size=64, chat_template_kwargs=None
+    )
     rewards = {"accuracy": accuracy_reward, "format": format_reward}
     scores = [
         common.evaluate(common.load_causal_lm(path), common.load_tokenizer(path), dataset, args, rewards, seed=3)

@@ -1,4 +1,4 @@
-"""RLOO's estimator pieces, against worked examples computed by hand (rloo.py's docstring and the README)."""
+"""RLOO's estimator pieces, against worked examples computed by hand (rloo.py's docstring)."""
 
 import math
 

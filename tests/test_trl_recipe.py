@@ -163,7 +163,13 @@ def test_two_local_folders_of_one_name_are_each_read(tmp_path):
 # ---- 2. evaluation with the run's own rewards
 # ----------------------------------------------------------------------------------------------------------------------
 EVAL = types.SimpleNamespace(
-    temperature=1.0, top_p=1.0, top_k=0, max_completion_length=12, num_generations_eval=2, per_device_eval_batch_size=64
+    temperature=1.0,
+    top_p=1.0,
+    top_k=0,
+    max_completion_length=12,
+    num_generations_eval=2,
+    per_device_eval_batch_size=64,
+    chat_template_kwargs=None,
 )
 
 
