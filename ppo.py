@@ -601,11 +601,7 @@ def main(args: Args):
         logger.log(step, metrics)
         return metrics
 
-    def training_state() -> dict:
-        return {
-            "num_tokens": num_tokens,
-            "kl_coef": kl_coef,
-        }  # the value model is in accelerator_state/ with the policy
+    training_state = lambda: {"num_tokens": num_tokens, "kl_coef": kl_coef}  # a checkpoint's extras
 
     first_eval = run_eval(0) if start_step == 0 else {}
     columns = [c for c in train_dataset.column_names if c != "prompt"]

@@ -437,6 +437,7 @@ def main(args: Args):
         state = common.load_training_state(accelerator, checkpoint, model)
         start_step, num_tokens = state["step"], state["num_tokens"]
         reward_sum, reward_count = state["reward_sum"], state["reward_count"]
+    training_state = lambda: {"num_tokens": num_tokens, "reward_sum": reward_sum, "reward_count": reward_count}
     vllm = None
     if args.use_vllm:  # after resuming, so the engine starts from the resumed weights
         from vllm_colocate import VLLMGenerator
@@ -673,24 +674,12 @@ def main(args: Args):
                 run_eval(step)
             if args.save_steps and step % args.save_steps == 0:
                 common.save_checkpoint(
-                    accelerator,
-                    args,
-                    step,
-                    model,
-                    tokenizer,
-                    {"num_tokens": num_tokens, "reward_sum": reward_sum, "reward_count": reward_count},
-                    resumed_from=checkpoint,
+                    accelerator, args, step, model, tokenizer, training_state(), resumed_from=checkpoint
                 )
     progress.close()
     if step < args.max_steps or interrupted.error:  # stopped: Ctrl-C, SIGTERM, a reward function or a log that failed
         path = common.save_checkpoint(
-            accelerator,
-            args,
-            step,
-            model,
-            tokenizer,
-            {"num_tokens": num_tokens, "reward_sum": reward_sum, "reward_count": reward_count},
-            resumed_from=checkpoint,
+            accelerator, args, step, model, tokenizer, training_state(), resumed_from=checkpoint
         )
         logger.close()
         common.stop_early(accelerator, interrupted, step, path)
