@@ -79,34 +79,9 @@ LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
 
 
 @dataclass
-class Args:
-    # model and data
-    model_name_or_path: str = arg(
-        common.EMBEDDED_MODEL, "policy to train: a hub id or a local folder (default: the embedded tiny model)"
-    )
-    model_revision: str = arg("main", "branch, tag or commit of --model_name_or_path on the hub")
-    trust_remote_code: bool = arg(False, "let a hub model or tokenizer run its own code (its modeling files)")
-    attn_implementation: str | None = arg(
-        None, "attention kernel: eager, sdpa, flash_attention_2, ... (None: transformers' choice)"
-    )
-    dataset_name: str = arg(
-        "arithmetic", "'arithmetic' (built in), a hub dataset, or a local data file/folder with a 'prompt' column"
-    )
-    dataset_config: str | None = arg(
-        None, "configuration name of a hub dataset or dataset folder with several (load_dataset's `name`)"
-    )
-    dataset_train_split: str = arg("train", "split to train on")
-    dataset_test_split: str = arg("test", "held-out split, scored by the run's reward functions; skipped when absent")
-    reward_funcs: list[str] = arg(
-        ["accuracy"],
-        "reward functions, a list or comma-separated: accuracy (= accuracy_reward), format, think_format_reward, "
-        "reasoning_accuracy_reward, get_soft_overlong_punishment, module:function, pkg.module.function, or none",
-    )
-    reward_weights: list[str] = arg([], "one weight per reward function, a list or comma-separated (default 1.0 each)")
-    reward_model_path: str | None = arg(
-        None, "a sequence-classification reward model (num_labels=1), added to the rewards"
-    )
-    # GRPO
+class Args(common.Args):
+    """This script's flags; the ones every algorithm script shares are in common.Args (`--help` lists all)."""
+
     num_generations: int = arg(
         8, "completions sampled per prompt (G ≥ 2), the group whose mean is the baseline (8: few all-equal groups)"
     )
@@ -123,81 +98,18 @@ class Args:
     mask_truncated_completions: bool = arg(
         False, "completions without EOS get no loss and leave the normalizer (they still count in the advantages)"
     )
-    disable_dropout: bool = arg(
-        True, "turn dropout off (LoRA's too), so sampling, π_old, the KL and the loss see one policy"
-    )
     dynamic_sampling: bool = arg(
         False, "DAPO: drop groups whose rewards are all equal and refill the batch with more prompts"
     )
     max_resample_rounds: int = arg(
         3, "--dynamic_sampling: extra generation rounds per step at most; then dropped groups fill the rest"
     )
-    # generation
-    temperature: float = arg(1.0, "sampling temperature; log-probs use the same logits / temperature")
-    top_p: float = arg(1.0, "nucleus sampling (1.0 = off); < 1 is off-policy (log-probs of the full softmax, as TRL)")
-    top_k: int = arg(0, "top-k sampling (0 = off); > 0 is off-policy (log-probs of the full softmax, as TRL)")
-    max_completion_length: int = arg(24, "max generated tokens per completion")
-    chat_template_kwargs: dict | None = arg(
-        None, "extra arguments of the chat template, a JSON object such as '{\"enable_thinking\": false}'"
-    )
-    use_vllm: bool = arg(
-        False, "sample with a colocated vLLM engine (needs vllm and a GPU); weights synced after each update"
-    )
-    vllm_gpu_memory_utilization: float = arg(0.3, "fraction of each GPU's memory the vLLM engine may take")
-    vllm_max_model_length: int | None = arg(
-        None, "vLLM's context length (default: the model's); lower it to save memory"
-    )
-    vllm_importance_sampling_correction: bool = arg(
-        True, "weight the loss by π_θ_old / π_sampler when vLLM or the --bf16 copy samples (TRL's IS correction)"
-    )
-    vllm_importance_sampling_mode: str = arg(
-        "sequence_mask", "sequence_mask or token_mask (0 above the cap), sequence_truncate or token_truncate (capped)"
-    )
-    vllm_importance_sampling_clip_max: float = arg(3.0, "the cap C of the importance-sampling ratio")
-    # optimization
-    prompts_per_step: int = arg(
-        8, "distinct prompts per step; the step's batch is prompts_per_step × num_generations completions"
-    )
-    micro_batch_size: int = arg(0, "completions per forward/backward, gradients accumulated (0 = the whole batch)")
-    max_steps: int = arg(100, "training steps (one batch of completions each)")
-    learning_rate: float = arg(1e-4, "AdamW learning rate (the embedded model; use ~1e-6 for a full 0.5B model)")
-    lr_scheduler_type: str = arg(
-        "constant_with_warmup", "transformers scheduler: constant, constant_with_warmup, linear, cosine, ..."
-    )
-    warmup_ratio: float = arg(0.03, "fraction of optimizer steps spent warming up")
-    weight_decay: float = arg(0.0, "AdamW weight decay")
-    max_grad_norm: float = arg(1.0, "gradient clipping norm")
-    seed: int = arg(0, "random seed (sampling, data order)")
-    # logging, evaluation, checkpoints
-    logging_steps: int = arg(5, "write metrics every this many steps")
-    log_completions: bool = arg(False, "print a few sampled completions with their rewards at each logging step")
-    num_completions_to_print: int = arg(2, "how many completions --log_completions prints")
-    eval_strategy: str = arg("steps", "'steps': evaluate every eval_steps and at the start and the end; 'no': never")
-    eval_steps: int = arg(50, "evaluate on the held-out split every this many steps (also at the start and the end)")
-    num_generations_eval: int = arg(4, "completions sampled per held-out prompt for the evaluation")
-    per_device_eval_batch_size: int = arg(512, "completions per generate call during evaluation")
-    output_dir: str = arg("outputs/grpo", "where metrics.jsonl, checkpoints and the final model go")
-    save_steps: int = arg(50, "save a checkpoint every this many steps (0 = never; Ctrl-C, SIGTERM always save)")
-    save_total_limit: int | None = arg(
-        None, "keep only the newest N checkpoints (None: all); never deletes the one the run resumed from"
-    )
-    resume_from_checkpoint: str | None = arg(None, "a checkpoint folder, or 'latest' (newest complete in output_dir)")
-    overwrite_output_dir: bool = arg(False, "start over in an output_dir of another run (deletes its checkpoints)")
-    # efficiency
-    use_peft: bool = arg(False, "train a LoRA adapter; the reference model is then the policy with adapters disabled")
-    lora_r: int = arg(16, "LoRA rank")
-    lora_alpha: int = arg(32, "LoRA alpha")
-    lora_dropout: float = arg(0.05, "LoRA dropout")
-    lora_target_modules: list[str] = arg(["all-linear"], "module names (q_proj v_proj or q_proj,v_proj) or all-linear")
-    save_merged_model: bool = arg(False, "with --use_peft, also save the merged model in output_dir/merged")
-    load_in_4bit: bool = arg(False, "QLoRA: the frozen base in 4 bits (bitsandbytes), the LoRA adapter in float32")
-    bnb_4bit_quant_type: str = arg("nf4", "4-bit data type of --load_in_4bit: nf4 or fp4")
-    use_bnb_nested_quant: bool = arg(False, "with --load_in_4bit, also quantize the quantization constants")
-    gradient_checkpointing: bool = arg(False, "recompute activations in the backward pass to save memory")
-    bf16: bool = arg(False, "bfloat16 autocast for forward passes")
-    report_to: list[str] = arg(
-        ["none"], "trackers besides metrics.jsonl: none, all, or accelerate's (tensorboard, wandb, trackio, ...)"
-    )
+    # this script's defaults of common.Args' flags
+    prompts_per_step: int = 8
+    max_steps: int = 100
+    learning_rate: float = 0.0001
+    output_dir: str = "outputs/grpo"
+    save_steps: int = 50
 
 
 def check_args(args: Args):

@@ -81,39 +81,14 @@ from rewards import check_columns, compute_rewards, load_reward_funcs, reward_we
 
 
 @dataclass
-class Args:
-    # model and data
-    model_name_or_path: str = arg(
-        common.EMBEDDED_MODEL, "policy to train: a hub id or a local folder (default: the embedded tiny model)"
-    )
-    model_revision: str = arg("main", "branch, tag or commit of --model_name_or_path on the hub")
-    trust_remote_code: bool = arg(False, "let a hub model or tokenizer run its own code (its modeling files)")
-    attn_implementation: str | None = arg(
-        None, "attention kernel: eager, sdpa, flash_attention_2, ... (None: transformers' choice)"
-    )
-    dataset_name: str = arg(
-        "arithmetic", "'arithmetic' (built in), a hub dataset, or a local data file/folder with a 'prompt' column"
-    )
-    dataset_config: str | None = arg(
-        None, "configuration name of a hub dataset or dataset folder with several (load_dataset's `name`)"
-    )
-    dataset_train_split: str = arg("train", "split to train on")
-    dataset_test_split: str = arg("test", "held-out split, scored by the run's reward functions; skipped when absent")
-    reward_funcs: list[str] = arg(
-        ["accuracy"],
-        "reward functions, a list or comma-separated: accuracy (= accuracy_reward), format, think_format_reward, "
-        "reasoning_accuracy_reward, get_soft_overlong_punishment, module:function, pkg.module.function, or none",
-    )
-    reward_weights: list[str] = arg([], "one weight per reward function, a list or comma-separated (default 1.0 each)")
-    reward_model_path: str | None = arg(
-        None, "a sequence-classification reward model (num_labels=1), added to the rewards"
-    )
+class Args(common.Args):
+    """This script's flags; the ones every algorithm script shares are in common.Args (`--help` lists all)."""
+
     value_model_path: str | None = arg(
         None,
         "initial value model (sequence-classification, or a causal LM given a fresh head); default: the reward model, "
         "else the policy",
     )
-    # PPO
     num_ppo_epochs: int = arg(4, "passes over each batch of completions")
     num_mini_batches: int = arg(1, "optimizer steps per pass: the batch is split into this many mini-batches")
     cliprange: float = arg(0.2, "clipping range ε of the per-token ratio ρ in the policy loss")
@@ -138,82 +113,34 @@ class Args:
         "eos", "the token that ends a completion: 'eos' (the checkpoint's end tokens) or any text that is one token"
     )
     missing_eos_penalty: float | None = arg(None, "subtracted from the score of a completion without the stop token")
+    # this script's defaults of common.Args' flags
     disable_dropout: bool = arg(
         True, "turn dropout off in the policy and value model (LoRA's too), so the rollout and update passes agree"
     )
-    # generation
-    temperature: float = arg(1.0, "sampling temperature; log-probs use the same logits / temperature")
-    top_p: float = arg(1.0, "nucleus sampling (1.0 = off); < 1 is off-policy (log-probs of the full softmax, as TRL)")
-    top_k: int = arg(0, "top-k sampling (0 = off); > 0 is off-policy (log-probs of the full softmax, as TRL)")
-    max_completion_length: int = arg(24, "max generated tokens per completion")
-    chat_template_kwargs: dict | None = arg(
-        None, "extra arguments of the chat template, a JSON object such as '{\"enable_thinking\": false}'"
-    )
-    use_vllm: bool = arg(
-        False, "sample with a colocated vLLM engine (needs vllm and a GPU); weights synced after each step"
-    )
-    vllm_gpu_memory_utilization: float = arg(0.3, "fraction of each GPU's memory the vLLM engine may take")
-    vllm_max_model_length: int | None = arg(
-        None, "vLLM's context length (default: the model's); lower it to save memory"
-    )
-    vllm_importance_sampling_correction: bool = arg(
-        True, "weight the loss by π_θ_old / π_sampler when vLLM or the --bf16 copy samples (TRL's IS correction)"
-    )
-    vllm_importance_sampling_mode: str = arg(
-        "sequence_mask", "sequence_mask or token_mask (0 above the cap), sequence_truncate or token_truncate (capped)"
-    )
-    vllm_importance_sampling_clip_max: float = arg(3.0, "the cap C of the importance-sampling ratio")
-    # optimization
     prompts_per_step: int = arg(16, "prompts per step, one completion each: the step's batch of completions")
     micro_batch_size: int = arg(0, "completions per forward/backward, gradients accumulated (0 = the whole mini-batch)")
-    max_steps: int = arg(25, "training steps (one batch of completions each)")
+    max_steps: int = 25
     learning_rate: float = arg(
         1e-4,
         "AdamW learning rate of the policy and the value model (the embedded model; use ~3e-6 for a full 0.5B model)",
     )
-    lr_scheduler_type: str = arg(
-        "constant_with_warmup", "transformers scheduler: constant, constant_with_warmup, linear, cosine, ..."
-    )
-    warmup_ratio: float = arg(0.03, "fraction of optimizer steps spent warming up")
-    weight_decay: float = arg(0.0, "AdamW weight decay")
     max_grad_norm: float = arg(1.0, "gradient clipping norm, of the policy and of the value model separately")
-    seed: int = arg(0, "random seed (sampling, data order)")
-    # logging, evaluation, checkpoints
-    logging_steps: int = arg(5, "write metrics every this many steps")
-    log_completions: bool = arg(False, "print a few sampled completions with their rewards at each logging step")
-    num_completions_to_print: int = arg(2, "how many completions --log_completions prints")
-    eval_strategy: str = arg("steps", "'steps': evaluate every eval_steps and at the start and the end; 'no': never")
-    eval_steps: int = arg(50, "evaluate on the held-out split every this many steps (also at the start and the end)")
-    num_generations_eval: int = arg(4, "completions sampled per held-out prompt for the evaluation")
-    per_device_eval_batch_size: int = arg(512, "completions per generate call during evaluation")
     output_dir: str = arg(
         "outputs/ppo", "where metrics.jsonl, checkpoints and the final model (value model in value_model/) go"
     )
-    save_steps: int = arg(10, "save a checkpoint every this many steps (0 = never; Ctrl-C, SIGTERM always save)")
-    save_total_limit: int | None = arg(
-        None, "keep only the newest N checkpoints (None: all); never deletes the one the run resumed from"
-    )
-    resume_from_checkpoint: str | None = arg(None, "a checkpoint folder, or 'latest' (newest complete in output_dir)")
-    overwrite_output_dir: bool = arg(False, "start over in an output_dir of another run (deletes its checkpoints)")
-    # efficiency
+    save_steps: int = 10
     use_peft: bool = arg(
         False,
         "train LoRA adapters (policy and value model); the reference model is then the policy with adapters disabled",
-    )
-    lora_r: int = arg(16, "LoRA rank")
-    lora_alpha: int = arg(32, "LoRA alpha")
-    lora_dropout: float = arg(0.05, "LoRA dropout")
-    lora_target_modules: list[str] = arg(["all-linear"], "module names (q_proj v_proj or q_proj,v_proj) or all-linear")
-    save_merged_model: bool = arg(False, "with --use_peft, also save the merged model in output_dir/merged")
-    gradient_checkpointing: bool = arg(False, "recompute activations in the backward pass to save memory")
-    bf16: bool = arg(False, "bfloat16 autocast for forward passes")
-    report_to: list[str] = arg(
-        ["none"], "trackers besides metrics.jsonl: none, all, or accelerate's (tensorboard, wandb, trackio, ...)"
     )
 
 
 def check_args(args: Args):
     common.check_shared_args(args)  # the flags every script shares: learning rate, steps, sampling, output_dir, ...
+    require(
+        not args.load_in_4bit,
+        "--load_in_4bit: ppo.py trains a value model beside the policy; QLoRA is not supported here",
+    )
     require(args.prompts_per_step > 0, f"--prompts_per_step: must be positive, got {args.prompts_per_step}")
     require(args.num_mini_batches > 0, f"--num_mini_batches: must be positive, got {args.num_mini_batches}")
     require(
