@@ -58,12 +58,15 @@ from rewards import (  # noqa: F401
     TrainingError,
     accuracy_reward,
     as_completion,
+    check_columns,
     compute_rewards,
     first_line,
     is_conversational,
     load_pretrained,
+    load_reward_funcs,
     load_sequence_classifier,
     model_folder_problem,
+    reward_weights,
     split_list,
 )
 
@@ -910,9 +913,9 @@ def is_blank(value, where: str, completion: bool) -> bool:
 
 
 def rows_of_step(dataset: Dataset, step: int, prompts_per_step: int, seed: int, my_share: slice) -> Dataset:
-    """This process's share of the step's prompts. The position in the data is a function of the step (a fresh
-    permutation each epoch), so a resumed run sees the prompts the uninterrupted run would have."""
-    epoch, position = divmod(step, len(dataset) // prompts_per_step)
+    """This process's share of the prompts of `step` (numbered from 1). The position in the data is a function of the
+    step (a fresh permutation each epoch), so a resumed run sees the prompts the uninterrupted run would have."""
+    epoch, position = divmod(step - 1, len(dataset) // prompts_per_step)
     order = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(seed + epoch))
     return dataset.select(order[position * prompts_per_step : (position + 1) * prompts_per_step][my_share].tolist())
 
@@ -1436,6 +1439,311 @@ def eval_summary(first: dict, last: dict, temperature: float) -> str:
         f"held-out {what} (sampled, T={temperature}): {first[key]:.3f} → {last[key]:.3f}; "
         f"greedy: {first[key + '_greedy']:.3f} → {last[key + '_greedy']:.3f}"
     )
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# What every algorithm script sets up the same way: data, policy and reference, rewards, optimizer, and the run
+# ----------------------------------------------------------------------------------------------------------------------
+def load_data(accelerator: Accelerator, args) -> tuple[Dataset, Dataset | None]:
+    """The training split (a 'prompt' column, and every other column for the reward functions) and the held-out
+    split, None when the dataset has none."""
+    builtin = {"arithmetic": arithmetic_dataset}
+    train_dataset = load_split(args.dataset_name, args.dataset_train_split, builtin, config=args.dataset_config)
+    require(
+        train_dataset is not None,
+        f"--dataset_train_split: {args.dataset_name} has no split {args.dataset_train_split!r}",
+    )
+    check_prompt_column(train_dataset)
+    require(
+        len(train_dataset) >= args.prompts_per_step,
+        f"--prompts_per_step: {args.prompts_per_step} exceeds the {len(train_dataset)} training prompts",
+    )
+    eval_dataset = load_split(args.dataset_name, args.dataset_test_split, builtin, config=args.dataset_config)
+    if eval_dataset is None:
+        accelerator.print(f"no held-out split {args.dataset_test_split!r}: evaluation is skipped")
+    return train_dataset, eval_dataset
+
+
+def load_policy_and_reference(accelerator: Accelerator, args, datasets, reference: bool):
+    """The tokenizer, the policy to train and the frozen reference (None unless `reference`, and None with --use_peft,
+    whose reference is the policy with its adapters disabled).
+
+    The policy's master weights are float32 whatever the checkpoint's dtype (with --use_peft --bf16 its frozen base is
+    bf16; with --load_in_4bit 4-bit), in train mode, with --use_peft's LoRA adapter, dropout off (--disable_dropout)
+    and --gradient_checkpointing. The reference has nothing to update: bf16 under --bf16, and under DeepSpeed ZeRO-3
+    an inference engine (`prepare_frozen`). Every prompt of `datasets` (train, test) must fit the context with
+    max_completion_length tokens. A resumed run takes its weights from the checkpoint afterwards (`Run`)."""
+    tokenizer = load_tokenizer(args.model_name_or_path, **loading_options(args))
+    master_dtype = torch.bfloat16 if args.bf16 and args.use_peft else torch.float32
+    model = load_causal_lm(args.model_name_or_path, dtype=master_dtype, **loading_options(args), **quantization(args))
+    train_dataset, eval_dataset = datasets
+    splits = {args.dataset_train_split: train_dataset, args.dataset_test_split: eval_dataset}
+    vllm_context = args.vllm_max_model_length if args.use_vllm else None
+    check_prompt_lengths(tokenizer, model, args.max_completion_length, splits, vllm_context, args.chat_template_kwargs)
+    model = prepare_trainable(model, args)
+    ref_model = None
+    if reference and not args.use_peft:
+        frozen_dtype = torch.bfloat16 if args.bf16 else torch.float32
+        ref_model = load_causal_lm(args.model_name_or_path, dtype=frozen_dtype, **loading_options(args))
+        ref_model = prepare_frozen(accelerator, ref_model)
+    return tokenizer, model, ref_model
+
+
+def prepare_trainable(model, args, task_type: str = "CAUSAL_LM"):
+    """`model` ready to train: --use_peft's LoRA adapter, dropout off (--disable_dropout), --gradient_checkpointing,
+    train mode."""
+    if args.use_peft:
+        from peft import get_peft_model
+
+        model = get_peft_model(model, lora_config(args, model, task_type))
+    if args.disable_dropout:
+        disable_dropout(model)
+    if args.gradient_checkpointing:
+        checkpoint_activations(model)
+        if args.use_peft:
+            model.enable_input_require_grads()
+    return model.train()
+
+
+def load_rewards(accelerator: Accelerator, args, datasets) -> tuple[dict, torch.Tensor]:
+    """The reward functions (name -> function or reward model, `rewards.load_reward_funcs`) and their weights, once
+    every column they read is known to be in the training split, and in the test split when it is evaluated."""
+    frozen = lambda model: prepare_frozen(accelerator, model)
+    reward_funcs = load_reward_funcs(
+        args.reward_funcs, args.reward_model_path, accelerator.device, frozen, args.max_completion_length
+    )
+    train_dataset, eval_dataset = datasets
+    check_columns(reward_funcs, train_dataset)
+    if eval_dataset is not None and args.eval_strategy != "no":
+        check_columns(reward_funcs, eval_dataset, "--dataset_test_split")
+    return reward_funcs, reward_weights(args.reward_weights, reward_funcs)
+
+
+def optimizer_and_scheduler(args, params, total_updates: int):
+    """AdamW over `params` (a model's trainable parameters, or parameter groups) and --lr_scheduler_type with
+    --warmup_ratio, over `total_updates` optimizer steps."""
+    if isinstance(params, torch.nn.Module):
+        params = [p for p in params.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=args.learning_rate, weight_decay=args.weight_decay)
+    scheduler = transformers.get_scheduler(
+        args.lr_scheduler_type,
+        optimizer,
+        num_warmup_steps=int(args.warmup_ratio * total_updates),
+        num_training_steps=total_updates,
+    )
+    return optimizer, scheduler
+
+
+class Run:
+    """Everything around an algorithm's loop that is not the algorithm, so that the loop reads as the algorithm:
+
+        with common.Run(accelerator, args, "rloo", model, tokenizer, scheduler, ...) as run:
+            for step in run.steps():      # 1, 2, ..., max_steps (from the resumed step)
+                ...                       # the algorithm: run.sample(texts), ..., run.log(step, metrics)
+        # here the final model is saved, then evaluated; or, after a stop, a checkpoint is
+
+    - resume (`checkpoint`): the weights, optimizer, registered `scheduler`, RNG, the step, `num_tokens` and `state`
+      (the script's own extras, name -> value: a checkpoint saves `run.state` and a resumed run restores it);
+    - sampling (`sample`): from vLLM (--use_vllm, sent the weights after every step), the bf16 copy (--bf16) or the
+      policy; the held-out evaluation at the start, every eval_steps and at the end;
+    - the output folder, claimed once every check has passed (`claim_output_dir`); metrics.jsonl and --report_to
+      (`log`), the progress bar;
+    - stops: Ctrl-C, SIGTERM or a failing reward function ends the loop after the current step with a checkpoint
+      (`graceful_interrupt`); a checkpoint every save_steps, each with the weights once.
+    """
+
+    def __init__(
+        self,
+        accelerator,
+        args,
+        name,
+        model,
+        tokenizer,
+        scheduler,
+        checkpoint,
+        generation_config,
+        reward_funcs,
+        weights,
+        eval_dataset,
+        state=None,
+        others=None,
+        postfix=("reward", "grad_norm"),
+    ):
+        self.accelerator, self.args, self.name, self.model, self.tokenizer = accelerator, args, name, model, tokenizer
+        self.scheduler, self.checkpoint, self.generation_config, self.others = (
+            scheduler,
+            checkpoint,
+            generation_config,
+            others,
+        )
+        self.reward_funcs, self.weights, self.eval_dataset, self.postfix = reward_funcs, weights, eval_dataset, postfix
+        self.step, self.num_tokens, self.state, self.steps_without_signal = 0, 0, dict(state or {}), 0
+        accelerator.register_for_checkpointing(scheduler)  # saved and restored; stepped once per update by the script
+        if checkpoint is not None:
+            saved = load_training_state(accelerator, checkpoint, model, others)
+            self.step, self.num_tokens = saved["step"], saved["num_tokens"]
+            self.state = {key: saved[key] for key in self.state}
+        self.vllm = None
+        if args.use_vllm:  # after resuming, so the engine starts from the resumed weights
+            from vllm_colocate import VLLMGenerator
+
+            self.vllm = VLLMGenerator(accelerator, args, tokenizer, model, generation_config.eos_token_id)
+        self.sampler = bf16_sampler(accelerator, model, args)  # --bf16: a bf16 copy of the policy samples
+        claim_output_dir(accelerator, args)  # every check is done: from here on, this run writes
+        self.logger = MetricsLogger(accelerator, args, resume_step=self.step)
+        self.first_eval = self.evaluate(0) if self.step == 0 else {}
+
+    def sample(self, texts: list[str]) -> dict:
+        """One completion per prompt text: `sample_completions` from vLLM, the bf16 copy or the policy."""
+        return sample_completions(
+            self.accelerator, self.model, self.tokenizer, texts, self.generation_config, self.vllm, self.sampler
+        )
+
+    def evaluate(self, step: int) -> dict:
+        """The held-out metrics (`evaluate`) of the policy now, logged at `step`; {} without a test split."""
+        if self.eval_dataset is None or self.args.eval_strategy == "no":
+            return {}
+        with generation_model(self.accelerator, self.model, self.sampler) as policy:
+            metrics = evaluate(
+                policy,
+                self.tokenizer,
+                self.eval_dataset,
+                self.args,
+                self.reward_funcs,
+                seed=self.args.seed + step,
+                weights=self.weights,
+                end_ids=self.generation_config.eos_token_id,
+            )
+        self.logger.log(step, metrics)
+        return metrics
+
+    def __enter__(self):
+        self.stack = contextlib.ExitStack()
+        self.interrupted = self.stack.enter_context(graceful_interrupt())
+        self.progress = tqdm(
+            total=self.args.max_steps, initial=self.step, desc=self.name, disable=not self.accelerator.is_main_process
+        )
+        return self
+
+    def steps(self):
+        """The steps still to run, numbered from 1; after each, vLLM gets the new weights, freed memory goes back to
+        the system, and the evaluation and the checkpoint come at their cadence. Stops early after a Ctrl-C or
+        SIGTERM seen by any process."""
+        args = self.args
+        while self.step < args.max_steps and not any_process(self.accelerator, self.interrupted.is_set()):
+            self.step_start = time.perf_counter()
+            yield self.step + 1
+            self.step += 1
+            self.progress.update()
+            if self.vllm is not None:
+                self.vllm.sync_weights(self.accelerator, self.model)  # the next step samples from the updated policy
+            release_freed_memory()  # else glibc's heap keeps it: the resident size would grow
+            if args.eval_steps and self.step % args.eval_steps == 0 and self.step != args.max_steps:
+                self.evaluate(self.step)
+            if args.save_steps and self.step % args.save_steps == 0:
+                self.save_checkpoint()
+
+    def save_checkpoint(self) -> Path:
+        return save_checkpoint(
+            self.accelerator,
+            self.args,
+            self.step,
+            self.model,
+            self.tokenizer,
+            {"num_tokens": self.num_tokens, **self.state},
+            self.others,
+            resumed_from=self.checkpoint,
+        )
+
+    def count_tokens(self, attention_mask: torch.Tensor):
+        """Add the step's tokens (prompts and completions, every process) to `num_tokens`."""
+        self.num_tokens += self.accelerator.reduce(attention_mask.sum(), "sum").item()
+
+    def reward_signal(self, has_signal: bool):
+        """Count the steps in a row whose rewards carried no signal (`has_signal` False on every process); say so once
+        after NO_SIGNAL_STEPS of them (`warn_no_reward_signal`)."""
+        self.steps_without_signal = 0 if any_process(self.accelerator, has_signal) else self.steps_without_signal + 1
+        if self.steps_without_signal == NO_SIGNAL_STEPS:
+            warn_no_reward_signal(self.accelerator, self.reward_funcs, self.args)
+
+    def log(self, step: int, metrics: dict, completions=None):
+        """Write `metrics` with the learning rate, `num_tokens` and the step's time; with --log_completions also a
+        few of `completions` (prompts, texts, rewards)."""
+        metrics = {
+            **metrics,
+            "learning_rate": self.scheduler.get_last_lr()[0],
+            "num_tokens": self.num_tokens,
+            "step_time": time.perf_counter() - self.step_start,
+        }
+        self.logger.log(step, metrics)
+        self.progress.set_postfix({key.split("/")[-1]: f"{metrics[key]:.3f}" for key in self.postfix})
+        if self.args.log_completions and completions is not None:  # printed, and a table for the trackers
+            self.logger.log_completions(step, *completions, self.args.num_completions_to_print)
+
+    def __exit__(self, *error):
+        """After the loop: the final model, then the final evaluation and its summary; after a stop (a signal, a
+        TrainingError), a checkpoint, and the line that says how to continue (`stop_early`). Any other error passes
+        through, with nothing saved."""
+        suppressed = self.stack.__exit__(*error)  # a TrainingError is kept as interrupted.error
+        self.progress.close()
+        if error[0] is not None and not suppressed:
+            return False
+        args, accelerator = self.args, self.accelerator
+        if self.step < args.max_steps or self.interrupted.error:
+            path = self.save_checkpoint()
+            self.logger.close()
+            stop_early(accelerator, self.interrupted, self.step, path)
+        # the model first: a stop during the final evaluation then costs only its figures
+        save_final_model(accelerator, args.output_dir, self.model, self.tokenizer, args.save_merged_model, self.others)
+        last_eval = self.evaluate(self.step)
+        self.logger.close()
+        if self.first_eval and last_eval:
+            accelerator.print(eval_summary(self.first_eval, last_eval, args.temperature))
+        accelerator.print(f"saved the model to {args.output_dir}")
+        return True
+
+
+def everywhere(accelerator: Accelerator, *tensors):
+    """Each of `tensors` (B_local, ...) gathered from every process: (B, ...), in the order of the one-process batch."""
+    gathered = [accelerator.gather(t.to(accelerator.device)) for t in tensors]
+    return gathered[0] if len(gathered) == 1 else gathered
+
+
+def rollout_metrics(
+    accelerator: Accelerator, rewards, rewards_per_func, completion_mask, is_truncated, reward_funcs, G
+):
+    """The batch's reward and completion statistics over every process, under TRL's names: reward, reward_std,
+    frac_reward_zero_std (groups of G whose scorable rewards are all equal, or fewer than 2; only when G > 1),
+    each reward function's mean and std, and the completion lengths."""
+    rewards, rewards_per_func, lengths, truncated = everywhere(
+        accelerator, rewards, rewards_per_func, completion_mask.sum(1).float(), is_truncated
+    )
+    group_std = nanstd(rewards.view(-1, G), 1)
+    return {
+        "reward": rewards.nanmean().item(),
+        "reward_std": nanstd(rewards).item(),
+        **({"frac_reward_zero_std": (~(group_std > 1e-6)).float().mean().item()} if G > 1 else {}),
+        **reward_metrics(rewards_per_func, reward_funcs),
+        **completion_metrics(lengths, truncated),
+    }
+
+
+def clip_metrics(accelerator: Accelerator, clip_low: list[float], clip_high: list[float]) -> dict:
+    """TRL's clip_ratio/*: the fractions of the ratios clipped below (with A < 0) and above (A > 0), one per
+    micro-batch, over every process."""
+    low, high = everywhere(accelerator, torch.tensor(clip_low), torch.tensor(clip_high))
+    return {
+        "clip_ratio/low_mean": low.mean().item(),
+        "clip_ratio/low_min": low.min().item(),
+        "clip_ratio/high_mean": high.mean().item(),
+        "clip_ratio/high_max": high.max().item(),
+        "clip_ratio/region_mean": (low + high).mean().item(),
+    }
+
+
+def mean_over_processes(accelerator: Accelerator, values: list[float]) -> float:
+    """The mean of `values` (one per update on this process), averaged over the processes."""
+    return accelerator.reduce(torch.tensor(sum(values) / len(values), device=accelerator.device), "mean").item()
 
 
 # ----------------------------------------------------------------------------------------------------------------------

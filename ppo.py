@@ -65,19 +65,16 @@ and rewards.py (reward functions, reward-model scoring; it stands alone); vllm_c
     python ppo.py --reward_model_path outputs/reward_model --reward_funcs none   # reward_model.py's model alone
 """
 
-import time
 from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
 import torch.utils.checkpoint
-import transformers
 from accelerate import DistributedType
-from tqdm.auto import tqdm
 
 import common
 from common import arg, require
-from rewards import check_columns, compute_rewards, load_reward_funcs, reward_weights
+from rewards import compute_rewards
 
 
 @dataclass
@@ -397,148 +394,48 @@ def main(args: Args):
     all_sum = lambda total: accelerator.reduce(total, "sum")  # a sum over every process's share of the batch
     everywhere = lambda x: accelerator.gather(x.to(device))  # (B_local, ...) -> (B, ...), every process's rows
 
-    # ---- plumbing: data (prompts, and every other column for the reward functions) ----
-    builtin = {"arithmetic": common.arithmetic_dataset}
-    train_dataset = common.load_split(args.dataset_name, args.dataset_train_split, builtin, config=args.dataset_config)
-    require(
-        train_dataset is not None,
-        f"--dataset_train_split: {args.dataset_name} has no split {args.dataset_train_split!r}",
-    )
-    common.check_prompt_column(train_dataset)
-    require(
-        len(train_dataset) >= args.prompts_per_step,
-        f"--prompts_per_step: {args.prompts_per_step} exceeds the {len(train_dataset)} training prompts",
-    )
-    eval_dataset = common.load_split(args.dataset_name, args.dataset_test_split, builtin, config=args.dataset_config)
-    if eval_dataset is None:
-        accelerator.print(f"no held-out split {args.dataset_test_split!r}: evaluation is skipped")
-
-    # ---- plumbing: models: policy, reference (only when kl_coef > 0), reward functions, value model ----
+    # ---- plumbing: data, policy π_θ, reference π_ref (only when kl_coef > 0), reward functions, value model V_ψ ----
+    datasets = train_dataset, eval_dataset = common.load_data(accelerator, args)
     checkpoint = common.resolve_checkpoint(args.resume_from_checkpoint, args.output_dir, args)
-    tokenizer = common.load_tokenizer(args.model_name_or_path, **common.loading_options(args))
-    # float32 master weights whatever the checkpoint's dtype (with --use_peft --bf16 the frozen base is bf16); a
-    # resumed run gets its weights from the checkpoint below
-    master_dtype = torch.bfloat16 if args.bf16 and args.use_peft else torch.float32
-    model = common.load_causal_lm(args.model_name_or_path, dtype=master_dtype, **common.loading_options(args))
-    splits = {args.dataset_train_split: train_dataset, args.dataset_test_split: eval_dataset}
-    vllm_context = args.vllm_max_model_length if args.use_vllm else None
-    common.check_prompt_lengths(  # they fit
-        tokenizer, model, args.max_completion_length, splits, vllm_context, args.chat_template_kwargs
-    )
-    if args.use_peft:
-        from peft import cast_mixed_precision_params, get_peft_model
-
-        model = get_peft_model(model, common.lora_config(args, model))
-    if args.disable_dropout:
-        common.disable_dropout(model)
-    if args.gradient_checkpointing:
-        common.checkpoint_activations(model)
-        if args.use_peft:
-            model.enable_input_require_grads()
-    model.train()
-    ref_model = None
-    if args.kl_coef > 0 and not args.use_peft:
-        frozen_dtype = torch.bfloat16 if args.bf16 else torch.float32  # nothing to update: bf16 once, under --bf16
-        ref_model = common.load_causal_lm(args.model_name_or_path, dtype=frozen_dtype, **common.loading_options(args))
-        ref_model = common.prepare_frozen(accelerator, ref_model)  # under DeepSpeed ZeRO-3, an inference engine
-    frozen = lambda model: common.prepare_frozen(accelerator, model)  # a reward model too
-    reward_funcs = load_reward_funcs(
-        args.reward_funcs, args.reward_model_path, device, frozen, args.max_completion_length
-    )
-    weights = reward_weights(args.reward_weights, reward_funcs)
-    check_columns(reward_funcs, train_dataset)  # every column a reward function needs, before anything runs
-    if eval_dataset is not None and args.eval_strategy != "no":  # the evaluation scores with them too
-        check_columns(reward_funcs, eval_dataset, "--dataset_test_split")
-    value_flag = (
-        "--value_model_path"
-        if args.value_model_path
-        else "--reward_model_path"
-        if args.reward_model_path
-        else "--model_name_or_path"
+    tokenizer, model, ref_model = common.load_policy_and_reference(accelerator, args, datasets, args.kl_coef > 0)
+    reward_funcs, weights = common.load_rewards(accelerator, args, datasets)
+    value_flag = next(
+        f"--{name}" for name in ("value_model_path", "reward_model_path", "model_name_or_path") if getattr(args, name)
     )
     value_path = args.value_model_path or args.reward_model_path or args.model_name_or_path
+    master_dtype = torch.bfloat16 if args.bf16 and args.use_peft else torch.float32  # as the policy's
     value_model = load_value_model(value_path, value_flag, master_dtype, **common.loading_options(args, value_path))
     # its forward also reads the head at the last non-pad token
     value_model.config.pad_token_id = tokenizer.pad_token_id
+    value_model = common.prepare_trainable(value_model, args, "SEQ_CLS")
     if args.use_peft:
-        value_model = get_peft_model(value_model, common.lora_config(args, value_model, "SEQ_CLS"))
+        from peft import cast_mixed_precision_params
+
         cast_mixed_precision_params(value_model, master_dtype)  # trained: peft's copy of the score head too, float32
-    if args.disable_dropout:
-        common.disable_dropout(value_model)
-    if args.gradient_checkpointing:
-        common.checkpoint_activations(value_model)
-        if args.use_peft:
-            value_model.enable_input_require_grads()
-    value_model.train()
     generation_config = common.sampling_config(model, tokenizer, args)
     stop_ids = stop_token_ids(tokenizer, args.stop_token, generation_config.eos_token_id)
     # a completion ends at the checkpoint's end tokens or the stop token
     generation_config.eos_token_id = sorted({*generation_config.eos_token_id, *stop_ids})
-
-    params = [p for p in model.parameters() if p.requires_grad]
-    value_params = [p for p in value_model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(
-        [{"params": params}, {"params": value_params}], lr=args.learning_rate, weight_decay=args.weight_decay
+    trainable = lambda module: [p for p in module.parameters() if p.requires_grad]
+    optimizer, scheduler = common.optimizer_and_scheduler(  # one AdamW, two parameter groups
+        args,
+        [{"params": trainable(model)}, {"params": trainable(value_model)}],
+        args.max_steps * args.num_ppo_epochs * args.num_mini_batches,
     )
-    total_updates = args.max_steps * args.num_ppo_epochs * args.num_mini_batches
-    scheduler = transformers.get_scheduler(
-        args.lr_scheduler_type,
-        optimizer,
-        num_warmup_steps=int(args.warmup_ratio * total_updates),
-        num_training_steps=total_updates,
-    )
-    model, value_model, optimizer = common.prepare(
-        accelerator, model, value_model, optimizer
-    )  # DDP wrapping, device placement
-    value_params = [p for p in value_model.parameters() if p.requires_grad]
-    others = {"value_model": value_model}  # saved next to the policy, in a folder of its own
-    accelerator.register_for_checkpointing(scheduler)  # saved and restored, but stepped once per update by us
-    start_step, num_tokens, kl_coef = 0, 0, args.kl_coef
-    if checkpoint is not None:  # policy and value model from their HF files; optimizer, scheduler, RNG
-        state = common.load_training_state(accelerator, checkpoint, model, others)
-        start_step, num_tokens, kl_coef = state["step"], state["num_tokens"], state["kl_coef"]
-    vllm = None
-    if args.use_vllm:  # after resuming, so the engine starts from the resumed weights
-        from vllm_colocate import VLLMGenerator
-
-        vllm = VLLMGenerator(accelerator, args, tokenizer, model, generation_config.eos_token_id)
-    sampler = common.bf16_sampler(accelerator, model, args)  # --bf16: a bf16 copy of the policy samples
-    common.claim_output_dir(accelerator, args)  # every check is done: from here on, this run writes
-    logger = common.MetricsLogger(accelerator, args, resume_step=start_step)  # metrics.jsonl, --report_to
+    model, value_model, optimizer = common.prepare(accelerator, model, value_model, optimizer)  # DDP, device placement
+    value_params = trainable(value_model)
+    columns = [c for c in train_dataset.column_names if c != "prompt"]
 
     def reference_logprobs(input_ids, attention_mask, T):
         policy = accelerator.unwrap_model(model)
         with torch.no_grad(), accelerator.autocast(), policy.disable_adapter() if args.use_peft else nullcontext():
             return completion_logprobs(ref_model or policy, input_ids, attention_mask, T, args.temperature)[0]
 
-    def run_eval(step: int) -> dict:
-        if eval_dataset is None or args.eval_strategy == "no":
-            return {}
-        with common.generation_model(accelerator, model, sampler) as policy:
-            metrics = common.evaluate(
-                policy,
-                tokenizer,
-                eval_dataset,
-                args,
-                reward_funcs,
-                seed=args.seed + step,
-                weights=weights,
-                end_ids=generation_config.eos_token_id,
-            )
-        logger.log(step, metrics)
-        return metrics
-
-    training_state = lambda: {"num_tokens": num_tokens, "kl_coef": kl_coef}  # a checkpoint's extras
-
-    first_eval = run_eval(0) if start_step == 0 else {}
-    columns = [c for c in train_dataset.column_names if c != "prompt"]
-
     def rollout_and_score(rows) -> dict:
         """Phases 1 and 2 for this process's prompts `rows`: the tensors and texts of the rollout, and the rewards."""
         # ==== 1. rollout: G completions per prompt, each ended at its first end token ====
         prompts = [p for p in rows["prompt"] for _ in range(G)]  # each prompt's G completions are contiguous
-        texts = [common.prompt_text(tokenizer, p, args.chat_template_kwargs) for p in prompts]
-        rollout = common.sample_completions(accelerator, model, tokenizer, texts, generation_config, vllm, sampler)
+        rollout = run.sample([common.prompt_text(tokenizer, p, args.chat_template_kwargs) for p in prompts])
         completion_mask, is_truncated = end_of_completion(rollout["completion_ids"], generation_config.eos_token_id)
         completion_ids = rollout["completion_ids"].masked_fill(completion_mask == 0, tokenizer.pad_token_id)  # (B, T)
 
@@ -551,7 +448,6 @@ def main(args: Args):
         )
         return {
             "prompts": prompts,
-            "columns": row_columns,
             **rollout,
             "completion_ids": completion_ids,
             "completion_mask": completion_mask,
@@ -561,13 +457,16 @@ def main(args: Args):
             "rewards_per_func": rewards_per_func,
         }
 
-    # ==== the training loop: the algorithm in numbered phases (1-6), then the plumbing (7-8) ====
-    step, steps_without_signal = start_step, 0
-    progress = tqdm(total=args.max_steps, initial=start_step, desc="ppo", disable=not accelerator.is_main_process)
-    with common.graceful_interrupt() as interrupted:
-        while step < args.max_steps and not common.any_process(accelerator, interrupted.is_set()):
-            step_start = time.perf_counter()
-            logging_step = (step + 1) % args.logging_steps == 0 or step + 1 == args.max_steps  # entropy then
+    # ==== the training loop: the algorithm in numbered phases (1-6), then the log (7) ====
+    # common.Run: resume, sampling, evaluation and checkpoint cadence, stops, and at the end the final model
+    with common.Run(
+        accelerator, args, "ppo", model, tokenizer, scheduler, checkpoint, generation_config, reward_funcs, weights,
+        eval_dataset, state={"kl_coef": args.kl_coef}, others={"value_model": value_model},
+        postfix=("objective/scores", "objective/kl"),
+    ) as run:  # fmt: skip
+        for step in run.steps():
+            logging_step = step % args.logging_steps == 0 or step == args.max_steps  # entropy then
+            kl_coef = run.state["kl_coef"]  # --adaptive_kl changes it after each step
 
             # ==== 1-2. rollout and score (rollout_and_score, above) ====
             rows = common.rows_of_step(train_dataset, step, args.prompts_per_step, args.seed, my_prompts)
@@ -698,7 +597,7 @@ def main(args: Args):
                     # before the update: a NaN score marks an unscorable completion, anything else not finite stops
                     common.check_finite(
                         accelerator,
-                        step + 1,
+                        step,
                         score=scores[~rewards_per_func.isnan().all(1)],
                         policy_loss=policy_loss_sum,
                         value_loss=value_loss_sum,
@@ -708,35 +607,23 @@ def main(args: Args):
                     optimizer.step()
                     scheduler.step()
                     optimizer.zero_grad(set_to_none=True)
-            if vllm is not None:
-                vllm.sync_weights(accelerator, model)  # the next step samples from the updated policy
-            no_signal = not (common.nanstd(everywhere(scores)) > 1e-6)  # every completion of the batch scored the same
-            steps_without_signal = steps_without_signal + 1 if no_signal else 0
-            if steps_without_signal == common.NO_SIGNAL_STEPS:
-                common.warn_no_reward_signal(accelerator, reward_funcs, args)
-            step += 1
-            progress.update()
-            common.release_freed_memory()  # else glibc's heap keeps it: the resident size would grow
-            num_tokens += all_sum(attention_mask.sum()).item()
+            run.reward_signal(bool(common.nanstd(everywhere(scores)) > 1e-6))  # not all scored the same
+            run.count_tokens(attention_mask)
             sequence_kl = everywhere(kl.sum(1)).mean().item()  # KL = mean_i Σ_t kl_{i,t} over the whole batch
-            step_kl_coef = kl_coef
             if args.adaptive_kl:
-                kl_coef = adaptive_kl_coef(
+                run.state["kl_coef"] = adaptive_kl_coef(
                     kl_coef, sequence_kl, kl_target=args.kl_target, kl_horizon=args.kl_horizon, batch_size=batch_size
                 )
 
-            # ==== 7-8. plumbing: log (statistics over the whole batch, from every process), evaluate, save ====
-            if step % args.logging_steps == 0 or step == args.max_steps:
+            # ==== 7. log: statistics over the whole batch, from every process ====
+            if logging_step:
                 all_scores, all_rewards_per_func, all_stopped = (
                     everywhere(scores),
                     everywhere(rewards_per_func),
                     everywhere(stopped),
                 )
                 lengths = everywhere(completion_mask.sum(1).float())
-                non_score_reward = everywhere((-step_kl_coef * kl).sum(1))
-                mean = lambda values: accelerator.reduce(
-                    torch.tensor(sum(values) / len(values), device=device), "mean"
-                ).item()
+                non_score_reward = everywhere((-kl_coef * kl).sum(1))
                 token_totals = all_sum(torch.tensor(list(token_sums.values()), device=device)).tolist()
                 token_means = {
                     key: total / (args.num_ppo_epochs * lengths.sum().item())
@@ -750,12 +637,12 @@ def main(args: Args):
                     "objective/kl": sequence_kl,
                     "objective/non_score_reward": non_score_reward.mean().item(),
                     "objective/entropy": everywhere((-old_logprobs * completion_mask).sum(1)).mean().item(),
-                    "objective/kl_coef": step_kl_coef,
+                    "objective/kl_coef": kl_coef,
                     **common.reward_metrics(all_rewards_per_func, reward_funcs),
                     # policy/approxkl_avg, policy/clipfrac_avg, policy/entropy_avg, val/clipfrac_avg, val/ratio(_var)
                     **token_means,
-                    "loss/policy_avg": mean(policy_losses),
-                    "loss/value_avg": mean(value_losses),
+                    "loss/policy_avg": common.mean_over_processes(accelerator, policy_losses),
+                    "loss/value_avg": common.mean_over_processes(accelerator, value_losses),
                     "val/num_eos_tokens": all_stopped.sum().item(),
                     **(
                         common.sampling_metrics(
@@ -767,36 +654,8 @@ def main(args: Args):
                     **common.completion_metrics(lengths, ~all_stopped),  # without the stop token: truncated
                     "grad_norm": sum(grad_norms) / len(grad_norms),
                     "val/grad_norm": sum(value_grad_norms) / len(value_grad_norms),
-                    "learning_rate": scheduler.get_last_lr()[0],
-                    "num_tokens": num_tokens,
-                    "step_time": time.perf_counter() - step_start,
                 }
-                logger.log(step, metrics)
-                progress.set_postfix(score=f"{metrics['objective/scores']:.3f}", kl=f"{metrics['objective/kl']:.4f}")
-                if args.log_completions:  # printed, and a table for the trackers that take one
-                    logger.log_completions(step, prompts, completion_texts, scores, args.num_completions_to_print)
-
-            if args.eval_steps and step % args.eval_steps == 0 and step != args.max_steps:
-                run_eval(step)
-            if args.save_steps and step % args.save_steps == 0:
-                common.save_checkpoint(
-                    accelerator, args, step, model, tokenizer, training_state(), others, resumed_from=checkpoint
-                )
-    progress.close()
-    if step < args.max_steps or interrupted.error:  # stopped: Ctrl-C, SIGTERM, a reward function or a log that failed
-        path = common.save_checkpoint(
-            accelerator, args, step, model, tokenizer, training_state(), others, resumed_from=checkpoint
-        )
-        logger.close()
-        common.stop_early(accelerator, interrupted, step, path)
-
-    # the model first: a stop during the final evaluation then costs only its figures
-    common.save_final_model(accelerator, args.output_dir, model, tokenizer, args.save_merged_model, others)
-    last_eval = run_eval(step)
-    logger.close()
-    if first_eval and last_eval:
-        accelerator.print(common.eval_summary(first_eval, last_eval, args.temperature))
-    accelerator.print(f"saved the model to {args.output_dir}")
+                run.log(step, metrics, (prompts, completion_texts, scores))
 
 
 if __name__ == "__main__":

@@ -46,18 +46,15 @@ and rewards.py (reward functions, reward-model scoring; it stands alone); vllm_c
     accelerate launch --config_file configs/multi_gpu.yaml rloo.py --model_name_or_path Qwen/Qwen2.5-0.5B-Instruct ...
 """
 
-import time
 from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
 import torch.utils.checkpoint
-import transformers
-from tqdm.auto import tqdm
 
 import common
 from common import arg, require
-from rewards import check_columns, compute_rewards, load_reward_funcs, reward_weights
+from rewards import compute_rewards
 
 
 @dataclass
@@ -243,112 +240,26 @@ def main(args: Args):
     common.check_backend(accelerator, micro_batch_size == local_batch_size)
     epsilon_high = args.epsilon if args.epsilon_high is None else args.epsilon_high
 
-    # ---- plumbing: data (prompts, and every other column for the reward functions) ----
-    builtin = {"arithmetic": common.arithmetic_dataset}
-    train_dataset = common.load_split(args.dataset_name, args.dataset_train_split, builtin, config=args.dataset_config)
-    require(
-        train_dataset is not None,
-        f"--dataset_train_split: {args.dataset_name} has no split {args.dataset_train_split!r}",
-    )
-    common.check_prompt_column(train_dataset)
-    require(
-        len(train_dataset) >= args.prompts_per_step,
-        f"--prompts_per_step: {args.prompts_per_step} exceeds the {len(train_dataset)} training prompts",
-    )
-    eval_dataset = common.load_split(args.dataset_name, args.dataset_test_split, builtin, config=args.dataset_config)
-    if eval_dataset is None:
-        print(f"no held-out split {args.dataset_test_split!r}: evaluation is skipped")
-
-    # ---- plumbing: models: policy, reference (only when β > 0), reward functions ----
+    # ---- plumbing: data, policy π_θ and reference π_ref (only when β > 0), reward functions, optimizer ----
+    datasets = train_dataset, eval_dataset = common.load_data(accelerator, args)
     checkpoint = common.resolve_checkpoint(args.resume_from_checkpoint, args.output_dir, args)
-    tokenizer = common.load_tokenizer(args.model_name_or_path, **common.loading_options(args))
-    # float32 master weights whatever the checkpoint's dtype (with --use_peft --bf16 the frozen base is bf16); a
-    # resumed run gets its weights from the checkpoint below
-    master_dtype = torch.bfloat16 if args.bf16 and args.use_peft else torch.float32
-    model = common.load_causal_lm(
-        args.model_name_or_path, dtype=master_dtype, **common.loading_options(args), **common.quantization(args)
-    )
-    splits = {args.dataset_train_split: train_dataset, args.dataset_test_split: eval_dataset}
-    vllm_context = args.vllm_max_model_length if args.use_vllm else None
-    common.check_prompt_lengths(  # they fit
-        tokenizer, model, args.max_completion_length, splits, vllm_context, args.chat_template_kwargs
-    )
-    if args.use_peft:
-        from peft import get_peft_model
-
-        model = get_peft_model(model, common.lora_config(args, model))
-    if args.disable_dropout:
-        common.disable_dropout(model)
-    if args.gradient_checkpointing:
-        common.checkpoint_activations(model)
-        if args.use_peft:
-            model.enable_input_require_grads()
-    model.train()
-    ref_model = None
-    if args.beta > 0 and not args.use_peft:
-        frozen_dtype = torch.bfloat16 if args.bf16 else torch.float32  # nothing to update: bf16 once, under --bf16
-        ref_model = common.load_causal_lm(args.model_name_or_path, dtype=frozen_dtype, **common.loading_options(args))
-        ref_model = common.prepare_frozen(accelerator, ref_model)  # under DeepSpeed ZeRO-3, an inference engine
-    frozen = lambda model: common.prepare_frozen(accelerator, model)  # a reward model too
-    reward_funcs = load_reward_funcs(
-        args.reward_funcs, args.reward_model_path, device, frozen, args.max_completion_length
-    )
-    weights = reward_weights(args.reward_weights, reward_funcs)
-    check_columns(reward_funcs, train_dataset)  # every column a reward function needs, before anything runs
-    if eval_dataset is not None and args.eval_strategy != "no":  # the evaluation scores with them too
-        check_columns(reward_funcs, eval_dataset, "--dataset_test_split")
+    tokenizer, model, ref_model = common.load_policy_and_reference(accelerator, args, datasets, args.beta > 0)
+    reward_funcs, weights = common.load_rewards(accelerator, args, datasets)
     generation_config = common.sampling_config(model, tokenizer, args)
-
-    params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=args.learning_rate, weight_decay=args.weight_decay)
-    total_updates = args.max_steps * args.num_iterations
-    scheduler = transformers.get_scheduler(
-        args.lr_scheduler_type,
-        optimizer,
-        num_warmup_steps=int(args.warmup_ratio * total_updates),
-        num_training_steps=total_updates,
-    )
-    model, optimizer = common.prepare(
-        accelerator, model, optimizer
-    )  # DDP / DeepSpeed / FSDP wrapping, device placement
-    accelerator.register_for_checkpointing(scheduler)  # saved and restored, but stepped once per update by us
-    start_step, num_tokens = 0, 0
-    if checkpoint is not None:
-        state = common.load_training_state(accelerator, checkpoint, model)
-        start_step, num_tokens = state["step"], state["num_tokens"]
-    vllm = None
-    if args.use_vllm:  # after resuming, so the engine starts from the resumed weights
-        from vllm_colocate import VLLMGenerator
-
-        vllm = VLLMGenerator(accelerator, args, tokenizer, model, generation_config.eos_token_id)
-    sampler = common.bf16_sampler(accelerator, model, args)  # --bf16: a bf16 copy of the policy samples
-    common.claim_output_dir(accelerator, args)  # every check is done: from here on, this run writes
-    logger = common.MetricsLogger(accelerator, args, resume_step=start_step)  # metrics.jsonl, --report_to
+    optimizer, scheduler = common.optimizer_and_scheduler(args, model, args.max_steps * args.num_iterations)
+    model, optimizer = common.prepare(accelerator, model, optimizer)  # DDP / DeepSpeed / FSDP, device placement
+    columns = [c for c in train_dataset.column_names if c != "prompt"]
 
     def reference_logprobs(input_ids, attention_mask, T):
         policy = accelerator.unwrap_model(model)
         with torch.no_grad(), accelerator.autocast(), policy.disable_adapter() if args.use_peft else nullcontext():
             return completion_logprobs(ref_model or policy, input_ids, attention_mask, T, args.temperature)[0]
 
-    def run_eval(step: int) -> dict:
-        if eval_dataset is None or args.eval_strategy == "no":
-            return {}
-        with common.generation_model(accelerator, model, sampler) as policy:
-            metrics = common.evaluate(
-                policy, tokenizer, eval_dataset, args, reward_funcs, seed=args.seed + step, weights=weights
-            )
-        logger.log(step, metrics)
-        return metrics
-
-    first_eval = run_eval(0) if start_step == 0 else {}
-    columns = [c for c in train_dataset.column_names if c != "prompt"]
-
     def rollout_and_score(rows) -> dict:
         """Phases 1 and 2 for this process's prompts `rows`: the tensors and texts of the rollout, and the rewards."""
         # ==== 1. rollout: G completions per prompt, each ended at its first end token ====
         prompts = [p for p in rows["prompt"] for _ in range(G)]  # each prompt's G completions are contiguous
-        texts = [common.prompt_text(tokenizer, p, args.chat_template_kwargs) for p in prompts]
-        rollout = common.sample_completions(accelerator, model, tokenizer, texts, generation_config, vllm, sampler)
+        rollout = run.sample([common.prompt_text(tokenizer, p, args.chat_template_kwargs) for p in prompts])
         completion_mask, is_truncated = end_of_completion(rollout["completion_ids"], generation_config.eos_token_id)
         completion_ids = rollout["completion_ids"].masked_fill(completion_mask == 0, tokenizer.pad_token_id)  # (B, T)
 
@@ -360,9 +271,8 @@ def main(args: Args):
             reward_funcs, weights, prompts, completion_texts, completion_id_lists, row_columns
         )
         return {
-            "prompts": prompts,
-            "columns": row_columns,
             **rollout,
+            "prompts": prompts,
             "completion_ids": completion_ids,
             "completion_mask": completion_mask,
             "is_truncated": is_truncated,
@@ -371,30 +281,28 @@ def main(args: Args):
             "rewards_per_func": rewards_per_func,
         }
 
-    # ==== the training loop: the algorithm in numbered phases (1-6), then the plumbing (7-8) ====
-    step, steps_without_signal = start_step, 0
-    progress = tqdm(total=args.max_steps, initial=start_step, desc="rloo", disable=not accelerator.is_main_process)
-    with common.graceful_interrupt() as interrupted:
-        while step < args.max_steps and not common.any_process(accelerator, interrupted.is_set()):
-            step_start = time.perf_counter()
-            logging_step = (step + 1) % args.logging_steps == 0 or step + 1 == args.max_steps  # entropy then
+    # ==== the training loop: the algorithm in numbered phases (1-6), then the log (7) ====
+    # common.Run: resume, sampling, evaluation and checkpoint cadence, stops, and at the end the final model
+    with common.Run(
+        accelerator, args, "rloo", model, tokenizer, scheduler, checkpoint, generation_config, reward_funcs, weights,
+        eval_dataset,
+    ) as run:  # fmt: skip
+        for step in run.steps():
+            logging_step = step % args.logging_steps == 0 or step == args.max_steps  # entropy then
 
             # ==== 1-2. rollout and score (rollout_and_score, above) ====
-            rows = common.rows_of_step(train_dataset, step, args.prompts_per_step, args.seed, my_prompts)
-            batch = rollout_and_score(rows)
-            prompts, completion_texts = batch["prompts"], batch["completion_texts"]
+            batch = rollout_and_score(
+                common.rows_of_step(train_dataset, step, args.prompts_per_step, args.seed, my_prompts)
+            )
             completion_ids, completion_mask = batch["completion_ids"], batch["completion_mask"]  # (B, T)
-            is_truncated = batch["is_truncated"]
             input_ids = torch.cat([batch["prompt_ids"], completion_ids], 1)
             attention_mask = torch.cat([batch["prompt_mask"], completion_mask], 1)
             T = completion_ids.shape[1]
-            rewards, rewards_per_func = batch["rewards"].to(device), batch["rewards_per_func"]
+            rewards = batch["rewards"].to(device)
             if args.reward_clip_range is not None:
                 rewards = rewards.clamp(*args.reward_clip_range)
             loss_mask = (
-                (~is_truncated).float()
-                if args.mask_truncated_completions
-                else torch.ones(local_batch_size, device=device)
+                (~batch["is_truncated"]).float() if args.mask_truncated_completions else torch.ones_like(rewards)
             )
 
             # ==== 3. log-probs without gradient: π_θ_old (the policy that sampled) and π_ref ====
@@ -464,49 +372,39 @@ def main(args: Args):
                     clip_high.append(((ratio > 1 + epsilon_high) & (A > 0)).float().mean().item())
                 grad_norms.append(float(accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)))
                 # before the update: a NaN reward marks an unscorable completion, anything else not finite stops here
+                scorable = ~batch["rewards_per_func"].isnan().all(1)
                 common.check_finite(
-                    accelerator,
-                    step + 1,
-                    reward=rewards[~rewards_per_func.isnan().all(1)],
-                    loss=loss_sum,
-                    grad_norm=grad_norms[-1],
+                    accelerator, step, reward=rewards[scorable], loss=loss_sum, grad_norm=grad_norms[-1]
                 )
                 optimizer.step()
                 scheduler.step()
                 optimizer.zero_grad(set_to_none=True)
                 losses.append(loss_sum)
-            if vllm is not None:
-                vllm.sync_weights(accelerator, model)  # the next step samples from the updated policy
-            no_signal = not common.any_process(accelerator, bool(common.nanstd(rewards.view(-1, G), 1).gt(1e-6).any()))
-            steps_without_signal = steps_without_signal + 1 if no_signal else 0
-            if steps_without_signal == common.NO_SIGNAL_STEPS:
-                common.warn_no_reward_signal(accelerator, reward_funcs, args)
-            step += 1
-            progress.update()
-            common.release_freed_memory()  # else glibc's heap keeps it: the resident size would grow
-            num_tokens += accelerator.reduce(attention_mask.sum(), "sum").item()
+            run.reward_signal(bool(common.nanstd(rewards.view(-1, G), 1).gt(1e-6).any()))
+            run.count_tokens(attention_mask)
 
-            # ==== 7-8. plumbing: log (statistics over the whole batch, from every process), evaluate, save ====
-            if step % args.logging_steps == 0 or step == args.max_steps:
-                everywhere = lambda x: accelerator.gather(x.to(device))  # (B_local, ...) -> (B, ...)
-                all_rewards, all_rewards_per_func = everywhere(rewards), everywhere(rewards_per_func)
-                lengths = everywhere(completion_mask.sum(1).float())
-                truncated = everywhere(is_truncated)
-                group_std = common.nanstd(all_rewards.view(-1, G), 1)
-                token_count = lengths.sum().clamp(min=1)
-                clip_low_all, clip_high_all = everywhere(torch.tensor(clip_low)), everywhere(torch.tensor(clip_high))
+            # ==== 7. log: statistics over the whole batch, from every process ====
+            if logging_step:
+                token_count = common.everywhere(accelerator, completion_mask.sum(1)).sum().clamp(min=1)
                 metrics = {
-                    "reward": all_rewards.nanmean().item(),
-                    "reward_std": common.nanstd(all_rewards).item(),
-                    "frac_reward_zero_std": (~(group_std > 1e-6)).float().mean().item(),  # < 2 scorable: no signal
-                    **common.reward_metrics(all_rewards_per_func, reward_funcs),
-                    **({"kl": (everywhere(kl.sum(1)).sum() / token_count).item()} if args.beta > 0 else {}),
-                    "entropy": (everywhere((entropy * completion_mask).sum(1)).sum() / token_count).item(),
-                    "clip_ratio/low_mean": clip_low_all.mean().item(),
-                    "clip_ratio/low_min": clip_low_all.min().item(),
-                    "clip_ratio/high_mean": clip_high_all.mean().item(),
-                    "clip_ratio/high_max": clip_high_all.max().item(),
-                    "clip_ratio/region_mean": (clip_low_all + clip_high_all).mean().item(),
+                    **common.rollout_metrics(
+                        accelerator,
+                        rewards,
+                        batch["rewards_per_func"],
+                        completion_mask,
+                        batch["is_truncated"],
+                        reward_funcs,
+                        G,
+                    ),  # fmt: skip
+                    **(
+                        {"kl": (common.everywhere(accelerator, kl.sum(1)).sum() / token_count).item()}
+                        if args.beta > 0
+                        else {}
+                    ),
+                    "entropy": (
+                        common.everywhere(accelerator, (entropy * completion_mask).sum(1)).sum() / token_count
+                    ).item(),
+                    **common.clip_metrics(accelerator, clip_low, clip_high),
                     **(
                         common.sampling_metrics(
                             accelerator, old_logprobs, batch["sampler_logprobs"], is_weights, completion_mask
@@ -514,39 +412,10 @@ def main(args: Args):
                         if off_policy
                         else {}
                     ),
-                    **common.completion_metrics(lengths, truncated),
-                    "loss": accelerator.reduce(torch.tensor(sum(losses) / len(losses), device=device), "mean").item(),
+                    "loss": common.mean_over_processes(accelerator, losses),
                     "grad_norm": sum(grad_norms) / len(grad_norms),
-                    "learning_rate": scheduler.get_last_lr()[0],
-                    "num_tokens": num_tokens,
-                    "step_time": time.perf_counter() - step_start,
                 }
-                logger.log(step, metrics)
-                progress.set_postfix(reward=f"{metrics['reward']:.3f}", grad_norm=f"{metrics['grad_norm']:.3f}")
-                if args.log_completions:  # printed, and a table for the trackers that take one
-                    logger.log_completions(step, prompts, completion_texts, rewards, args.num_completions_to_print)
-
-            if args.eval_steps and step % args.eval_steps == 0 and step != args.max_steps:
-                run_eval(step)
-            if args.save_steps and step % args.save_steps == 0:
-                common.save_checkpoint(
-                    accelerator, args, step, model, tokenizer, {"num_tokens": num_tokens}, resumed_from=checkpoint
-                )
-    progress.close()
-    if step < args.max_steps or interrupted.error:  # stopped: Ctrl-C, SIGTERM, a reward function or a log that failed
-        path = common.save_checkpoint(
-            accelerator, args, step, model, tokenizer, {"num_tokens": num_tokens}, resumed_from=checkpoint
-        )
-        logger.close()
-        common.stop_early(accelerator, interrupted, step, path)
-
-    # the model first: a stop during the final evaluation then costs only its figures
-    common.save_final_model(accelerator, args.output_dir, model, tokenizer, args.save_merged_model)
-    last_eval = run_eval(step)
-    logger.close()
-    if first_eval and last_eval:
-        accelerator.print(common.eval_summary(first_eval, last_eval, args.temperature))
-    accelerator.print(f"saved the model to {args.output_dir}")
+                run.log(step, metrics, (batch["prompts"], batch["completion_texts"], rewards))
 
 
 if __name__ == "__main__":
