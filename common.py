@@ -1465,14 +1465,15 @@ def load_data(accelerator: Accelerator, args) -> tuple[Dataset, Dataset | None]:
 
 
 def load_policy_and_reference(accelerator: Accelerator, args, datasets, reference: bool):
-    """The tokenizer, the policy to train and the frozen reference (None unless `reference`, and None with --use_peft,
+    """The tokenizer, the policy to train, the frozen reference (None unless `reference`, and None with --use_peft,
     whose reference is the policy with its adapters disabled).
 
     The policy's master weights are float32 whatever the checkpoint's dtype (with --use_peft --bf16 its frozen base is
     bf16; with --load_in_4bit 4-bit), in train mode, with --use_peft's LoRA adapter, dropout off (--disable_dropout)
     and --gradient_checkpointing. The reference has nothing to update: bf16 under --bf16, and under DeepSpeed ZeRO-3
     an inference engine (`prepare_frozen`). Every prompt of `datasets` (train, test) must fit the context with
-    max_completion_length tokens. A resumed run takes its weights from the checkpoint afterwards (`Run`)."""
+    max_completion_length tokens. A resumed run takes its weights from the checkpoint afterwards (`Run`). Also returns
+    the policy's sampling config (`sampling_config`)."""
     tokenizer = load_tokenizer(args.model_name_or_path, **loading_options(args))
     master_dtype = torch.bfloat16 if args.bf16 and args.use_peft else torch.float32
     model = load_causal_lm(args.model_name_or_path, dtype=master_dtype, **loading_options(args), **quantization(args))
@@ -1486,7 +1487,7 @@ def load_policy_and_reference(accelerator: Accelerator, args, datasets, referenc
         frozen_dtype = torch.bfloat16 if args.bf16 else torch.float32
         ref_model = load_causal_lm(args.model_name_or_path, dtype=frozen_dtype, **loading_options(args))
         ref_model = prepare_frozen(accelerator, ref_model)
-    return tokenizer, model, ref_model
+    return tokenizer, model, ref_model, sampling_config(model, tokenizer, args)
 
 
 def prepare_trainable(model, args, task_type: str = "CAUSAL_LM"):
@@ -1539,7 +1540,7 @@ class Run:
 
         with common.Run(accelerator, args, "rloo", model, tokenizer, scheduler, ...) as run:
             for step in run.steps():      # 1, 2, ..., max_steps (from the resumed step)
-                ...                       # the algorithm: run.sample(texts), ..., run.log(step, metrics)
+                ...                       # the algorithm: run.sample(prompts), ..., run.log(step, metrics)
         # here the final model is saved, then evaluated; or, after a stop, a checkpoint is
 
     - resume (`checkpoint`): the weights, optimizer, registered `scheduler`, RNG, the step, `num_tokens` and `state`
@@ -1593,8 +1594,10 @@ class Run:
         self.logger = MetricsLogger(accelerator, args, resume_step=self.step)
         self.first_eval = self.evaluate(0) if self.step == 0 else {}
 
-    def sample(self, texts: list[str]) -> dict:
-        """One completion per prompt text: `sample_completions` from vLLM, the bf16 copy or the policy."""
+    def sample(self, prompts: list) -> dict:
+        """One completion per prompt (text, or chat messages rendered by `prompt_text`): `sample_completions` from
+        vLLM, the bf16 copy or the policy."""
+        texts = [prompt_text(self.tokenizer, p, self.args.chat_template_kwargs) for p in prompts]
         return sample_completions(
             self.accelerator, self.model, self.tokenizer, texts, self.generation_config, self.vllm, self.sampler
         )
@@ -1632,8 +1635,9 @@ class Run:
         args = self.args
         while self.step < args.max_steps and not any_process(self.accelerator, self.interrupted.is_set()):
             self.step_start = time.perf_counter()
-            yield self.step + 1
-            self.step += 1
+            step = self.step + 1
+            yield step
+            self.step = step
             self.progress.update()
             if self.vllm is not None:
                 self.vllm.sync_weights(self.accelerator, self.model)  # the next step samples from the updated policy
@@ -1668,7 +1672,8 @@ class Run:
 
     def log(self, step: int, metrics: dict, completions=None):
         """Write `metrics` with the learning rate, `num_tokens` and the step's time; with --log_completions also a
-        few of `completions` (prompts, texts, rewards)."""
+        few of `completions` (prompts, texts, rewards). The step's update is done: a stop from here on keeps it."""
+        self.step = step
         metrics = {
             **metrics,
             "learning_rate": self.scheduler.get_last_lr()[0],
@@ -1709,15 +1714,15 @@ def everywhere(accelerator: Accelerator, *tensors):
     return gathered[0] if len(gathered) == 1 else gathered
 
 
-def rollout_metrics(
-    accelerator: Accelerator, rewards, rewards_per_func, completion_mask, is_truncated, reward_funcs, G
-):
-    """The batch's reward and completion statistics over every process, under TRL's names: reward, reward_std,
-    frac_reward_zero_std (groups of G whose scorable rewards are all equal, or fewer than 2; only when G > 1),
-    each reward function's mean and std, and the completion lengths."""
+def rollout_metrics(accelerator: Accelerator, batch: dict, rewards, reward_funcs: dict, G: int, kl=None, entropy=None):
+    """The batch's statistics over every process, under TRL's names: reward, reward_std, frac_reward_zero_std (groups
+    of G whose scorable rewards are all equal, or fewer than 2; only when G > 1), each reward function's mean and std,
+    the completion lengths, and the means over the completion tokens of `kl` and `entropy` (B, T) when given."""
+    mask = batch["completion_mask"]
     rewards, rewards_per_func, lengths, truncated = everywhere(
-        accelerator, rewards, rewards_per_func, completion_mask.sum(1).float(), is_truncated
+        accelerator, rewards, batch["rewards_per_func"], mask.sum(1).float(), batch["is_truncated"]
     )
+    token_mean = lambda x: (everywhere(accelerator, (x * mask).sum(1)).sum() / lengths.sum().clamp(min=1)).item()
     group_std = nanstd(rewards.view(-1, G), 1)
     return {
         "reward": rewards.nanmean().item(),
@@ -1725,14 +1730,19 @@ def rollout_metrics(
         **({"frac_reward_zero_std": (~(group_std > 1e-6)).float().mean().item()} if G > 1 else {}),
         **reward_metrics(rewards_per_func, reward_funcs),
         **completion_metrics(lengths, truncated),
+        **({"kl": token_mean(kl)} if kl is not None else {}),
+        **({"entropy": token_mean(entropy)} if entropy is not None else {}),
     }
 
 
-def clip_metrics(accelerator: Accelerator, clip_low: list[float], clip_high: list[float]) -> dict:
-    """TRL's clip_ratio/*: the fractions of the ratios clipped below (with A < 0) and above (A > 0), one per
-    micro-batch, over every process."""
+def update_metrics(accelerator: Accelerator, losses: list[float], grad_norms: list[float], clip_low, clip_high):
+    """The updates' statistics, under TRL's names: loss (one per update on each process, averaged over the
+    processes), grad_norm, and clip_ratio/*, the fractions of the ratios clipped below (with A < 0) and above (A > 0),
+    one per micro-batch."""
     low, high = everywhere(accelerator, torch.tensor(clip_low), torch.tensor(clip_high))
     return {
+        "loss": mean_over_processes(accelerator, losses),
+        "grad_norm": sum(grad_norms) / len(grad_norms),
         "clip_ratio/low_mean": low.mean().item(),
         "clip_ratio/low_min": low.min().item(),
         "clip_ratio/high_mean": high.mean().item(),

@@ -67,6 +67,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 import torch.utils.checkpoint
+from accelerate.utils import set_seed
 
 import common
 from common import arg, require
@@ -353,7 +354,7 @@ def dynamic_sampling(
 def main(args: Args):
     check_args(args)
     accelerator = common.make_accelerator(args)  # one process, or N under `accelerate launch`
-    common.seed_everything(args.seed + accelerator.process_index)  # each process samples its own completions
+    set_seed(args.seed, device_specific=True)  # seed + process index: each process samples its own completions
     device = accelerator.device
     G = args.num_generations
     batch_size = args.prompts_per_step * G  # completions per step, over all processes
@@ -375,9 +376,10 @@ def main(args: Args):
     # ---- plumbing: data, policy π_θ and reference π_ref (only when β > 0), reward functions, optimizer ----
     datasets = train_dataset, eval_dataset = common.load_data(accelerator, args)
     checkpoint = common.resolve_checkpoint(args.resume_from_checkpoint, args.output_dir, args)
-    tokenizer, model, ref_model = common.load_policy_and_reference(accelerator, args, datasets, args.beta > 0)
+    tokenizer, model, ref_model, generation_config = common.load_policy_and_reference(
+        accelerator, args, datasets, args.beta > 0
+    )
     reward_funcs, weights = common.load_rewards(accelerator, args, datasets)
-    generation_config = common.sampling_config(model, tokenizer, args)
     optimizer, scheduler = common.optimizer_and_scheduler(args, model, args.max_steps * args.num_iterations)
     model, optimizer = common.prepare(accelerator, model, optimizer)  # DDP / DeepSpeed / FSDP, device placement
     columns = [c for c in train_dataset.column_names if c != "prompt"]
@@ -391,12 +393,12 @@ def main(args: Args):
         """Phases 1 and 2 for this process's prompts `rows`: the tensors and texts of the rollout, and the rewards."""
         # ==== 1. rollout: G completions per prompt, each ended at its first end token ====
         prompts = [p for p in rows["prompt"] for _ in range(G)]  # each prompt's G completions are contiguous
-        rollout = run.sample([common.prompt_text(tokenizer, p, args.chat_template_kwargs) for p in prompts])
+        rollout = run.sample(prompts)  # chat prompts through the tokenizer's chat template
         completion_mask, is_truncated = end_of_completion(rollout["completion_ids"], generation_config.eos_token_id)
         completion_ids = rollout["completion_ids"].masked_fill(completion_mask == 0, tokenizer.pad_token_id)  # (B, T)
 
         # ==== 2. score: r(x, y_i), the weighted sum of the reward functions ====
-        completion_texts = common.decode_completions(tokenizer, completion_ids)
+        completion_texts = tokenizer.batch_decode(completion_ids, skip_special_tokens=True)
         completion_id_lists = [ids[mask.bool()].tolist() for ids, mask in zip(completion_ids, completion_mask)]
         row_columns = {c: [v for v in rows[c] for _ in range(G)] for c in columns}
         rewards, rewards_per_func = compute_rewards(
@@ -543,32 +545,19 @@ def main(args: Args):
 
             # ==== 7. log: statistics over the whole batch, from every process ====
             if logging_step:
-                token_count = common.everywhere(accelerator, completion_mask.sum(1)).sum().clamp(min=1)
                 metrics = {
                     **common.rollout_metrics(
-                        accelerator, rewards, rewards_per_func, completion_mask, is_truncated, reward_funcs, G
-                    ),
-                    **(
-                        {"kl": (common.everywhere(accelerator, kl.sum(1)).sum() / token_count).item()}
-                        if args.beta > 0
-                        else {}
+                        accelerator, batch, rewards, reward_funcs, G, kl if args.beta > 0 else None, entropy
                     ),
                     **({"dynamic_sampling/dropped_frac": dropped_frac} if args.dynamic_sampling else {}),
-                    "entropy": (
-                        common.everywhere(accelerator, (entropy * completion_mask).sum(1)).sum() / token_count
-                    ).item(),
-                    **common.clip_metrics(accelerator, clip_low, clip_high),
-                    **(
-                        common.sampling_metrics(
-                            accelerator, old_logprobs, batch["sampler_logprobs"], is_weights, completion_mask
-                        )
-                        if off_policy
-                        else {}
-                    ),
-                    "loss": common.mean_over_processes(accelerator, losses),  # mean of N × each share: the sum
+                    # loss: each process logs N × its share of the batch loss; their mean is the batch loss
+                    **common.update_metrics(accelerator, losses, grad_norms, clip_low, clip_high),
                     "policy_loss": common.mean_over_processes(accelerator, policy_losses),
-                    "grad_norm": sum(grad_norms) / len(grad_norms),
                 }
+                if off_policy:
+                    metrics |= common.sampling_metrics(
+                        accelerator, old_logprobs, batch["sampler_logprobs"], is_weights, completion_mask
+                    )
                 run.log(step, metrics, (prompts, completion_texts, rewards))
 
 

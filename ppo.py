@@ -71,6 +71,7 @@ from dataclasses import dataclass
 import torch
 import torch.utils.checkpoint
 from accelerate import DistributedType
+from accelerate.utils import set_seed
 
 import common
 from common import arg, require
@@ -364,6 +365,12 @@ def adaptive_kl_coef(kl_coef: float, kl: float, *, kl_target: float, kl_horizon:
     return kl_coef * (1 + error * batch_size / kl_horizon)
 
 
+# the token means logged after each step, over every token of every update (val/ratio_var: E[ρ²] − E[ρ]²)
+TOKEN_STATS = (
+    "policy/approxkl_avg", "policy/clipfrac_avg", "policy/entropy_avg", "val/clipfrac_avg", "val/ratio", "val/ratio_var"
+)  # fmt: skip
+
+
 def main(args: Args):
     check_args(args)
     accelerator = common.make_accelerator(args)  # one process, or N under `accelerate launch`
@@ -372,7 +379,7 @@ def main(args: Args):
         not in (DistributedType.DEEPSPEED, DistributedType.FSDP),  # two models, one optimizer
         f"accelerate launch: ppo.py runs as one process or under DDP, not {accelerator.distributed_type.value}",
     )
-    common.seed_everything(args.seed + accelerator.process_index)  # each process samples its own completions
+    set_seed(args.seed, device_specific=True)  # seed + process index: each process samples its own completions
     device = accelerator.device
     P = accelerator.num_processes
     G = 1  # one completion per prompt
@@ -397,7 +404,9 @@ def main(args: Args):
     # ---- plumbing: data, policy π_θ, reference π_ref (only when kl_coef > 0), reward functions, value model V_ψ ----
     datasets = train_dataset, eval_dataset = common.load_data(accelerator, args)
     checkpoint = common.resolve_checkpoint(args.resume_from_checkpoint, args.output_dir, args)
-    tokenizer, model, ref_model = common.load_policy_and_reference(accelerator, args, datasets, args.kl_coef > 0)
+    tokenizer, model, ref_model, generation_config = common.load_policy_and_reference(
+        accelerator, args, datasets, args.kl_coef > 0
+    )
     reward_funcs, weights = common.load_rewards(accelerator, args, datasets)
     value_flag = next(
         f"--{name}" for name in ("value_model_path", "reward_model_path", "model_name_or_path") if getattr(args, name)
@@ -412,7 +421,6 @@ def main(args: Args):
         from peft import cast_mixed_precision_params
 
         cast_mixed_precision_params(value_model, master_dtype)  # trained: peft's copy of the score head too, float32
-    generation_config = common.sampling_config(model, tokenizer, args)
     stop_ids = stop_token_ids(tokenizer, args.stop_token, generation_config.eos_token_id)
     # a completion ends at the checkpoint's end tokens or the stop token
     generation_config.eos_token_id = sorted({*generation_config.eos_token_id, *stop_ids})
@@ -435,12 +443,12 @@ def main(args: Args):
         """Phases 1 and 2 for this process's prompts `rows`: the tensors and texts of the rollout, and the rewards."""
         # ==== 1. rollout: G completions per prompt, each ended at its first end token ====
         prompts = [p for p in rows["prompt"] for _ in range(G)]  # each prompt's G completions are contiguous
-        rollout = run.sample([common.prompt_text(tokenizer, p, args.chat_template_kwargs) for p in prompts])
+        rollout = run.sample(prompts)  # chat prompts through the tokenizer's chat template
         completion_mask, is_truncated = end_of_completion(rollout["completion_ids"], generation_config.eos_token_id)
         completion_ids = rollout["completion_ids"].masked_fill(completion_mask == 0, tokenizer.pad_token_id)  # (B, T)
 
         # ==== 2. score: r(x, y_i), the weighted sum of the reward functions ====
-        completion_texts = common.decode_completions(tokenizer, completion_ids)
+        completion_texts = tokenizer.batch_decode(completion_ids, skip_special_tokens=True)
         completion_id_lists = [ids[mask.bool()].tolist() for ids, mask in zip(completion_ids, completion_mask)]
         row_columns = {c: [v for v in rows[c] for _ in range(G)] for c in columns}
         rewards, rewards_per_func = compute_rewards(
@@ -521,23 +529,12 @@ def main(args: Args):
             if args.whiten_advantages:
                 advantages = masked_whiten(advantages, loss_mask, all_sum=all_sum)
 
-            # ==== 6. loss and update: num_ppo_epochs passes over fresh mini-batches, clipped policy and value losses
-            # ====
+            # ==== 6. loss and update: num_ppo_epochs passes over fresh mini-batches, clipped policy and value loss ====
             # Micro-batches accumulated. The losses are token means over the mini-batch of every process together. DDP
             # averages the gradients over the P processes, so each process divides its token sum by the global token
             # count and multiplies by P: the average is then the masked mean over all the mini-batch's tokens, as one
             # process would take it.
-            token_sums = dict.fromkeys(
-                (
-                    "policy/approxkl_avg",
-                    "policy/clipfrac_avg",
-                    "policy/entropy_avg",
-                    "val/clipfrac_avg",
-                    "val/ratio",
-                    "val/ratio_var",
-                ),
-                0.0,
-            )
+            token_sums = [0.0] * len(TOKEN_STATS)  # the logged token means' numerators
             policy_losses, value_losses, grad_norms, value_grad_norms = [], [], [], []
             for _epoch in range(args.num_ppo_epochs):
                 for mini in torch.randperm(local_batch_size, device=device).split(mini_batch_size):
@@ -578,16 +575,10 @@ def main(args: Args):
                             accelerator.backward(pg_loss + args.vf_coef * vf_loss)
                         policy_loss_sum += pg_loss.item()
                         value_loss_sum += vf_loss.item()
-                        for key, value in (
-                            ("policy/approxkl_avg", 0.5 * (logprobs - old_logprobs[mb]) ** 2),
-                            ("policy/clipfrac_avg", pg_clipped),
-                            ("policy/entropy_avg", token_entropy),
-                            ("val/clipfrac_avg", vf_clipped),
-                            ("val/ratio", ratio),
-                            ("val/ratio_var", ratio**2),
-                        ):
+                        stats = (0.5 * (logprobs - old_logprobs[mb]) ** 2, pg_clipped, token_entropy, vf_clipped, ratio)
+                        for i, value in enumerate((*stats, ratio**2)):  # in the order of TOKEN_STATS
                             if value is not None:  # the entropy: on logging steps only
-                                token_sums[key] += (value.detach().float() * mask).sum().item()
+                                token_sums[i] += (value.detach().float() * mask).sum().item()
                     policy_losses.append(policy_loss_sum)
                     value_losses.append(value_loss_sum)
                     grad_norms.append(float(accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)))
@@ -617,18 +608,11 @@ def main(args: Args):
 
             # ==== 7. log: statistics over the whole batch, from every process ====
             if logging_step:
-                all_scores, all_rewards_per_func, all_stopped = (
-                    everywhere(scores),
-                    everywhere(rewards_per_func),
-                    everywhere(stopped),
-                )
+                all_scores, all_rewards_per_func, all_stopped = map(everywhere, (scores, rewards_per_func, stopped))
                 lengths = everywhere(completion_mask.sum(1).float())
                 non_score_reward = everywhere((-kl_coef * kl).sum(1))
-                token_totals = all_sum(torch.tensor(list(token_sums.values()), device=device)).tolist()
-                token_means = {
-                    key: total / (args.num_ppo_epochs * lengths.sum().item())
-                    for key, total in zip(token_sums, token_totals)
-                }
+                token_totals = all_sum(torch.tensor(token_sums, device=device)) / (args.num_ppo_epochs * lengths.sum())
+                token_means = dict(zip(TOKEN_STATS, token_totals.tolist()))
                 # E[ρ²] − E[ρ]² over every token of every update
                 token_means["val/ratio_var"] -= token_means["val/ratio"] ** 2
                 metrics = {
