@@ -658,6 +658,22 @@ def shard(accelerator: Accelerator, total: int, flag: str) -> slice:
     return slice(accelerator.process_index * total // n, (accelerator.process_index + 1) * total // n)
 
 
+def process_share(accelerator: Accelerator, args, G: int) -> tuple[slice, int, int]:
+    """This process's share of each step: its slice of the prompts_per_step prompts, its number of completions (whole
+    groups of G, so that a baseline never needs another process's rewards), and the completions per forward and
+    backward (--micro_batch_size; 0: all of them at once, which DeepSpeed requires: `check_backend`)."""
+    my_prompts = shard(accelerator, args.prompts_per_step, "--prompts_per_step")
+    local_batch_size = args.prompts_per_step * G // accelerator.num_processes
+    micro_batch_size = args.micro_batch_size or local_batch_size
+    require(
+        local_batch_size % micro_batch_size == 0,
+        f"--micro_batch_size: {micro_batch_size} does not divide the {local_batch_size} completions of each of the "
+        f"{accelerator.num_processes} processes",
+    )
+    check_backend(accelerator, micro_batch_size == local_batch_size)
+    return my_prompts, local_batch_size, micro_batch_size
+
+
 def any_process(accelerator: Accelerator | PartialState, flag: bool) -> bool:
     """True when `flag` is set on any process (a Ctrl-C seen by one rank stops them all at the same step). Every
     process must call it."""
@@ -1520,19 +1536,19 @@ def load_rewards(accelerator: Accelerator, args, datasets) -> tuple[dict, torch.
     return reward_funcs, reward_weights(args.reward_weights, reward_funcs)
 
 
-def optimizer_and_scheduler(args, params, total_updates: int):
-    """AdamW over `params` (a model's trainable parameters, or parameter groups) and --lr_scheduler_type with
-    --warmup_ratio, over `total_updates` optimizer steps."""
-    if isinstance(params, torch.nn.Module):
-        params = [p for p in params.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=args.learning_rate, weight_decay=args.weight_decay)
+def prepare_training(accelerator: Accelerator, args, total_updates: int, *models):
+    """`models` ready for `accelerator` (DDP / DeepSpeed / FSDP wrapping, device placement: `prepare`), then one AdamW
+    (a parameter group per model, its trainable parameters) and --lr_scheduler_type with --warmup_ratio over
+    `total_updates` optimizer steps: (*models, optimizer, scheduler)."""
+    groups = [{"params": [p for p in model.parameters() if p.requires_grad]} for model in models]
+    optimizer = torch.optim.AdamW(groups, lr=args.learning_rate, weight_decay=args.weight_decay)
     scheduler = transformers.get_scheduler(
         args.lr_scheduler_type,
         optimizer,
         num_warmup_steps=int(args.warmup_ratio * total_updates),
         num_training_steps=total_updates,
     )
-    return optimizer, scheduler
+    return *prepare(accelerator, *models, optimizer), scheduler
 
 
 class Run:

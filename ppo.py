@@ -424,14 +424,11 @@ def main(args: Args):
     stop_ids = stop_token_ids(tokenizer, args.stop_token, generation_config.eos_token_id)
     # a completion ends at the checkpoint's end tokens or the stop token
     generation_config.eos_token_id = sorted({*generation_config.eos_token_id, *stop_ids})
-    trainable = lambda module: [p for p in module.parameters() if p.requires_grad]
-    optimizer, scheduler = common.optimizer_and_scheduler(  # one AdamW, two parameter groups
-        args,
-        [{"params": trainable(model)}, {"params": trainable(value_model)}],
-        args.max_steps * args.num_ppo_epochs * args.num_mini_batches,
+    total_updates = args.max_steps * args.num_ppo_epochs * args.num_mini_batches
+    model, value_model, optimizer, scheduler = common.prepare_training(  # one AdamW, a parameter group per model; DDP
+        accelerator, args, total_updates, model, value_model
     )
-    model, value_model, optimizer = common.prepare(accelerator, model, value_model, optimizer)  # DDP, device placement
-    value_params = trainable(value_model)
+    value_params = [p for p in value_model.parameters() if p.requires_grad]
     columns = [c for c in train_dataset.column_names if c != "prompt"]
 
     def reference_logprobs(input_ids, attention_mask, T):

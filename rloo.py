@@ -229,16 +229,8 @@ def main(args: Args):
     set_seed(args.seed, device_specific=True)  # seed + process index: each process samples its own completions
     device = accelerator.device
     G = args.num_generations
-    batch_size = args.prompts_per_step * G  # completions per step, over all processes
-    my_prompts = common.shard(accelerator, args.prompts_per_step, "--prompts_per_step")  # this process's prompts
-    local_batch_size = batch_size // accelerator.num_processes  # whole groups: baselines never need another process
-    micro_batch_size = args.micro_batch_size or local_batch_size
-    require(
-        local_batch_size % micro_batch_size == 0,
-        f"--micro_batch_size: {micro_batch_size} does not divide the {local_batch_size} completions of each of the "
-        f"{accelerator.num_processes} processes",
-    )
-    common.check_backend(accelerator, micro_batch_size == local_batch_size)
+    # this process's prompts, its completions (whole groups: a baseline never needs another process), a micro-batch
+    my_prompts, local_batch_size, micro_batch_size = common.process_share(accelerator, args, G)
     epsilon_high = args.epsilon if args.epsilon_high is None else args.epsilon_high
 
     # ---- plumbing: data, policy π_θ and reference π_ref (only when β > 0), reward functions, optimizer ----
@@ -248,8 +240,8 @@ def main(args: Args):
         accelerator, args, datasets, args.beta > 0
     )
     reward_funcs, weights = common.load_rewards(accelerator, args, datasets)
-    optimizer, scheduler = common.optimizer_and_scheduler(args, model, args.max_steps * args.num_iterations)
-    model, optimizer = common.prepare(accelerator, model, optimizer)  # DDP / DeepSpeed / FSDP, device placement
+    total_updates = args.max_steps * args.num_iterations
+    model, optimizer, scheduler = common.prepare_training(accelerator, args, total_updates, model)  # AdamW, DDP, ...
     columns = [c for c in train_dataset.column_names if c != "prompt"]
 
     def reference_logprobs(input_ids, attention_mask, T):
