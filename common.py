@@ -573,11 +573,6 @@ def newest_checkpoint_kept(output_dir: str | None) -> str:
     return f"the newest checkpoint, {newest}, is kept (--resume_from_checkpoint latest)"
 
 
-def seed_everything(seed: int):
-    random.seed(seed)
-    torch.manual_seed(seed)  # seeds CUDA too
-
-
 # ----------------------------------------------------------------------------------------------------------------------
 # Processes: every script runs as one process, or as N under `accelerate launch` (DDP, DeepSpeed, FSDP)
 # ----------------------------------------------------------------------------------------------------------------------
@@ -1297,10 +1292,6 @@ def _libc():
         return None
 
 
-def decode_completions(tokenizer, completion_ids: torch.Tensor) -> list[str]:
-    return tokenizer.batch_decode(completion_ids, skip_special_tokens=True)
-
-
 NO_SIGNAL_STEPS = 10  # steps in a row without any reward signal before the warning
 
 
@@ -1423,7 +1414,7 @@ def evaluate(
                         config,
                     )
                     ids = [until_end(sampled, config.eos_token_id) for sampled in out["completion_ids"].tolist()]
-                    texts = decode_completions(tokenizer, ids)
+                    texts = tokenizer.batch_decode(ids, skip_special_tokens=True)
                     batch_columns = {c: [row[c] for row in batch] for c in columns}
                     try:
                         rewards, per_func = compute_rewards(reward_funcs, weights, prompts, texts, ids, batch_columns)

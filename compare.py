@@ -416,7 +416,7 @@ def heldout_measurements(policy_paths: list[str], config, reward_model_path: str
                 logprobs = completion_logprobs(policy, input_ids, attention_mask, T, config.temperature)[0]
                 ref_logprobs = completion_logprobs(reference, input_ids, attention_mask, T, config.temperature)[0]
                 sums += ((logprobs - ref_logprobs) * completion_mask).sum(1).tolist()
-                completions += common.decode_completions(tokenizer, out["completion_ids"])
+                completions += tokenizer.batch_decode(out["completion_ids"], skip_special_tokens=True)
         completions = [common.as_completion(p, c) for p, c in zip(prompts, completions)]
         record = {"kl": sum(sums) / len(sums)}
         if proxy is not None:

@@ -365,7 +365,7 @@ def adaptive_kl_coef(kl_coef: float, kl: float, *, kl_target: float, kl_horizon:
     return kl_coef * (1 + error * batch_size / kl_horizon)
 
 
-# the token means logged after each step, over every token of every update (val/ratio_var: E[ρ²] − E[ρ]²)
+# the token means logged after each step, over every token of every update
 TOKEN_STATS = (
     "policy/approxkl_avg", "policy/clipfrac_avg", "policy/entropy_avg", "val/clipfrac_avg", "val/ratio", "val/ratio_var"
 )  # fmt: skip
@@ -572,8 +572,9 @@ def main(args: Args):
                             accelerator.backward(pg_loss + args.vf_coef * vf_loss)
                         policy_loss_sum += pg_loss.item()
                         value_loss_sum += vf_loss.item()
-                        stats = (0.5 * (logprobs - old_logprobs[mb]) ** 2, pg_clipped, token_entropy, vf_clipped, ratio)
-                        for i, value in enumerate((*stats, ratio**2)):  # in the order of TOKEN_STATS
+                        approxkl = 0.5 * (logprobs - old_logprobs[mb]) ** 2
+                        stats = (approxkl, pg_clipped, token_entropy, vf_clipped, ratio, ratio**2)  # as TOKEN_STATS
+                        for i, value in enumerate(stats):
                             if value is not None:  # the entropy: on logging steps only
                                 token_sums[i] += (value.detach().float() * mask).sum().item()
                     policy_losses.append(policy_loss_sum)

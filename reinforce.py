@@ -259,7 +259,7 @@ def main(args: Args):
     set_seed(args.seed, device_specific=True)  # seed + process index: each process samples its own completions
     device = accelerator.device
     G = args.num_generations
-    # this process's prompts, its completions, the completions per forward and backward
+    # this process's prompts, its completions (whole groups of G) and the completions per forward and backward
     my_prompts, local_batch_size, micro_batch_size = common.process_share(accelerator, args, G)
     epsilon_high = args.epsilon if args.epsilon_high is None else args.epsilon_high
 

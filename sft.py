@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 import torch
 import transformers
+from accelerate.utils import set_seed
 from tqdm.auto import tqdm
 
 import common
@@ -250,7 +251,7 @@ def main(args: Args):
     check_args(args)
     accelerator = common.make_accelerator(args)  # one process, or N under `accelerate launch`
     # the same on every process: training samples nothing, and a new model starts alike
-    common.seed_everything(args.seed)
+    set_seed(args.seed)
     device = accelerator.device
     my_rows = common.shard(accelerator, args.train_batch_size, "--train_batch_size")  # this process's share of a batch
     common.check_backend(accelerator, one_backward_per_update=True)

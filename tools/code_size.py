@@ -23,7 +23,15 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = ["rloo.py", "grpo.py", "reinforce.py", "ppo.py"]
-BOOKKEEPING = ("clip_low.append", "clip_high.append", "losses.append", "_sum +=", "token_sums", "stats = (")
+BOOKKEEPING = (
+    "clip_low.append",
+    "clip_high.append",
+    "losses.append",
+    "_sum +=",
+    "token_sums",
+    "stats = (",
+    "approxkl =",
+)
 
 
 def project_imports(path: Path) -> set[str]:
