@@ -372,6 +372,7 @@ def check_shared_args(args):
     for name in (
         "learning_rate",
         "max_steps",
+        "prompts_per_step",
         "logging_steps",
         "per_device_eval_batch_size",
         "num_generations_eval",
@@ -380,10 +381,15 @@ def check_shared_args(args):
         "max_grad_norm",
         "lora_r",
         "lora_alpha",
+        "epsilon",
     ):
         check(name, lambda value: value > 0, "positive")
-    for name in ("eval_steps", "save_steps", "weight_decay", "top_k", "num_completions_to_print"):
+    for name in ("micro_batch_size", "eval_steps", "save_steps", "weight_decay", "top_k", "num_completions_to_print"):
         check(name, lambda value: value >= 0, "≥ 0")
+    check("num_iterations", lambda value: value >= 1, "≥ 1")
+    check("beta", lambda value: value >= 0, "≥ 0")
+    check("epsilon_high", lambda value: value is None or value > 0, "positive")
+    check("kl_estimator", lambda value: value in ("k1", "k3"), "k1 or k3")
     check("top_p", lambda value: 0 < value <= 1, "in (0, 1] (1.0 = off)")
     check("eval_strategy", lambda value: value in ("steps", "no"), "steps or no")
     check("warmup_ratio", lambda value: 0 <= value <= 1, "in [0, 1]")
@@ -660,10 +666,10 @@ def process_share(accelerator: Accelerator, args, G: int) -> tuple[slice, int, i
     my_prompts = shard(accelerator, args.prompts_per_step, "--prompts_per_step")
     local_batch_size = args.prompts_per_step * G // accelerator.num_processes
     micro_batch_size = args.micro_batch_size or local_batch_size
+    of_each = f" of each of the {accelerator.num_processes} processes" if accelerator.num_processes > 1 else ""
     require(
         local_batch_size % micro_batch_size == 0,
-        f"--micro_batch_size: {micro_batch_size} does not divide the {local_batch_size} completions of each of the "
-        f"{accelerator.num_processes} processes",
+        f"--micro_batch_size: {micro_batch_size} does not divide the batch of {local_batch_size} completions{of_each}",
     )
     check_backend(accelerator, micro_batch_size == local_batch_size)
     return my_prompts, local_batch_size, micro_batch_size

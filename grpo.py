@@ -117,27 +117,12 @@ def check_args(args: Args):
         "--num_generations: the group-relative advantage needs at least 2 completions per prompt, got "
         f"{args.num_generations}",
     )
-    require(args.prompts_per_step > 0, f"--prompts_per_step: must be positive, got {args.prompts_per_step}")
-    batch_size = args.prompts_per_step * args.num_generations
-    require(args.micro_batch_size >= 0, f"--micro_batch_size: must be ≥ 0, got {args.micro_batch_size}")
-    micro = args.micro_batch_size or batch_size
-    require(
-        batch_size % micro == 0,
-        f"--micro_batch_size: {micro} does not divide the batch of {batch_size} completions (prompts_per_step × "
-        "num_generations)",
-    )
-    require(args.num_iterations >= 1, f"--num_iterations: must be ≥ 1, got {args.num_iterations}")
-    require(args.beta >= 0, f"--beta: must be ≥ 0, got {args.beta}")
     require(
         args.scale_rewards in ("group", "batch", "none"),
         f"--scale_rewards: expected group, batch or none, got {args.scale_rewards!r}",
     )
     require(
         args.loss_type in LOSS_TYPES, f"--loss_type: expected one of {', '.join(LOSS_TYPES)}, got {args.loss_type!r}"
-    )
-    require(args.epsilon > 0, f"--epsilon: must be positive, got {args.epsilon}")
-    require(
-        args.epsilon_high is None or args.epsilon_high > 0, f"--epsilon_high: must be positive, got {args.epsilon_high}"
     )
     require(args.max_resample_rounds >= 0, f"--max_resample_rounds: must be ≥ 0, got {args.max_resample_rounds}")
 

@@ -25,9 +25,11 @@ which is REINFORCE with the leave-one-out baseline (Eq. 6–7). The logged `loss
 advantages of each group sum to zero; `grad_norm` shows that the update is not. Worked example (G = 4): rewards
 10, 8, 4, 2 give baselines 4.67, 5.33, 6.67, 7.33 and advantages +5.33, +2.67, −2.67, −5.33.
 
-Before any update, one pass without gradient gives log π_θ_old (the policy that sampled: the KL's log π and the
-ratio's denominator) and log π_ref, as TRL does; the advantages of the whole batch are then known before the first
-backward pass, so micro-batches need not hold whole groups and --normalize_advantages divides by the batch's std.
+Before any update, a policy pass gives log π_θ_old (the policy that sampled: the KL's log π and the ratio's
+denominator) and a reference pass log π_ref; the advantages of the whole batch are then known before the first backward
+pass, so micro-batches need not hold whole groups and --normalize_advantages divides by the batch's std. With one
+micro-batch (the default) that policy pass keeps its graph and is the first update's forward; with several it runs
+without gradient and every update runs its own (TRL always runs this extra pass).
 
 Several processes (`accelerate launch`, DDP / DeepSpeed / FSDP): each process takes an equal share of the step's
 prompts and samples, scores and baselines their groups itself, so a leave-one-out baseline never needs another
@@ -88,22 +90,6 @@ def check_args(args: Args):
         "--num_generations: the leave-one-out baseline needs at least 2 completions per prompt, got "
         f"{args.num_generations}",
     )
-    require(args.prompts_per_step > 0, f"--prompts_per_step: must be positive, got {args.prompts_per_step}")
-    batch_size = args.prompts_per_step * args.num_generations
-    require(args.micro_batch_size >= 0, f"--micro_batch_size: must be ≥ 0, got {args.micro_batch_size}")
-    micro = args.micro_batch_size or batch_size
-    require(
-        batch_size % micro == 0,
-        f"--micro_batch_size: {micro} does not divide the batch of {batch_size} completions (prompts_per_step × "
-        "num_generations)",
-    )
-    require(args.num_iterations >= 1, f"--num_iterations: must be ≥ 1, got {args.num_iterations}")
-    require(args.beta >= 0, f"--beta: must be ≥ 0, got {args.beta}")
-    require(args.epsilon > 0, f"--epsilon: must be positive, got {args.epsilon}")
-    require(
-        args.epsilon_high is None or args.epsilon_high > 0, f"--epsilon_high: must be positive, got {args.epsilon_high}"
-    )
-    require(args.kl_estimator in ("k1", "k3"), f"--kl_estimator: expected k1 or k3, got {args.kl_estimator!r}")
     require(
         args.vllm_importance_sampling_mode.startswith("sequence"),
         "--vllm_importance_sampling_mode: the whole completion is one action here: sequence_mask or sequence_truncate, "
@@ -299,20 +285,23 @@ def main(args: Args):
                 (~batch["is_truncated"]).float() if args.mask_truncated_completions else torch.ones_like(rewards)
             )
 
-            # ==== 3. log-probs without gradient: π_θ_old (the policy that sampled) and π_ref ====
+            # ==== 3. log-probs before any update: π_θ_old (the policy that sampled) and π_ref ====
+            # One micro-batch (the default): this forward keeps its graph and is also the first update's forward
+            # (π_θ_old = π_θ.detach(), one policy pass as in TRL's GRPO). Several: it runs without gradient.
             micro_batches = torch.arange(local_batch_size, device=device).split(micro_batch_size)
+            one_pass = len(micro_batches) == 1
             old_logprobs, ref_logprobs, entropy = (torch.zeros(local_batch_size, T, device=device) for _ in range(3))
-            with torch.no_grad():
-                for mb in micro_batches:
-                    with accelerator.autocast():
-                        old_logprobs[mb], token_entropy = completion_logprobs(
-                            model, input_ids[mb], attention_mask[mb], T, args.temperature, entropy=logging_step
-                        )
-                    if logging_step:
-                        entropy[mb] = token_entropy
-                    ref_logprobs[mb] = (  # β = 0: no reference model, and kl = 0
-                        reference_logprobs(input_ids[mb], attention_mask[mb], T) if args.beta > 0 else old_logprobs[mb]
+            for mb in micro_batches:
+                with torch.set_grad_enabled(one_pass), accelerator.autocast():
+                    logprobs, token_entropy = completion_logprobs(
+                        model, input_ids[mb], attention_mask[mb], T, args.temperature, entropy=logging_step
                     )
+                old_logprobs[mb] = logprobs.detach()
+                if logging_step:
+                    entropy[mb] = token_entropy
+                ref_logprobs[mb] = (  # β = 0: no reference model, and kl = 0
+                    reference_logprobs(input_ids[mb], attention_mask[mb], T) if args.beta > 0 else old_logprobs[mb]
+                )
 
             # ==== 4. KL-shaped reward: R_i = r_i − β Σ_t kl_t ====
             kl = per_token_kl(old_logprobs, ref_logprobs, args.kl_estimator) * completion_mask  # (B, T)
@@ -339,15 +328,16 @@ def main(args: Args):
             # Each process takes the mean over its own completions; DDP averages the gradients over the processes,
             # which is the mean over the whole batch because every process holds the same number of completions.
             clip_low, clip_high, losses, grad_norms = [], [], [], []
-            for _ in range(args.num_iterations):
+            for iteration in range(args.num_iterations):
                 loss_sum = 0.0
                 for k, mb in enumerate(micro_batches):
                     # one all-reduce per update: all but the last micro-batch run forward and backward under no_sync
                     with nullcontext() if k == len(micro_batches) - 1 else accelerator.no_sync(model):
-                        with accelerator.autocast():
-                            logprobs = completion_logprobs(
-                                model, input_ids[mb], attention_mask[mb], T, args.temperature
-                            )[0]
+                        if not (one_pass and iteration == 0):  # else phase 3's forward, graph and all
+                            with accelerator.autocast():
+                                logprobs = completion_logprobs(
+                                    model, input_ids[mb], attention_mask[mb], T, args.temperature
+                                )[0]
                         loss, ratio = rloo_loss(
                             logprobs,
                             old_logprobs[mb],

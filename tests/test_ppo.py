@@ -317,7 +317,7 @@ def test_value_model_errors_name_the_flag(tmp_path):
         (dict(gamma=-0.1), "--gamma: must be in"),
         (dict(cliprange=0.0), "--cliprange: must be positive"),
         (dict(cliprange_value=-1.0), "--cliprange_value: must be positive"),
-        (dict(kl_estimator="k2"), "--kl_estimator: expected k1 or k3"),
+        (dict(kl_estimator="k2"), "--kl_estimator: must be k1 or k3"),
         (dict(kl_coef=0.0, adaptive_kl=True), "--adaptive_kl: needs a positive --kl_coef"),
         (dict(max_completion_length=0), "--max_completion_length: must be positive"),
         (dict(stop_token="</answer>"), "--stop_token: '</answer>' is 3 tokens"),

@@ -14,7 +14,7 @@ def line(number: str) -> str:
 
 def test_each_step_points_at_its_phase_comment():
     steps = dict(re.findall(r"\*\*([^*]+)\*\* \(rloo\.py:(\d+)-\d+", README))
-    phases = {"Rollout": "1. rollout", "Score": "2. score", "Log-probs, no gradient": "3. ", "KL-shaped reward": "4. "}
+    phases = {"Rollout": "1. rollout", "Score": "2. score", "Log-probs": "3. ", "KL-shaped reward": "4. "}
     phases |= {"Leave-one-out advantage": "5. ", "Loss and update": "6. ", "Log": "7. log"}
     for step, phase in phases.items():
         assert f"# ==== {phase}" in line(steps[step]), step

@@ -135,7 +135,7 @@ def test_kl_estimators_and_the_kl_shaped_reward():
             "--baseline: reinforce_pp whitens over the batch and needs at least 2",
         ),
         (dict(prompts_per_step=6, micro_batch_size=4), "--micro_batch_size: 4 does not divide the batch of 6"),
-        (dict(kl_estimator="k2"), "--kl_estimator: expected k1 or k3"),
+        (dict(kl_estimator="k2"), "--kl_estimator: must be k1 or k3"),
         (dict(learning_rate=0.0), "--learning_rate: must be positive"),
         (dict(lr_scheduler_type="cosine_with_bumps"), "--lr_scheduler_type: unknown scheduler 'cosine_with_bumps'"),
         (dict(reward_clip_range=[1.0]), "--reward_clip_range: expected two numbers"),

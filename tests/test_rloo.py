@@ -44,7 +44,7 @@ def training_records(output_dir):
         (dict(max_completion_length=0), "--max_completion_length: must be positive"),
         (dict(lr_scheduler_type="cosine_annealing"), "--lr_scheduler_type: unknown scheduler"),
         (dict(report_to="tensorbord"), "--report_to: unknown tracker 'tensorbord'"),
-        (dict(kl_estimator="k2"), "--kl_estimator: expected k1 or k3"),
+        (dict(kl_estimator="k2"), "--kl_estimator: must be k1 or k3"),
         (dict(model_name_or_path="/no/such/model"), "--model_name_or_path: cannot load a tokenizer"),
         (dict(dataset_name="/no/such/data.jsonl"), "--dataset_name: no such file"),
         (dict(reward_funcs="accuracy,bogus"), "--reward_funcs: unknown reward function 'bogus'"),
