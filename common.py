@@ -73,12 +73,13 @@ from rewards import (  # noqa: F401
 # peft reads transformers' deprecated `is_gradient_checkpointing` in every get_peft_model: a FutureWarning the user of
 # --use_peft cannot act on
 warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
-# bitsandbytes, which peft imports whenever it is installed, says at import on an AVX512-BF16 CPU that it could not
-# fetch a faster CPU kernel from the Hub (the `kernels` package); its own CPU kernel runs instead, and a run without
+# bitsandbytes, which peft imports whenever it is installed, looks at import on an AVX512-BF16 CPU for a faster CPU
+# kernel on the Hub (the `kernels` package), and both say so offline; its own CPU kernel runs instead, and a run without
 # --load_in_4bit uses neither. In place before that import: this file and the scripts reach transformers' trainer
 # utilities, which import peft, as `transformers.<name>` when they run, not when they are imported.
 kernel_hint = lambda record: "kernels-community" not in record.getMessage()
-logging.getLogger("bitsandbytes.backends.cpu.ops").addFilter(kernel_hint)
+for name in ("bitsandbytes.backends.cpu.ops", "kernels._internals.hf_hub"):
+    logging.getLogger(name).addFilter(kernel_hint)
 
 ROOT = Path(__file__).resolve().parent
 EMBEDDED_MODEL = str(ROOT / "models" / "tiny-arith")
