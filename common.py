@@ -1642,6 +1642,20 @@ class Run:
         )
         return self
 
+    def check_finite(self, **values):
+        """`check_finite` at the step being run: every process calls it before each optimizer step."""
+        check_finite(self.accelerator, self.step + 1, **values)
+
+    def accumulate(self, micro_batches):
+        """Each micro-batch (row indices) of one update; all but the last run forward and backward under DDP's no_sync
+        for the policy and `others`, so that their accumulated gradients are all-reduced once, at the last backward."""
+        for k, mb in enumerate(micro_batches):
+            with contextlib.ExitStack() as stack:
+                if k < len(micro_batches) - 1:
+                    for model in (self.model, *(self.others or {}).values()):
+                        stack.enter_context(self.accelerator.no_sync(model))
+                yield mb
+
     def steps(self):
         """The steps still to run, numbered from 1; after each, vLLM gets the new weights, freed memory goes back to
         the system, and the evaluation and the checkpoint come at their cadence. Stops early after a Ctrl-C or

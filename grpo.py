@@ -88,9 +88,7 @@ class Args(common.Args):
     )
     loss_type: str = arg("dapo", "token weighting of the loss: grpo, bnpo, dr_grpo or dapo (see the module docstring)")
     beta: float = arg(0.0, "coefficient β of the k3 KL term in the loss; 0 skips the reference model entirely")
-    num_iterations: int = arg(
-        1, "optimizer steps on each batch of completions (>1 makes the ratio and clipping matter)"
-    )
+    num_iterations: int = arg(1, "optimizer steps on each batch of completions (>1: the ratio and clipping matter)")
     epsilon: float = arg(0.2, "lower clipping bound ε of the per-token ratio")
     epsilon_high: float | None = arg(None, "upper clipping bound (default: epsilon; DAPO's clip-higher uses 0.28)")
     mask_truncated_completions: bool = arg(
@@ -131,33 +129,19 @@ def check_args(args: Args):
 # The two quantities every equation above reads: the log-probs at the temperature, and where each completion ends.
 # The same text in rloo.py, grpo.py, reinforce.py and ppo.py.
 # ----------------------------------------------------------------------------------------------------------------------
-def completion_logprobs(
-    model,
-    input_ids,
-    attention_mask,
-    num_completion_tokens: int,
-    temperature: float,
-    entropy: bool = False,
-    chunk_elements: int = 2**24,
-):
-    """log π(y_t | x, y_<t), (B, T), in float32, of the last T tokens of `input_ids` (the completion) under
-    softmax(logits / temperature); with `entropy=True` also the detached full-vocabulary entropy (B, T), a diagnostic
-    (else None).
+def completion_logprobs(model, input_ids, attention_mask, T: int, temperature: float, entropy=False, chunk=2**24):
+    """log π(y_t | x, y_<t) (B, T), in float32, of the last T tokens of `input_ids` (the completion) under
+    softmax(logits / temperature); with `entropy=True` also that softmax's detached entropy (B, T), else None.
 
-    Only the T completion positions get logits (`logits_to_keep`), in the model's dtype (bf16 under --bf16), and the
-    log-prob of the sampled token is logit − logsumexp: the (B, T, V) log-softmax is never materialized. Those logits
-    are the largest tensor for a real vocabulary, so their float32 copy exists for one chunk of positions at a time
-    (`chunk_elements` logits, 64 MB) and the backward pass recomputes it (checkpointing) instead of keeping it. Position
-    ids come from the attention mask, as in generation, so a left-padded prompt gets the same positions here as when it
-    was sampled.
-    """
+    Only the T completion positions get logits (`logits_to_keep`), and a log-prob is logit − logsumexp: the (B, T, V)
+    log-softmax is never built. The float32 logits exist for `chunk` elements at a time, and the backward pass
+    recomputes them (checkpointing). Position ids come from the attention mask, as in generation (left padding)."""
     position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
-    kept = num_completion_tokens + 1  # the last prompt position predicts the first completion token
-    output = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, logits_to_keep=kept)
+    # T + 1 positions: the last prompt position predicts the first completion token
+    output = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, logits_to_keep=T + 1)
     logits = output.logits[:, :-1]  # (B, T, V): position t predicts completion token t
-    targets = input_ids[:, -num_completion_tokens:]
-    chunk = max(1, chunk_elements // (logits.shape[0] * logits.shape[2]))  # positions per chunk
-    pieces = list(zip(logits.split(chunk, 1), targets.split(chunk, 1)))
+    positions = max(1, chunk // (logits.shape[0] * logits.shape[2]))
+    pieces = list(zip(logits.split(positions, 1), input_ids[:, -T:].split(positions, 1)))
     recompute = torch.utils.checkpoint.checkpoint
     logprobs = torch.cat([recompute(logprobs_of, z, y, temperature, use_reentrant=False) for z, y in pieces], 1)
     if not entropy:
@@ -183,10 +167,8 @@ def end_of_completion(completion_ids: torch.Tensor, end_ids: int | list[int]) ->
     is_truncated (B,): True where no end token came within max_completion_length."""
     is_end = torch.isin(completion_ids, torch.tensor(end_ids, device=completion_ids.device))
     first_end = torch.where(is_end.any(1), is_end.int().argmax(1), completion_ids.shape[1])
-    completion_mask = (
-        torch.arange(completion_ids.shape[1], device=completion_ids.device)[None] <= first_end[:, None]
-    ).long()
-    return completion_mask, ~is_end.any(1)
+    positions = torch.arange(completion_ids.shape[1], device=completion_ids.device)
+    return (positions[None] <= first_end[:, None]).long(), ~is_end.any(1)
 
 
 def importance_sampling_weights(old_logprobs, sampler_logprobs, completion_mask, *, mode: str, clip_max: float):
@@ -390,8 +372,7 @@ def main(args: Args):
             "rewards_per_func": rewards_per_func,
         }
 
-    # ==== the training loop: the algorithm in numbered phases (1-6), then the log (7) ====
-    # common.Run: resume, sampling, evaluation and checkpoint cadence, stops, and at the end the final model
+    # ==== the training loop: the algorithm (1-6), the log (7); common.Run resumes, evaluates, saves and stops ====
     with common.Run(
         accelerator, args, "grpo", model, tokenizer, scheduler, checkpoint, generation_config, reward_funcs, weights,
         eval_dataset,
@@ -400,9 +381,8 @@ def main(args: Args):
             logging_step = step % args.logging_steps == 0 or step == args.max_steps  # entropy then
 
             # ==== 1-2. rollout and score (rollout_and_score, above) ====
-            batch = rollout_and_score(
-                common.rows_of_step(train_dataset, step, args.prompts_per_step, args.seed, my_prompts)
-            )
+            rows = common.rows_of_step(train_dataset, step, args.prompts_per_step, args.seed, my_prompts)
+            batch = rollout_and_score(rows)
             if args.dynamic_sampling:
                 # Drop the groups whose rewards are all equal and draw more prompts at random, seeded by (seed, step,
                 # round) so that a resumed run draws the same; each process refills its own share.
@@ -454,50 +434,48 @@ def main(args: Args):
             micro_batches = torch.arange(local_batch_size, device=device).split(micro_batch_size)
             for iteration in range(args.num_iterations):
                 loss_sum, policy_loss_sum = 0.0, 0.0
-                for k, mb in enumerate(micro_batches):
-                    # one all-reduce per update: all but the last micro-batch run forward and backward under no_sync
-                    with nullcontext() if k == len(micro_batches) - 1 else accelerator.no_sync(model):
-                        # the reference pass first, so that its activations never coexist with the policy's
-                        if iteration == 0 and args.beta > 0:
-                            ref_logprobs[mb] = reference_logprobs(input_ids[mb], attention_mask[mb], T)
-                        with accelerator.autocast():
-                            logprobs, token_entropy = completion_logprobs(
-                                model,
-                                input_ids[mb],
-                                attention_mask[mb],
-                                T,
-                                args.temperature,
-                                entropy=iteration == 0 and logging_step,
-                            )
-                        mask = completion_mask[mb]
-                        if iteration == 0:
-                            # π_θ_old = the sampling policy = π_θ before this batch's first update
-                            old_logprobs[mb] = logprobs.detach()
-                            if off_policy:  # w = π_θ_old / π_sampler, capped or masked at C
-                                is_weights[mb] = importance_sampling_weights(
-                                    old_logprobs[mb],
-                                    batch["sampler_logprobs"][mb],
-                                    mask,
-                                    mode=args.vllm_importance_sampling_mode,
-                                    clip_max=args.vllm_importance_sampling_clip_max,
-                                )
-                            if logging_step:
-                                entropy[mb] = token_entropy
-                            if args.beta > 0:
-                                kl[mb] = per_token_kl(old_logprobs[mb], ref_logprobs[mb]) * mask
-                        A = advantages[mb]
-                        loss, policy_loss, ratio = grpo_loss(
-                            logprobs,
-                            old_logprobs[mb],
-                            ref_logprobs[mb],
-                            A,
-                            token_weights[mb],
-                            beta=args.beta,
-                            epsilon=args.epsilon,
-                            epsilon_high=epsilon_high,
-                            importance_weights=is_weights[mb],
+                for mb in run.accumulate(micro_batches):  # gradients all-reduced once per update
+                    # the reference pass first, so that its activations never coexist with the policy's
+                    if iteration == 0 and args.beta > 0:
+                        ref_logprobs[mb] = reference_logprobs(input_ids[mb], attention_mask[mb], T)
+                    with accelerator.autocast():
+                        logprobs, token_entropy = completion_logprobs(
+                            model,
+                            input_ids[mb],
+                            attention_mask[mb],
+                            T,
+                            args.temperature,
+                            entropy=iteration == 0 and logging_step,
                         )
-                        accelerator.backward(loss)
+                    mask = completion_mask[mb]
+                    if iteration == 0:
+                        # π_θ_old = the sampling policy = π_θ before this batch's first update
+                        old_logprobs[mb] = logprobs.detach()
+                        if off_policy:  # w = π_θ_old / π_sampler, capped or masked at C
+                            is_weights[mb] = importance_sampling_weights(
+                                old_logprobs[mb],
+                                batch["sampler_logprobs"][mb],
+                                mask,
+                                mode=args.vllm_importance_sampling_mode,
+                                clip_max=args.vllm_importance_sampling_clip_max,
+                            )
+                        if logging_step:
+                            entropy[mb] = token_entropy
+                        if args.beta > 0:
+                            kl[mb] = per_token_kl(old_logprobs[mb], ref_logprobs[mb]) * mask
+                    A = advantages[mb]
+                    loss, policy_loss, ratio = grpo_loss(
+                        logprobs,
+                        old_logprobs[mb],
+                        ref_logprobs[mb],
+                        A,
+                        token_weights[mb],
+                        beta=args.beta,
+                        epsilon=args.epsilon,
+                        epsilon_high=epsilon_high,
+                        importance_weights=is_weights[mb],
+                    )
+                    accelerator.backward(loss)
                     loss_sum += loss.item()
                     policy_loss_sum += policy_loss.item()
                     is_low = (ratio < 1 - args.epsilon) & (A[:, None] < 0)
@@ -507,9 +485,7 @@ def main(args: Args):
                 grad_norms.append(float(accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)))
                 # before the update: a NaN reward marks an unscorable completion, anything else not finite stops here
                 scorable = ~rewards_per_func.isnan().all(1)
-                common.check_finite(
-                    accelerator, step, reward=rewards[scorable], loss=loss_sum, grad_norm=grad_norms[-1]
-                )
+                run.check_finite(reward=rewards[scorable], loss=loss_sum, grad_norm=grad_norms[-1])
                 optimizer.step()
                 scheduler.step()
                 optimizer.zero_grad(set_to_none=True)
@@ -520,15 +496,13 @@ def main(args: Args):
 
             # ==== 7. log: statistics over the whole batch, from every process ====
             if logging_step:
-                metrics = {
-                    **common.rollout_metrics(
-                        accelerator, batch, rewards, reward_funcs, G, kl if args.beta > 0 else None, entropy
-                    ),
-                    **({"dynamic_sampling/dropped_frac": dropped_frac} if args.dynamic_sampling else {}),
-                    # loss: each process logs N × its share of the batch loss; their mean is the batch loss
-                    **common.update_metrics(accelerator, losses, grad_norms, clip_low, clip_high),
-                    "policy_loss": common.mean_over_processes(accelerator, policy_losses),
-                }
+                logged_kl = kl if args.beta > 0 else None  # β = 0: no reference, no KL
+                metrics = common.rollout_metrics(accelerator, batch, rewards, reward_funcs, G, logged_kl, entropy)
+                if args.dynamic_sampling:
+                    metrics |= {"dynamic_sampling/dropped_frac": dropped_frac}
+                # loss: each process logs N × its share of the batch loss; their mean is the batch loss
+                metrics |= common.update_metrics(accelerator, losses, grad_norms, clip_low, clip_high)
+                metrics |= {"policy_loss": common.mean_over_processes(accelerator, policy_losses)}
                 if off_policy:
                     metrics |= common.sampling_metrics(
                         accelerator, old_logprobs, batch["sampler_logprobs"], is_weights, completion_mask

@@ -168,33 +168,19 @@ def check_args(args: Args):
 # The two quantities every equation above reads: the log-probs at the temperature, and where each completion ends.
 # The same text in rloo.py, grpo.py, reinforce.py and ppo.py.
 # ----------------------------------------------------------------------------------------------------------------------
-def completion_logprobs(
-    model,
-    input_ids,
-    attention_mask,
-    num_completion_tokens: int,
-    temperature: float,
-    entropy: bool = False,
-    chunk_elements: int = 2**24,
-):
-    """log π(y_t | x, y_<t), (B, T), in float32, of the last T tokens of `input_ids` (the completion) under
-    softmax(logits / temperature); with `entropy=True` also the detached full-vocabulary entropy (B, T), a diagnostic
-    (else None).
+def completion_logprobs(model, input_ids, attention_mask, T: int, temperature: float, entropy=False, chunk=2**24):
+    """log π(y_t | x, y_<t) (B, T), in float32, of the last T tokens of `input_ids` (the completion) under
+    softmax(logits / temperature); with `entropy=True` also that softmax's detached entropy (B, T), else None.
 
-    Only the T completion positions get logits (`logits_to_keep`), in the model's dtype (bf16 under --bf16), and the
-    log-prob of the sampled token is logit − logsumexp: the (B, T, V) log-softmax is never materialized. Those logits
-    are the largest tensor for a real vocabulary, so their float32 copy exists for one chunk of positions at a time
-    (`chunk_elements` logits, 64 MB) and the backward pass recomputes it (checkpointing) instead of keeping it. Position
-    ids come from the attention mask, as in generation, so a left-padded prompt gets the same positions here as when it
-    was sampled.
-    """
+    Only the T completion positions get logits (`logits_to_keep`), and a log-prob is logit − logsumexp: the (B, T, V)
+    log-softmax is never built. The float32 logits exist for `chunk` elements at a time, and the backward pass
+    recomputes them (checkpointing). Position ids come from the attention mask, as in generation (left padding)."""
     position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
-    kept = num_completion_tokens + 1  # the last prompt position predicts the first completion token
-    output = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, logits_to_keep=kept)
+    # T + 1 positions: the last prompt position predicts the first completion token
+    output = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, logits_to_keep=T + 1)
     logits = output.logits[:, :-1]  # (B, T, V): position t predicts completion token t
-    targets = input_ids[:, -num_completion_tokens:]
-    chunk = max(1, chunk_elements // (logits.shape[0] * logits.shape[2]))  # positions per chunk
-    pieces = list(zip(logits.split(chunk, 1), targets.split(chunk, 1)))
+    positions = max(1, chunk // (logits.shape[0] * logits.shape[2]))
+    pieces = list(zip(logits.split(positions, 1), input_ids[:, -T:].split(positions, 1)))
     recompute = torch.utils.checkpoint.checkpoint
     logprobs = torch.cat([recompute(logprobs_of, z, y, temperature, use_reentrant=False) for z, y in pieces], 1)
     if not entropy:
@@ -220,10 +206,8 @@ def end_of_completion(completion_ids: torch.Tensor, end_ids: int | list[int]) ->
     is_truncated (B,): True where no end token came within max_completion_length."""
     is_end = torch.isin(completion_ids, torch.tensor(end_ids, device=completion_ids.device))
     first_end = torch.where(is_end.any(1), is_end.int().argmax(1), completion_ids.shape[1])
-    completion_mask = (
-        torch.arange(completion_ids.shape[1], device=completion_ids.device)[None] <= first_end[:, None]
-    ).long()
-    return completion_mask, ~is_end.any(1)
+    positions = torch.arange(completion_ids.shape[1], device=completion_ids.device)
+    return (positions[None] <= first_end[:, None]).long(), ~is_end.any(1)
 
 
 def importance_sampling_weights(old_logprobs, sampler_logprobs, completion_mask, *, mode: str, clip_max: float):
@@ -534,39 +518,32 @@ def main(args: Args):
                 for mini in torch.randperm(local_batch_size, device=device).split(mini_batch_size):
                     loss_tokens = max(all_sum(loss_mask[mini].sum()).item(), 1) / P
                     policy_loss_sum = value_loss_sum = 0.0
-                    micro_batches = mini.split(micro_batch_size)
-                    for k, mb in enumerate(micro_batches):
-                        # DDP all-reduces the accumulated gradients once, in the last micro-batch (decided at its
-                        # forward)
-                        sync = k == len(micro_batches) - 1
-                        with (
-                            nullcontext() if sync else accelerator.no_sync(model),
-                            nullcontext() if sync else accelerator.no_sync(value_model),
-                        ):
-                            with accelerator.autocast():
-                                logprobs, token_entropy = completion_logprobs(
-                                    model, input_ids[mb], attention_mask[mb], T, args.temperature, entropy=logging_step
-                                )
-                                values = completion_values(value_model, input_ids[mb], attention_mask[mb], T)
-                            mask = loss_mask[mb]
-                            pg_loss, ratio, pg_clipped = policy_loss(
-                                logprobs,
-                                old_logprobs[mb],
-                                advantages[mb],
-                                mask,
-                                cliprange=args.cliprange,
-                                num_tokens=loss_tokens,
-                                importance_weights=is_weights[mb],
+                    # the policy's and the value model's gradients are all-reduced once, at the last micro-batch
+                    for mb in run.accumulate(mini.split(micro_batch_size)):
+                        with accelerator.autocast():
+                            logprobs, token_entropy = completion_logprobs(
+                                model, input_ids[mb], attention_mask[mb], T, args.temperature, entropy=logging_step
                             )
-                            vf_loss, vf_clipped = value_loss(
-                                values,
-                                old_values[mb],
-                                returns[mb],
-                                mask,
-                                cliprange_value=args.cliprange_value,
-                                num_tokens=loss_tokens,
-                            )
-                            accelerator.backward(pg_loss + args.vf_coef * vf_loss)
+                            values = completion_values(value_model, input_ids[mb], attention_mask[mb], T)
+                        mask = loss_mask[mb]
+                        pg_loss, ratio, pg_clipped = policy_loss(
+                            logprobs,
+                            old_logprobs[mb],
+                            advantages[mb],
+                            mask,
+                            cliprange=args.cliprange,
+                            num_tokens=loss_tokens,
+                            importance_weights=is_weights[mb],
+                        )
+                        vf_loss, vf_clipped = value_loss(
+                            values,
+                            old_values[mb],
+                            returns[mb],
+                            mask,
+                            cliprange_value=args.cliprange_value,
+                            num_tokens=loss_tokens,
+                        )
+                        accelerator.backward(pg_loss + args.vf_coef * vf_loss)
                         policy_loss_sum += pg_loss.item()
                         value_loss_sum += vf_loss.item()
                         approxkl = 0.5 * (logprobs - old_logprobs[mb]) ** 2
@@ -581,9 +558,7 @@ def main(args: Args):
                     # directly
                     value_grad_norms.append(float(torch.nn.utils.clip_grad_norm_(value_params, args.max_grad_norm)))
                     # before the update: a NaN score marks an unscorable completion, anything else not finite stops
-                    common.check_finite(
-                        accelerator,
-                        step,
+                    run.check_finite(
                         score=scores[~rewards_per_func.isnan().all(1)],
                         policy_loss=policy_loss_sum,
                         value_loss=value_loss_sum,

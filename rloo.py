@@ -13,33 +13,23 @@ and score them with the reward r (a weighted sum of reward functions, or a rewar
     Leave-one-out baseline and advantage (the paper's RLOO estimator: Eq. 7 with b = the mean of the other samples)
         b_i = 1/(G−1) · Σ_{j≠i} R_j,        A_i = R_i − b_i  = G/(G−1) · (R_i − mean_j R_j)
 
-    Sequence-level clipped surrogate, averaged over the B = prompts_per_step · G completions
+    Sequence-level clipped surrogate over the B = prompts_per_step · G completions
         ρ_i = π_θ(y_i | x) / π_θ_old(y_i | x) = exp(Σ_t log π_θ(y_{i,t}) − Σ_t log π_θ_old(y_{i,t}))
-        L(θ) = −1/B · Σ_i min(ρ_i A_i, clip(ρ_i, 1 − ε, 1 + ε_high) A_i)
-
-    Sampler correction, when vLLM or the --bf16 copy samples instead of π_θ (TRL's importance sampling): i's term of L
-        is multiplied by w_i = π_θ_old(y_i | x) / π_sampler(y_i | x), capped at C (sequence_truncate) or 0 above C
+        L(θ) = −Σ_i w_i · min(ρ_i A_i, clip(ρ_i, 1 − ε, 1 + ε_high) A_i),      w_i = m_i · is_i / B
+    with m_i = 0 for a completion without EOS under --mask_truncated_completions (else 1), and is_i the sampler
+    correction when vLLM or the --bf16 copy samples instead of π_θ (TRL's importance sampling):
+        is_i = π_θ_old(y_i | x) / π_sampler(y_i | x), capped at C (sequence_truncate) or 0 above C; else 1
 
 With num_iterations = 1 (the default) the completions are used once: ρ ≡ 1 and ∇L = −1/B Σ_i A_i ∇ log π_θ(y_i | x),
 which is REINFORCE with the leave-one-out baseline (Eq. 6–7). The logged `loss` then sits near 0, because the
 advantages of each group sum to zero; `grad_norm` shows that the update is not. Worked example (G = 4): rewards
 10, 8, 4, 2 give baselines 4.67, 5.33, 6.67, 7.33 and advantages +5.33, +2.67, −2.67, −5.33.
 
-Before any update, a policy pass gives log π_θ_old (the policy that sampled: the KL's log π and the ratio's
-denominator) and a reference pass log π_ref; the advantages of the whole batch are then known before the first backward
-pass, so micro-batches need not hold whole groups and --normalize_advantages divides by the batch's std. With one
-micro-batch (the default) that policy pass keeps its graph and is the first update's forward; with several it runs
-without gradient and every update runs its own (TRL always runs this extra pass).
-
-Several processes (`accelerate launch`, DDP / DeepSpeed / FSDP): each process takes an equal share of the step's
-prompts and samples, scores and baselines their groups itself, so a leave-one-out baseline never needs another
-process. Each process's loss is the mean over its own completions and DDP averages the gradients, which is the mean
-over the whole batch; the batch-wide statistics (the advantage std for normalize_advantages, every logged metric)
-are gathered from all processes. The update equals the one-process update for the same global batch (tested).
-
-Sampling draws from softmax(logits / τ), the distribution the log-probs above are computed from, whatever the
-checkpoint's generation_config.json sets. --top_k > 0 or --top_p < 1 truncate what is sampled but not the log-probs
-(the full softmax, as in TRL), so they make training off-policy; both are off by default.
+Before any update, a policy pass gives log π_θ_old (the policy that sampled) and a reference pass log π_ref, so the
+whole batch's advantages are known before the first backward pass; with one micro-batch (the default) that policy pass
+keeps its graph and is the first update's forward. Under `accelerate launch` each process samples, scores and
+baselines whole groups of its share of the prompts, and DDP's mean of the gradients is the one-process update (tested).
+Sampling draws from softmax(logits / τ), the log-probs' distribution; --top_k and --top_p make training off-policy.
 
 Copy rloo.py with common.py (plumbing: arguments, data, processes, sampling, evaluation, checkpoints, logging)
 and rewards.py (reward functions, reward-model scoring; it stands alone); vllm_colocate.py only for --use_vllm.
@@ -66,19 +56,13 @@ class Args(common.Args):
 
     num_generations: int = arg(2, "completions sampled per prompt (G ≥ 2), the group of the leave-one-out baseline")
     beta: float = arg(0.05, "KL coefficient β in the shaped reward; 0 skips the reference model entirely")
-    kl_estimator: str = arg(
-        "k1", "KL estimator in the reward: k1 or k3 (k3's value is unbiased, its gradient is not the KL's)"
-    )
-    num_iterations: int = arg(
-        1, "optimizer steps on each batch of completions (>1 makes the ratio and clipping matter)"
-    )
+    kl_estimator: str = arg("k1", "KL estimator in the reward: k1 or k3 (k3's gradient is not the KL's)")
+    num_iterations: int = arg(1, "optimizer steps on each batch of completions (>1: the ratio and clipping matter)")
     epsilon: float = arg(0.2, "lower clipping bound ε of the sequence ratio")
     epsilon_high: float | None = arg(None, "upper clipping bound (default: epsilon)")
     normalize_advantages: bool = arg(False, "divide advantages by their standard deviation over the batch")
     reward_clip_range: list[float] | None = arg(None, "clip the reward to [low, high] before KL shaping, e.g. -5 5")
-    mask_truncated_completions: bool = arg(
-        False, "completions without EOS get no loss (they still count in the baseline)"
-    )
+    mask_truncated_completions: bool = arg(False, "completions without EOS get no loss (they count in the baseline)")
     # this script's defaults of common.Args' flags
     output_dir: str = "outputs/rloo"
 
@@ -101,33 +85,19 @@ def check_args(args: Args):
 # The two quantities every equation above reads: the log-probs at the temperature, and where each completion ends.
 # The same text in rloo.py, grpo.py, reinforce.py and ppo.py.
 # ----------------------------------------------------------------------------------------------------------------------
-def completion_logprobs(
-    model,
-    input_ids,
-    attention_mask,
-    num_completion_tokens: int,
-    temperature: float,
-    entropy: bool = False,
-    chunk_elements: int = 2**24,
-):
-    """log π(y_t | x, y_<t), (B, T), in float32, of the last T tokens of `input_ids` (the completion) under
-    softmax(logits / temperature); with `entropy=True` also the detached full-vocabulary entropy (B, T), a diagnostic
-    (else None).
+def completion_logprobs(model, input_ids, attention_mask, T: int, temperature: float, entropy=False, chunk=2**24):
+    """log π(y_t | x, y_<t) (B, T), in float32, of the last T tokens of `input_ids` (the completion) under
+    softmax(logits / temperature); with `entropy=True` also that softmax's detached entropy (B, T), else None.
 
-    Only the T completion positions get logits (`logits_to_keep`), in the model's dtype (bf16 under --bf16), and the
-    log-prob of the sampled token is logit − logsumexp: the (B, T, V) log-softmax is never materialized. Those logits
-    are the largest tensor for a real vocabulary, so their float32 copy exists for one chunk of positions at a time
-    (`chunk_elements` logits, 64 MB) and the backward pass recomputes it (checkpointing) instead of keeping it. Position
-    ids come from the attention mask, as in generation, so a left-padded prompt gets the same positions here as when it
-    was sampled.
-    """
+    Only the T completion positions get logits (`logits_to_keep`), and a log-prob is logit − logsumexp: the (B, T, V)
+    log-softmax is never built. The float32 logits exist for `chunk` elements at a time, and the backward pass
+    recomputes them (checkpointing). Position ids come from the attention mask, as in generation (left padding)."""
     position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
-    kept = num_completion_tokens + 1  # the last prompt position predicts the first completion token
-    output = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, logits_to_keep=kept)
+    # T + 1 positions: the last prompt position predicts the first completion token
+    output = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, logits_to_keep=T + 1)
     logits = output.logits[:, :-1]  # (B, T, V): position t predicts completion token t
-    targets = input_ids[:, -num_completion_tokens:]
-    chunk = max(1, chunk_elements // (logits.shape[0] * logits.shape[2]))  # positions per chunk
-    pieces = list(zip(logits.split(chunk, 1), targets.split(chunk, 1)))
+    positions = max(1, chunk // (logits.shape[0] * logits.shape[2]))
+    pieces = list(zip(logits.split(positions, 1), input_ids[:, -T:].split(positions, 1)))
     recompute = torch.utils.checkpoint.checkpoint
     logprobs = torch.cat([recompute(logprobs_of, z, y, temperature, use_reentrant=False) for z, y in pieces], 1)
     if not entropy:
@@ -153,10 +123,8 @@ def end_of_completion(completion_ids: torch.Tensor, end_ids: int | list[int]) ->
     is_truncated (B,): True where no end token came within max_completion_length."""
     is_end = torch.isin(completion_ids, torch.tensor(end_ids, device=completion_ids.device))
     first_end = torch.where(is_end.any(1), is_end.int().argmax(1), completion_ids.shape[1])
-    completion_mask = (
-        torch.arange(completion_ids.shape[1], device=completion_ids.device)[None] <= first_end[:, None]
-    ).long()
-    return completion_mask, ~is_end.any(1)
+    positions = torch.arange(completion_ids.shape[1], device=completion_ids.device)
+    return (positions[None] <= first_end[:, None]).long(), ~is_end.any(1)
 
 
 def importance_sampling_weights(old_logprobs, sampler_logprobs, completion_mask, *, mode: str, clip_max: float):
@@ -188,25 +156,14 @@ def leave_one_out_advantages(rewards: torch.Tensor, num_generations: int) -> tor
     return (grouped - baseline).flatten()
 
 
-def rloo_loss(
-    logprobs,
-    old_logprobs,
-    completion_mask,
-    advantages,
-    loss_mask,
-    *,
-    epsilon: float,
-    epsilon_high: float,
-    batch_size: int,
-    importance_weights=1.0,
-):
-    """−1/B Σ_i w_i min(ρ_i A_i, clip(ρ_i, 1−ε, 1+ε_high) A_i) over this micro-batch, with ρ_i the sequence ratio and
-    w_i (B_mb,) the importance-sampling weights (1 when π_θ sampled). Returns the loss and ρ (B_mb,)."""
+def rloo_loss(logprobs, old_logprobs, completion_mask, advantages, weights, *, epsilon: float, epsilon_high: float):
+    """−Σ_i w_i min(ρ_i A_i, clip(ρ_i, 1−ε, 1+ε_high) A_i) over this micro-batch, with ρ_i the sequence ratio and w_i
+    (B_mb,) the completions' weights in the loss. Returns the loss and ρ (B_mb,)."""
     seq_logprobs = (logprobs * completion_mask).sum(1)
     old_seq_logprobs = (old_logprobs * completion_mask).sum(1)
     ratio = torch.exp(seq_logprobs - old_seq_logprobs)  # ≡ 1 (with gradient ∇ log π) when old = logprobs.detach()
     surrogate = torch.min(ratio * advantages, ratio.clamp(1 - epsilon, 1 + epsilon_high) * advantages)
-    return -(surrogate * importance_weights * loss_mask).sum() / batch_size, ratio
+    return -(surrogate * weights).sum(), ratio
 
 
 def main(args: Args):
@@ -261,8 +218,7 @@ def main(args: Args):
             "rewards_per_func": rewards_per_func,
         }
 
-    # ==== the training loop: the algorithm in numbered phases (1-6), then the log (7) ====
-    # common.Run: resume, sampling, evaluation and checkpoint cadence, stops, and at the end the final model
+    # ==== the training loop: the algorithm (1-6), the log (7); common.Run resumes, evaluates, saves and stops ====
     with common.Run(
         accelerator, args, "rloo", model, tokenizer, scheduler, checkpoint, generation_config, reward_funcs, weights,
         eval_dataset,
@@ -271,9 +227,8 @@ def main(args: Args):
             logging_step = step % args.logging_steps == 0 or step == args.max_steps  # entropy then
 
             # ==== 1-2. rollout and score (rollout_and_score, above) ====
-            batch = rollout_and_score(
-                common.rows_of_step(train_dataset, step, args.prompts_per_step, args.seed, my_prompts)
-            )
+            rows = common.rows_of_step(train_dataset, step, args.prompts_per_step, args.seed, my_prompts)
+            batch = rollout_and_score(rows)
             completion_ids, completion_mask = batch["completion_ids"], batch["completion_mask"]  # (B, T)
             input_ids = torch.cat([batch["prompt_ids"], completion_ids], 1)
             attention_mask = torch.cat([batch["prompt_mask"], completion_mask], 1)
@@ -281,13 +236,9 @@ def main(args: Args):
             rewards = batch["rewards"].to(device)
             if args.reward_clip_range is not None:
                 rewards = rewards.clamp(*args.reward_clip_range)
-            loss_mask = (
-                (~batch["is_truncated"]).float() if args.mask_truncated_completions else torch.ones_like(rewards)
-            )
 
             # ==== 3. log-probs before any update: π_θ_old (the policy that sampled) and π_ref ====
-            # One micro-batch (the default): this forward keeps its graph and is also the first update's forward
-            # (π_θ_old = π_θ.detach(), one policy pass as in TRL's GRPO). Several: it runs without gradient.
+            # One micro-batch (the default): this forward keeps its graph for the first update; several: no gradient
             micro_batches = torch.arange(local_batch_size, device=device).split(micro_batch_size)
             one_pass = len(micro_batches) == 1
             old_logprobs, ref_logprobs, entropy = (torch.zeros(local_batch_size, T, device=device) for _ in range(3))
@@ -296,9 +247,8 @@ def main(args: Args):
                     logprobs, token_entropy = completion_logprobs(
                         model, input_ids[mb], attention_mask[mb], T, args.temperature, entropy=logging_step
                     )
-                old_logprobs[mb] = logprobs.detach()
-                if logging_step:
-                    entropy[mb] = token_entropy
+                old_logprobs[mb] = logprobs.detach()  # π_θ_old = π_θ before the update
+                entropy[mb] = token_entropy if logging_step else 0.0
                 ref_logprobs[mb] = (  # β = 0: no reference model, and kl = 0
                     reference_logprobs(input_ids[mb], attention_mask[mb], T) if args.beta > 0 else old_logprobs[mb]
                 )
@@ -312,7 +262,8 @@ def main(args: Args):
             if args.normalize_advantages:  # they sum to 0 in every group, so their mean is already 0
                 advantages = advantages / (common.nanstd(accelerator.gather(advantages)) + 1e-4)
             advantages = advantages.nan_to_num(0.0)  # unscorable: no signal
-            # vLLM or the bf16 copy sampled, not π_θ: w = π_θ_old / π_sampler, capped or masked at C; else 1
+            # each completion's weight in the loss, w_i = m_i · is_i / B: is_i = π_θ_old / π_sampler (capped or masked
+            # at C) when vLLM or the bf16 copy sampled, not π_θ; m_i = 0 without EOS under --mask_truncated_completions
             off_policy = args.vllm_importance_sampling_correction and "sampler_logprobs" in batch
             is_weights = torch.ones(local_batch_size, 1, device=device)
             if off_policy:
@@ -323,33 +274,31 @@ def main(args: Args):
                     mode=args.vllm_importance_sampling_mode,
                     clip_max=args.vllm_importance_sampling_clip_max,
                 )
+            loss_weights = is_weights[:, 0] / local_batch_size
+            if args.mask_truncated_completions:
+                loss_weights = loss_weights * ~batch["is_truncated"]
 
             # ==== 6. loss and update: num_iterations passes over the batch, micro-batches accumulated ====
-            # Each process takes the mean over its own completions; DDP averages the gradients over the processes,
-            # which is the mean over the whole batch because every process holds the same number of completions.
+            # Each process's loss is the mean over its completions (w_i), and DDP's mean over processes the batch's.
             clip_low, clip_high, losses, grad_norms = [], [], [], []
             for iteration in range(args.num_iterations):
                 loss_sum = 0.0
-                for k, mb in enumerate(micro_batches):
-                    # one all-reduce per update: all but the last micro-batch run forward and backward under no_sync
-                    with nullcontext() if k == len(micro_batches) - 1 else accelerator.no_sync(model):
-                        if not (one_pass and iteration == 0):  # else phase 3's forward, graph and all
-                            with accelerator.autocast():
-                                logprobs = completion_logprobs(
-                                    model, input_ids[mb], attention_mask[mb], T, args.temperature
-                                )[0]
-                        loss, ratio = rloo_loss(
-                            logprobs,
-                            old_logprobs[mb],
-                            completion_mask[mb],
-                            advantages[mb],
-                            loss_mask[mb],
-                            epsilon=args.epsilon,
-                            epsilon_high=epsilon_high,
-                            batch_size=local_batch_size,
-                            importance_weights=is_weights[mb, 0],
-                        )
-                        accelerator.backward(loss)
+                for mb in run.accumulate(micro_batches):  # gradients all-reduced once per update
+                    if not (one_pass and iteration == 0):  # else phase 3's forward, graph and all
+                        with accelerator.autocast():
+                            logprobs = completion_logprobs(
+                                model, input_ids[mb], attention_mask[mb], T, args.temperature
+                            )[0]
+                    loss, ratio = rloo_loss(
+                        logprobs,
+                        old_logprobs[mb],
+                        completion_mask[mb],
+                        advantages[mb],
+                        loss_weights[mb],
+                        epsilon=args.epsilon,
+                        epsilon_high=epsilon_high,
+                    )
+                    accelerator.backward(loss)
                     loss_sum += loss.item()
                     A = advantages[mb]
                     clip_low.append(((ratio < 1 - args.epsilon) & (A < 0)).float().mean().item())
@@ -357,9 +306,7 @@ def main(args: Args):
                 grad_norms.append(float(accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)))
                 # before the update: a NaN reward marks an unscorable completion, anything else not finite stops here
                 scorable = ~batch["rewards_per_func"].isnan().all(1)
-                common.check_finite(
-                    accelerator, step, reward=rewards[scorable], loss=loss_sum, grad_norm=grad_norms[-1]
-                )
+                run.check_finite(reward=rewards[scorable], loss=loss_sum, grad_norm=grad_norms[-1])
                 optimizer.step()
                 scheduler.step()
                 optimizer.zero_grad(set_to_none=True)
@@ -369,12 +316,9 @@ def main(args: Args):
 
             # ==== 7. log: statistics over the whole batch, from every process ====
             if logging_step:
-                metrics = {
-                    **common.rollout_metrics(
-                        accelerator, batch, rewards, reward_funcs, G, kl if args.beta > 0 else None, entropy
-                    ),
-                    **common.update_metrics(accelerator, losses, grad_norms, clip_low, clip_high),
-                }
+                logged_kl = kl if args.beta > 0 else None  # β = 0: no reference, no KL
+                metrics = common.rollout_metrics(accelerator, batch, rewards, reward_funcs, G, logged_kl, entropy)
+                metrics |= common.update_metrics(accelerator, losses, grad_norms, clip_low, clip_high)
                 if off_policy:
                     metrics |= common.sampling_metrics(
                         accelerator, old_logprobs, batch["sampler_logprobs"], is_weights, completion_mask

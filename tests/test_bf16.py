@@ -27,14 +27,14 @@ def batch(tokenizer, completion: str = "<answer>12</answer><|im_end|>"):
 
 
 def test_chunked_log_softmax_equals_one_chunk_in_value_and_gradient(tiny_model, tiny_tokenizer):
-    """Chunks of one or a few positions (`chunk_elements`), each recomputed in the backward pass, give the log-probs,
+    """Chunks of one or a few positions (`chunk`), each recomputed in the backward pass, give the log-probs,
     the entropy and the gradient of a single chunk."""
     input_ids, attention_mask, T = batch(tiny_tokenizer)
     results = []
     for chunk_elements in (2**24, 1, 3 * 2 * tiny_model.config.vocab_size):  # one chunk; one position; three
         tiny_model.zero_grad()
         logprobs, entropy = rloo.completion_logprobs(
-            tiny_model, input_ids, attention_mask, T, 0.7, entropy=True, chunk_elements=chunk_elements
+            tiny_model, input_ids, attention_mask, T, 0.7, entropy=True, chunk=chunk_elements
         )
         (logprobs * torch.linspace(-1, 1, T)).sum().backward()
         results.append((logprobs.detach(), entropy, torch.cat([p.grad.flatten() for p in tiny_model.parameters()])))

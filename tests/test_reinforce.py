@@ -84,7 +84,7 @@ def test_no_baseline_is_the_reward_and_its_gradient_is_reinforce():
     logprobs = torch.tensor([[-1.0, -2.0], [-0.5, -0.1], [-3.0, -0.2]], requires_grad=True)
     mask = torch.tensor([[1, 1], [1, 0], [1, 1]])
     loss, ratio = reinforce_loss(
-        logprobs, logprobs.detach(), mask, advantages, torch.ones(3), epsilon=0.2, epsilon_high=0.2, batch_size=3
+        logprobs, logprobs.detach(), mask, advantages, torch.ones(3) / 3, epsilon=0.2, epsilon_high=0.2
     )
     loss.backward()
     assert ratio.tolist() == [1.0] * 3
@@ -100,10 +100,9 @@ def test_sequence_ratio_is_clipped():
         old,
         torch.ones(2, 1),
         torch.tensor([1.0, -1.0]),
-        torch.ones(2),
+        torch.ones(2) / 2,
         epsilon=0.2,
         epsilon_high=0.28,
-        batch_size=2,
     )
     loss.backward()
     assert logprobs.grad.abs().sum().item() == 0.0

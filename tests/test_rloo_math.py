@@ -65,7 +65,7 @@ def test_first_iteration_loss_is_reinforce_with_the_leave_one_out_baseline():
     mask = torch.tensor([[1, 1], [1, 0], [1, 1], [1, 1]])
     advantages = leave_one_out_advantages(torch.tensor([1.0, 0.0, 1.0, 1.0]), 2)
     loss, ratio = rloo_loss(
-        logprobs, logprobs.detach(), mask, advantages, torch.ones(4), epsilon=0.2, epsilon_high=0.2, batch_size=4
+        logprobs, logprobs.detach(), mask, advantages, torch.ones(4) / 4, epsilon=0.2, epsilon_high=0.2
     )
     loss.backward()
     assert ratio.tolist() == [1.0] * 4
@@ -82,10 +82,9 @@ def test_clipping_stops_the_gradient_outside_the_trust_region():
         old,
         torch.ones(2, 1),
         torch.tensor([1.0, -1.0]),
-        torch.ones(2),
+        torch.ones(2) / 2,
         epsilon=0.2,
         epsilon_high=0.28,
-        batch_size=2,
     )
     loss.backward()
     # A > 0 with ρ > 1 + ε_high, and A < 0 with ρ < 1 − ε: both clipped, no gradient
@@ -100,10 +99,9 @@ def test_masked_rows_get_no_loss():
         logprobs.detach(),
         torch.ones(2, 1),
         torch.tensor([1.0, -1.0]),
-        torch.tensor([1.0, 0.0]),
+        torch.tensor([1.0, 0.0]) / 2,
         epsilon=0.2,
         epsilon_high=0.2,
-        batch_size=2,
     )
     loss.backward()
     assert logprobs.grad[1].item() == 0.0 and logprobs.grad[0].item() == pytest.approx(-0.5)
@@ -130,9 +128,7 @@ def test_loss_gradient_raises_the_probability_of_positive_advantage_completions(
     before = sequence_logprobs().detach()
     logprobs = rloo.completion_logprobs(model, enc.input_ids, enc.attention_mask, T, 1.0)[0]
     advantages = leave_one_out_advantages(torch.tensor([1.0, 0.0]), 2)  # +1, −1
-    loss, _ = rloo_loss(
-        logprobs, logprobs.detach(), mask, advantages, torch.ones(2), epsilon=0.2, epsilon_high=0.2, batch_size=2
-    )
+    loss, _ = rloo_loss(logprobs, logprobs.detach(), mask, advantages, torch.ones(2) / 2, epsilon=0.2, epsilon_high=0.2)
     loss.backward()
     torch.optim.SGD(model.parameters(), lr=1e-3).step()
     after = sequence_logprobs().detach()
