@@ -1366,11 +1366,6 @@ def nanstd(values: torch.Tensor, dim: int | None = None) -> torch.Tensor:
     return (centered.pow(2).nansum(dim) / (count - 1)).sqrt()
 
 
-def masked_mean(values: torch.Tensor, mask: torch.Tensor, dim=None) -> torch.Tensor:
-    mask = mask.to(values.dtype)
-    return (values * mask).sum(dim) / mask.sum(dim).clamp(min=1)
-
-
 # ----------------------------------------------------------------------------------------------------------------------
 # Evaluation: the run's rewards on the held-out split, sampled at the training temperature and greedy
 # ----------------------------------------------------------------------------------------------------------------------
@@ -1763,10 +1758,10 @@ def rollout_metrics(accelerator: Accelerator, batch: dict, rewards, reward_funcs
     }
 
 
-def update_metrics(accelerator: Accelerator, losses: list[float], grad_norms: list[float], clip_low, clip_high):
+def update_metrics(accelerator: Accelerator, losses: list[float], grad_norms, clip_low, clip_high, **other_losses):
     """The updates' statistics, under TRL's names: loss (one per update on each process, averaged over the
     processes), grad_norm, and clip_ratio/*, the fractions of the ratios clipped below (with A < 0) and above (A > 0),
-    one per micro-batch."""
+    one per micro-batch; then each of `other_losses` (name -> one per update), averaged as loss."""
     low, high = everywhere(accelerator, torch.tensor(clip_low), torch.tensor(clip_high))
     return {
         "loss": mean_over_processes(accelerator, losses),
@@ -1776,6 +1771,7 @@ def update_metrics(accelerator: Accelerator, losses: list[float], grad_norms: li
         "clip_ratio/high_mean": high.mean().item(),
         "clip_ratio/high_max": high.max().item(),
         "clip_ratio/region_mean": (low + high).mean().item(),
+        **{name: mean_over_processes(accelerator, values) for name, values in other_losses.items()},
     }
 
 

@@ -30,30 +30,19 @@ grow), dynamic sampling (§3.2, --dynamic_sampling: a group whose rewards are al
 so it is dropped and more prompts are sampled), the token-level loss (§3.3, --loss_type dapo) and overlong filtering
 (§3.4, --mask_truncated_completions).
 
-Every normalizer is computed once over the whole batch, after truncation masking, and each micro-batch's loss is its
-share of the one sum: accumulating micro-batches gives exactly the one-batch loss and gradient, whatever the loss_type.
-A_i depends on the rewards only, so micro-batches need not hold whole groups.
+With num_iterations = 1 (the default) the completions are used once: ρ ≡ 1 and ∇L = −Σ_{i,t} w_{i,t} A_i ∇ log
+π_θ(y_{i,t}) (+ the KL term). The logged `loss` and `policy_loss` (the loss without its β·kl term) then sit near 0,
+because the advantages of each group sum to zero; `grad_norm` shows that the update is not. Worked example (G = 4,
+--scale_rewards none): rewards 10, 8, 4, 2 have group mean 6 and advantages +4, +2, −2, −4, which RLOO's leave-one-out
+advantages scale by G/(G−1) = 4/3.
 
-Under `accelerate launch --num_processes N` each process takes prompts_per_step / N of the step's prompts and
-generates and scores their groups (a group never spans processes; with --dynamic_sampling each process refills its
-own share). The rewards are gathered, so A_i, and the std of --scale_rewards batch, are those of the whole batch. Each
-normalizer above is counted over all processes (accelerator.reduce), and as DDP averages the N processes' gradients,
-each process's loss is N times its share of the one sum: the update is the one-process update for the same batch.
-Logged statistics are gathered over the whole batch; only the main process writes logs, checkpoints and the model.
-
-With num_iterations = 1 (the default) the completions are used once: ρ ≡ 1 and
-∇L = −Σ_{i,t} w_{i,t} A_i ∇ log π_θ(y_{i,t})
-(+ the KL term). The logged `loss` and `policy_loss` (the loss without its β·kl term) then sit near 0, because the
-advantages of each group sum to zero; `grad_norm` shows that the update is not. Worked example (G = 4,
---scale_rewards none): rewards 10, 8, 4, 2 have group mean 6 and advantages +4, +2, −2, −4, which RLOO's
-leave-one-out advantages scale by G/(G−1) = 4/3.
-
-One forward pass per completion and iteration: the policy log-probs of the first iteration, detached, are π_θ_old,
-so no separate "old log-prob" pass is spent; β = 0 (the default) loads no reference model.
-
-Sampling draws from softmax(logits / τ), the distribution the log-probs above are computed from, whatever the
-checkpoint's generation_config.json sets. --top_k > 0 or --top_p < 1 truncate what is sampled but not the log-probs
-(the full softmax, as in TRL), so they make training off-policy; both are off by default.
+A_i depends on the rewards only, so it is known before any backward pass, and one forward per completion and iteration
+suffices: the first iteration's log-probs, detached, are π_θ_old. Every normalizer is computed once over the whole
+batch, so accumulated micro-batches give exactly the one-batch gradient. Under `accelerate launch` each process
+samples and scores whole groups of its share of the prompts; the rewards are gathered (A_i is the whole batch's), the
+normalizers counted over every process, and each process's loss is N times its share of the one sum, so that DDP's
+mean of the gradients is the one-process update (tested). β = 0 (the default) loads no reference model.
+Sampling draws from softmax(logits / τ), the log-probs' distribution; --top_k and --top_p make training off-policy.
 
 Copy grpo.py with common.py (plumbing: arguments, data, processes, sampling, evaluation, checkpoints, logging)
 and rewards.py (reward functions, reward-model scoring; it stands alone); vllm_colocate.py only for --use_vllm.
@@ -80,26 +69,16 @@ LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
 class Args(common.Args):
     """This script's flags; the ones every algorithm script shares are in common.Args (`--help` lists all)."""
 
-    num_generations: int = arg(
-        8, "completions sampled per prompt (G ≥ 2), the group whose mean is the baseline (8: few all-equal groups)"
-    )
-    scale_rewards: str = arg(
-        "group", "divide the centered rewards by the std of the group, of the batch, or none (Dr. GRPO)"
-    )
+    num_generations: int = arg(8, "completions sampled per prompt (G ≥ 2), the group whose mean is the baseline")
+    scale_rewards: str = arg("group", "divide the centered rewards by the std of the group, the batch, or none")
     loss_type: str = arg("dapo", "token weighting of the loss: grpo, bnpo, dr_grpo or dapo (see the module docstring)")
     beta: float = arg(0.0, "coefficient β of the k3 KL term in the loss; 0 skips the reference model entirely")
     num_iterations: int = arg(1, "optimizer steps on each batch of completions (>1: the ratio and clipping matter)")
     epsilon: float = arg(0.2, "lower clipping bound ε of the per-token ratio")
     epsilon_high: float | None = arg(None, "upper clipping bound (default: epsilon; DAPO's clip-higher uses 0.28)")
-    mask_truncated_completions: bool = arg(
-        False, "completions without EOS get no loss and leave the normalizer (they still count in the advantages)"
-    )
-    dynamic_sampling: bool = arg(
-        False, "DAPO: drop groups whose rewards are all equal and refill the batch with more prompts"
-    )
-    max_resample_rounds: int = arg(
-        3, "--dynamic_sampling: extra generation rounds per step at most; then dropped groups fill the rest"
-    )
+    mask_truncated_completions: bool = arg(False, "completions without EOS get no loss (they count in the advantages)")
+    dynamic_sampling: bool = arg(False, "DAPO: drop groups whose rewards are all equal and sample more prompts")
+    max_resample_rounds: int = arg(3, "--dynamic_sampling: extra generation rounds per step at most")
     # this script's defaults of common.Args' flags
     prompts_per_step: int = 8
     max_steps: int = 100
@@ -220,16 +199,7 @@ def loss_token_weights(
 
 
 def grpo_loss(
-    logprobs,
-    old_logprobs,
-    ref_logprobs,
-    advantages,
-    token_weights,
-    *,
-    beta: float,
-    epsilon: float,
-    epsilon_high: float,
-    importance_weights=1.0,
+    logprobs, old_logprobs, ref_logprobs, advantages, weights, *, beta, epsilon, epsilon_high, importance_weights=1.0
 ):
     """Σ_{i,t} w_{i,t} (−is_{i,t} min(ρ_t A_i, clip(ρ_t, 1−ε, 1+ε_high) A_i) + β kl_t) over this micro-batch, ρ_t the
     per-token ratio, is (B_mb, 1) or (B_mb, T) the importance-sampling weights (1 when π_θ sampled), as TRL applies
@@ -237,10 +207,10 @@ def grpo_loss(
     ratio = torch.exp(logprobs - old_logprobs)  # ≡ 1 (with gradient ∇ log π) when old = logprobs.detach()
     A = advantages[:, None]
     surrogate = torch.min(ratio * A, ratio.clamp(1 - epsilon, 1 + epsilon_high) * A)
-    policy_loss = -(surrogate * importance_weights * token_weights).sum()
+    policy_loss = -(surrogate * importance_weights * weights).sum()
     if beta == 0:
         return policy_loss, policy_loss, ratio
-    return policy_loss + beta * (per_token_kl(logprobs, ref_logprobs) * token_weights).sum(), policy_loss, ratio
+    return policy_loss + beta * (per_token_kl(logprobs, ref_logprobs) * weights).sum(), policy_loss, ratio
 
 
 def zero_std_groups(rewards: torch.Tensor, num_generations: int) -> torch.Tensor:
@@ -250,54 +220,27 @@ def zero_std_groups(rewards: torch.Tensor, num_generations: int) -> torch.Tensor
 
 
 def concat_samples(samples: list[dict], pad_token_id: int) -> dict:
-    """Several generation rounds as one batch: prompts stay left-padded and completions right-padded."""
+    """Several generation rounds as one batch: lists joined, tensors concatenated, the (B, L) ones padded to the widest
+    (prompts on the left, completions on the right; ids with pad_token_id, masks and log-probs with 0)."""
 
-    def pad_cat(key, value, left):
-        width = max(s[key].shape[1] for s in samples)
-        return torch.cat(
-            [
-                F.pad(s[key], (width - s[key].shape[1], 0) if left else (0, width - s[key].shape[1]), value=value)
-                for s in samples
-            ]
-        )
+    def cat(key, values):
+        if isinstance(values[0], list):
+            return [v for value in values for v in value]
+        width, fill = max(v.shape[-1] for v in values), pad_token_id if key.endswith("_ids") else 0
+        side = lambda v: (width - v.shape[-1], 0) if key.startswith("prompt") else (0, width - v.shape[-1])
+        return torch.cat([F.pad(v, side(v), value=fill) if v.dim() == 2 else v for v in values])
 
-    return {
-        "prompts": [p for s in samples for p in s["prompts"]],
-        "prompt_ids": pad_cat("prompt_ids", pad_token_id, left=True),
-        "prompt_mask": pad_cat("prompt_mask", 0, left=True),
-        "completion_ids": pad_cat("completion_ids", pad_token_id, left=False),
-        "completion_mask": pad_cat("completion_mask", 0, left=False),
-        **{key: torch.cat([s[key] for s in samples]) for key in ("is_truncated", "rewards", "rewards_per_func")},
-        **(
-            {"sampler_logprobs": pad_cat("sampler_logprobs", 0.0, left=False)}
-            if "sampler_logprobs" in samples[0]
-            else {}
-        ),
-        "completion_texts": [t for s in samples for t in s["completion_texts"]],
-    }
+    return {key: cat(key, [s[key] for s in samples]) for key in samples[0]}
 
 
 def select_groups(sample: dict, groups: list[int], num_generations: int) -> dict:
     """The completions of the given groups (prompt indices) of a sample."""
     rows = [g * num_generations + k for g in groups for k in range(num_generations)]
-    index = torch.tensor(rows, dtype=torch.long)
-    return {
-        key: [value[i] for i in rows]
-        if isinstance(value, list)
-        else {c: [v[i] for i in rows] for c, v in value.items()}
-        if isinstance(value, dict)
-        else value[index.to(value.device)]
-        for key, value in sample.items()
-    }
+    return {key: [value[i] for i in rows] if isinstance(value, list) else value[rows] for key, value in sample.items()}
 
 
 def dynamic_sampling(
-    sample_round,
-    num_prompts: int,
-    num_generations: int,
-    max_resample_rounds: int,
-    pad_token_id: int,
-    all_done=lambda done: done,
+    sample_round, num_prompts, num_generations, max_resample_rounds, pad_token_id, all_done=lambda done: done
 ):
     """DAPO's dynamic sampling: keep the groups whose rewards differ, calling sample_round(1), sample_round(2), ... for
     more until num_prompts groups are kept or max_resample_rounds extra rounds are spent; dropped groups fill whatever
@@ -327,7 +270,6 @@ def main(args: Args):
     # this process's prompts, its completions (whole groups of G) and the completions per forward and backward
     my_prompts, local_batch_size, micro_batch_size = common.process_share(accelerator, args, G)
     my_rows = slice(my_prompts.start * G, my_prompts.stop * G)  # this process's completions, in the whole batch
-    local_prompts = local_batch_size // G
     epsilon_high = args.epsilon if args.epsilon_high is None else args.epsilon_high
 
     # ---- plumbing: data, policy π_θ and reference π_ref (only when β > 0), reward functions, optimizer ----
@@ -393,32 +335,29 @@ def main(args: Args):
                     drawn = torch.randperm(len(train_dataset), generator=generator)[: args.prompts_per_step]
                     return rollout_and_score(train_dataset.select(drawn[my_prompts].tolist()))
 
-                all_done = lambda done: not common.any_process(accelerator, not done)
+                all_done = lambda done: bool(accelerator.gather(torch.tensor([float(done)], device=device)).all())
                 batch, dropped_frac = dynamic_sampling(
-                    sample_round, local_prompts, G, args.max_resample_rounds, tokenizer.pad_token_id, all_done
+                    sample_round, local_batch_size // G, G, args.max_resample_rounds, tokenizer.pad_token_id, all_done
                 )
                 # every process ran the same rounds, so the mean of the fractions is the fraction
                 dropped_frac = accelerator.reduce(torch.tensor(dropped_frac, device=device), "mean").item()
-            prompts, completion_texts = batch["prompts"], batch["completion_texts"]
             completion_ids, completion_mask = batch["completion_ids"], batch["completion_mask"]  # (B, T)
-            is_truncated = batch["is_truncated"]
             input_ids = torch.cat([batch["prompt_ids"], completion_ids], 1)
             attention_mask = torch.cat([batch["prompt_mask"], completion_mask], 1)
             T = completion_ids.shape[1]
-            rewards, rewards_per_func = batch["rewards"].to(device), batch["rewards_per_func"]
-            loss_mask = completion_mask * ~is_truncated[:, None] if args.mask_truncated_completions else completion_mask
+            rewards = batch["rewards"].to(device)
 
             # ==== 3. advantage: group-relative, from the rewards only (the KL is a loss term) ====
             # Over the whole batch, gathered from every process, of which this process keeps its rows; and the token
-            # weights, normalized over the whole batch.
-            # DDP averages the N processes' gradients, so each process's weights are N × its share of the one sum.
+            # weights, normalized over the whole batch (DDP averages the N processes' gradients: N × this share).
             all_rewards = accelerator.gather(rewards)  # (B,), in the order of the one-process batch
             advantages = group_relative_advantages(all_rewards, G, args.scale_rewards)[my_rows]
-            sum_over_processes = lambda count: accelerator.reduce(count, "sum")
-            token_weights = (
-                loss_token_weights(loss_mask, args.loss_type, args.max_completion_length, sum_over_processes)
-                * accelerator.num_processes
-            )
+            loss_mask = completion_mask  # (B, T): the tokens with a loss; none in a truncated completion under DAPO's
+            if args.mask_truncated_completions:  # overlong filtering
+                loss_mask = completion_mask * ~batch["is_truncated"][:, None]
+            all_sum = lambda count: accelerator.reduce(count, "sum")
+            token_weights = loss_token_weights(loss_mask, args.loss_type, args.max_completion_length, all_sum)
+            token_weights = token_weights * accelerator.num_processes
 
             # ==== 4-6. per micro-batch: log-probs → per-token clipped surrogate + β·KL → loss; update ====
             # vLLM or the bf16 copy sampled, not π_θ: importance-sampling weights; else they stay 1
@@ -426,10 +365,9 @@ def main(args: Args):
             is_weights = torch.ones(
                 local_batch_size, T if args.vllm_importance_sampling_mode.startswith("token") else 1, device=device
             )
-            old_logprobs = torch.zeros(local_batch_size, T, device=device)
-            ref_logprobs = torch.zeros(local_batch_size, T, device=device)
-            kl = torch.zeros(local_batch_size, T, device=device)
-            entropy = torch.zeros(local_batch_size, T, device=device)
+            old_logprobs, ref_logprobs, kl, entropy = (
+                torch.zeros(local_batch_size, T, device=device) for _ in range(4)
+            )
             clip_low, clip_high, losses, policy_losses, grad_norms = [], [], [], [], []
             micro_batches = torch.arange(local_batch_size, device=device).split(micro_batch_size)
             for iteration in range(args.num_iterations):
@@ -440,12 +378,7 @@ def main(args: Args):
                         ref_logprobs[mb] = reference_logprobs(input_ids[mb], attention_mask[mb], T)
                     with accelerator.autocast():
                         logprobs, token_entropy = completion_logprobs(
-                            model,
-                            input_ids[mb],
-                            attention_mask[mb],
-                            T,
-                            args.temperature,
-                            entropy=iteration == 0 and logging_step,
+                            model, input_ids[mb], attention_mask[mb], T, args.temperature, entropy=logging_step
                         )
                     mask = completion_mask[mb]
                     if iteration == 0:
@@ -459,8 +392,7 @@ def main(args: Args):
                                 mode=args.vllm_importance_sampling_mode,
                                 clip_max=args.vllm_importance_sampling_clip_max,
                             )
-                        if logging_step:
-                            entropy[mb] = token_entropy
+                        entropy[mb] = token_entropy if logging_step else 0.0
                         if args.beta > 0:
                             kl[mb] = per_token_kl(old_logprobs[mb], ref_logprobs[mb]) * mask
                     A = advantages[mb]
@@ -480,11 +412,11 @@ def main(args: Args):
                     policy_loss_sum += policy_loss.item()
                     is_low = (ratio < 1 - args.epsilon) & (A[:, None] < 0)
                     is_high = (ratio > 1 + epsilon_high) & (A[:, None] > 0)
-                    clip_low.append(common.masked_mean(is_low.float(), mask).item())
-                    clip_high.append(common.masked_mean(is_high.float(), mask).item())
+                    clip_low.append(((is_low * mask).sum() / mask.sum().clamp(min=1)).item())  # over the tokens
+                    clip_high.append(((is_high * mask).sum() / mask.sum().clamp(min=1)).item())
                 grad_norms.append(float(accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)))
                 # before the update: a NaN reward marks an unscorable completion, anything else not finite stops here
-                scorable = ~rewards_per_func.isnan().all(1)
+                scorable = ~batch["rewards_per_func"].isnan().all(1)
                 run.check_finite(reward=rewards[scorable], loss=loss_sum, grad_norm=grad_norms[-1])
                 optimizer.step()
                 scheduler.step()
@@ -501,13 +433,14 @@ def main(args: Args):
                 if args.dynamic_sampling:
                     metrics |= {"dynamic_sampling/dropped_frac": dropped_frac}
                 # loss: each process logs N × its share of the batch loss; their mean is the batch loss
-                metrics |= common.update_metrics(accelerator, losses, grad_norms, clip_low, clip_high)
-                metrics |= {"policy_loss": common.mean_over_processes(accelerator, policy_losses)}
+                metrics |= common.update_metrics(
+                    accelerator, losses, grad_norms, clip_low, clip_high, policy_loss=policy_losses
+                )
                 if off_policy:
                     metrics |= common.sampling_metrics(
                         accelerator, old_logprobs, batch["sampler_logprobs"], is_weights, completion_mask
                     )
-                run.log(step, metrics, (prompts, completion_texts, rewards))
+                run.log(step, metrics, (batch["prompts"], batch["completion_texts"], rewards))
 
 
 if __name__ == "__main__":

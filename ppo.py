@@ -4,8 +4,7 @@
 Four models: the policy π_θ (trained); a frozen reference π_ref (the initial policy; with LoRA, the policy with its
 adapters disabled); a reward source r (reward functions as in rloo.py, or a reward model); a value model V_ψ (trained;
 a scalar head read at every position). For every prompt x, sample one completion y = y_1..y_T at temperature τ
-(--temperature) and
-score it. Each token y_t is an action taken in the state s_t = (x, y_<t). Then:
+(--temperature) and score it. Each token y_t is an action taken in the state s_t = (x, y_<t). Then:
 
     KL-shaped per-token reward (Ziegler et al. Eq. 2, spread over the tokens)
         kl_t = log π_θ(y_t | s_t) − log π_ref(y_t | s_t)                                  (k1, the default)
@@ -45,18 +44,12 @@ else the policy's own backbone with a fresh, zero-initialized head (V ≡ 0 at t
 tokenizer. Policy and value model share one AdamW (two parameter groups) but are gradient-clipped separately, so the
 value loss never shrinks the policy's step.
 
-Unlike rloo.py, the advantages need every value and log-prob of the batch before the first loss (GAE runs from the last
-token back, whitening spans the batch), so each step spends one no-grad rollout pass of the policy and value model.
-
-Under `accelerate launch --num_processes N` (DDP; DeepSpeed and FSDP are refused), each process samples, scores and
-trains on its own prompts_per_step / N prompts, split into num_mini_batches. The whitening statistics, the token count
-that normalizes both losses, the KL of the adaptive controller and the logged metrics are summed or gathered over all
-processes, so with one mini-batch an update is the one-process update of the same batch (with more, a mini-batch is N
-random shares, one per process, rather than a random subset of the whole batch).
-
-Sampling draws from softmax(logits / τ), the distribution the log-probs above are computed from, whatever the
-checkpoint's generation_config.json sets. --top_k > 0 or --top_p < 1 truncate what is sampled but not the log-probs
-(the full softmax, as in TRL), so they make training off-policy; both are off by default.
+The advantages need every value and log-prob of the batch before the first loss (GAE runs from the last token back,
+whitening spans the batch), so each step spends one no-grad pass of the policy and value model. Under `accelerate
+launch` (DDP; DeepSpeed and FSDP are refused) each process trains on its share of the prompts, split into
+num_mini_batches; the whitening statistics, the losses' token count and the adaptive KL are summed over every
+process, so with one mini-batch an update is the one-process update of the same batch (tested).
+Sampling draws from softmax(logits / τ), the log-probs' distribution; --top_k and --top_p make training off-policy.
 
 Copy ppo.py with common.py (plumbing: arguments, data, processes, sampling, evaluation, checkpoints, logging)
 and rewards.py (reward functions, reward-model scoring; it stands alone); vllm_colocate.py only for --use_vllm.
@@ -82,55 +75,33 @@ from rewards import compute_rewards
 class Args(common.Args):
     """This script's flags; the ones every algorithm script shares are in common.Args (`--help` lists all)."""
 
-    value_model_path: str | None = arg(
-        None,
-        "initial value model (sequence-classification, or a causal LM given a fresh head); default: the reward model, "
-        "else the policy",
-    )
+    value_model_path: str | None = arg(None, "initial value model; default: the reward model, else the policy")
     num_ppo_epochs: int = arg(4, "passes over each batch of completions")
     num_mini_batches: int = arg(1, "optimizer steps per pass: the batch is split into this many mini-batches")
     cliprange: float = arg(0.2, "clipping range ε of the per-token ratio ρ in the policy loss")
     vf_coef: float = arg(0.1, "weight of the value loss in the total loss")
-    cliprange_value: float = arg(
-        0.2, "the new value may move at most this far from the rollout's value before its loss is clipped"
-    )
+    cliprange_value: float = arg(0.2, "clipping range of the value around the rollout's value in the value loss")
     gamma: float = arg(1.0, "discount γ")
     lam: float = arg(0.95, "GAE λ (1.0: Monte-Carlo returns minus the value baseline)")
     whiten_advantages: bool = arg(True, "whiten the advantages over the batch's real tokens (off for Vanilla PG)")
-    whiten_rewards: bool = arg(
-        False, "scale the per-token rewards to unit variance over the batch before GAE (mean kept)"
-    )
+    whiten_rewards: bool = arg(False, "scale the per-token rewards to unit variance over the batch before GAE")
     kl_coef: float = arg(0.05, "KL coefficient in the per-token reward; 0 skips the reference model entirely")
-    kl_estimator: str = arg(
-        "k1", "KL estimator in the reward: k1 or k3 (k3's value is unbiased, its gradient is not the KL's)"
-    )
+    kl_estimator: str = arg("k1", "KL estimator in the reward: k1 or k3 (k3's gradient is not the KL's)")
     adaptive_kl: bool = arg(False, "adapt kl_coef towards --kl_target (Ziegler et al. 2019); --kl_coef is its start")
     kl_target: float = arg(6.0, "--adaptive_kl: target sequence KL in nats")
     kl_horizon: int = arg(10000, "--adaptive_kl: horizon in completions")
-    stop_token: str = arg(
-        "eos", "the token that ends a completion: 'eos' (the checkpoint's end tokens) or any text that is one token"
-    )
+    stop_token: str = arg("eos", "the token that ends a completion: 'eos' (the checkpoint's) or one token's text")
     missing_eos_penalty: float | None = arg(None, "subtracted from the score of a completion without the stop token")
     # this script's defaults of common.Args' flags
-    disable_dropout: bool = arg(
-        True, "turn dropout off in the policy and value model (LoRA's too), so the rollout and update passes agree"
-    )
+    disable_dropout: bool = arg(True, "dropout off in the policy and value model, so the rollout and update agree")
     prompts_per_step: int = arg(16, "prompts per step, one completion each: the step's batch of completions")
     micro_batch_size: int = arg(0, "completions per forward/backward, gradients accumulated (0 = the whole mini-batch)")
     max_steps: int = 25
-    learning_rate: float = arg(
-        1e-4,
-        "AdamW learning rate of the policy and the value model (the embedded model; use ~3e-6 for a full 0.5B model)",
-    )
+    learning_rate: float = arg(1e-4, "AdamW learning rate of the policy and the value model (~3e-6 for a 0.5B model)")
     max_grad_norm: float = arg(1.0, "gradient clipping norm, of the policy and of the value model separately")
-    output_dir: str = arg(
-        "outputs/ppo", "where metrics.jsonl, checkpoints and the final model (value model in value_model/) go"
-    )
+    output_dir: str = arg("outputs/ppo", "metrics.jsonl, checkpoints and the final model (value model: value_model/)")
     save_steps: int = 10
-    use_peft: bool = arg(
-        False,
-        "train LoRA adapters (policy and value model); the reference model is then the policy with adapters disabled",
-    )
+    use_peft: bool = arg(False, "train LoRA adapters (policy and value model); the reference: adapters disabled")
 
 
 def check_args(args: Args):
@@ -274,9 +245,7 @@ def completion_values(value_model, input_ids, attention_mask, num_completion_tok
     return head(output.hidden_states[-1][:, -num_completion_tokens - 1 : -1]).squeeze(-1).float()
 
 
-def per_token_rewards(
-    scores: torch.Tensor, kl: torch.Tensor, completion_mask: torch.Tensor, kl_coef: float
-) -> torch.Tensor:
+def per_token_rewards(scores: torch.Tensor, kl: torch.Tensor, completion_mask: torch.Tensor, kl_coef: float):
     """r_t = −kl_coef · kl_t on every real token, plus the score on the last real token (the stop token). (B, T)"""
     rewards = -kl_coef * kl * completion_mask
     last = completion_mask.sum(1).long() - 1  # index of the last real token; every completion has at least one
@@ -284,9 +253,7 @@ def per_token_rewards(
     return rewards
 
 
-def masked_whiten(
-    values: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True, all_sum=lambda total: total
-) -> torch.Tensor:
+def masked_whiten(values: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True, all_sum=lambda total: total):
     """(x − mean) / std over the real tokens only (std with Bessel's correction); padding stays 0. With
     shift_mean=False the mean is kept: only the scale changes. `all_sum` sums a tensor over the processes, so that the
     mean and the std are those of the whole batch, not of this process's share."""
@@ -297,9 +264,7 @@ def masked_whiten(
     return (whitened if shift_mean else whitened + mean) * mask
 
 
-def gae_advantages(
-    rewards: torch.Tensor, values: torch.Tensor, completion_mask: torch.Tensor, *, gamma: float, lam: float
-):
+def gae_advantages(rewards, values, completion_mask, *, gamma: float, lam: float):
     """A_t = Σ_l (γλ)^l δ_{t+l}, δ_t = r_t + γ V_{t+1} − V_t, with r = V = 0 past the last real token.
     Returns the advantages and the returns A + V, both (B, T) and 0 on padding."""
     rewards, values = rewards * completion_mask, values * completion_mask
@@ -335,9 +300,8 @@ def value_loss(values, old_values, returns, completion_mask, *, cliprange_value:
     clipped_values = old_values + (values - old_values).clamp(-cliprange_value, cliprange_value)
     unclipped_loss = (values - returns) ** 2
     clipped_loss = (clipped_values - returns) ** 2
-    return 0.5 * (
-        torch.max(unclipped_loss, clipped_loss) * completion_mask
-    ).sum() / num_tokens, clipped_loss > unclipped_loss
+    loss = 0.5 * (torch.max(unclipped_loss, clipped_loss) * completion_mask).sum() / num_tokens
+    return loss, clipped_loss > unclipped_loss
 
 
 def adaptive_kl_coef(kl_coef: float, kl: float, *, kl_target: float, kl_horizon: int, batch_size: int) -> float:
@@ -443,8 +407,7 @@ def main(args: Args):
             "rewards_per_func": rewards_per_func,
         }
 
-    # ==== the training loop: the algorithm in numbered phases (1-6), then the log (7) ====
-    # common.Run: resume, sampling, evaluation and checkpoint cadence, stops, and at the end the final model
+    # ==== the training loop: the algorithm (1-6), the log (7); common.Run resumes, evaluates, saves and stops ====
     with common.Run(
         accelerator, args, "ppo", model, tokenizer, scheduler, checkpoint, generation_config, reward_funcs, weights,
         eval_dataset, state={"kl_coef": args.kl_coef}, others={"value_model": value_model},
@@ -469,9 +432,7 @@ def main(args: Args):
                 scores -= args.missing_eos_penalty * (~stopped).float()
 
             # ==== 3. log-probs, values and the KL, no gradient: π_θ_old, V_old, and kl_t to the reference ====
-            old_logprobs = torch.zeros(local_batch_size, T, device=device)
-            old_values = torch.zeros(local_batch_size, T, device=device)
-            kl = torch.zeros(local_batch_size, T, device=device)
+            old_logprobs, old_values, kl = (torch.zeros(local_batch_size, T, device=device) for _ in range(3))
             with torch.no_grad():
                 for mb in torch.arange(local_batch_size, device=device).split(micro_batch_size):
                     with accelerator.autocast():
@@ -508,10 +469,8 @@ def main(args: Args):
                 advantages = masked_whiten(advantages, loss_mask, all_sum=all_sum)
 
             # ==== 6. loss and update: num_ppo_epochs passes over fresh mini-batches, clipped policy and value loss ====
-            # Micro-batches accumulated. The losses are token means over the mini-batch of every process together. DDP
-            # averages the gradients over the P processes, so each process divides its token sum by the global token
-            # count and multiplies by P: the average is then the masked mean over all the mini-batch's tokens, as one
-            # process would take it.
+            # The losses are token means over the mini-batch of every process together: DDP averages the P processes'
+            # gradients, so each divides its token sum by the global token count over P.
             token_sums = [0.0] * len(TOKEN_STATS)  # the logged token means' numerators
             policy_losses, value_losses, grad_norms, value_grad_norms = [], [], [], []
             for _epoch in range(args.num_ppo_epochs):
@@ -598,17 +557,14 @@ def main(args: Args):
                     "loss/policy_avg": common.mean_over_processes(accelerator, policy_losses),
                     "loss/value_avg": common.mean_over_processes(accelerator, value_losses),
                     "val/num_eos_tokens": all_stopped.sum().item(),
-                    **(
-                        common.sampling_metrics(
-                            accelerator, old_logprobs, batch["sampler_logprobs"], is_weights, completion_mask
-                        )
-                        if off_policy
-                        else {}
-                    ),
                     **common.completion_metrics(lengths, ~all_stopped),  # without the stop token: truncated
                     "grad_norm": sum(grad_norms) / len(grad_norms),
                     "val/grad_norm": sum(value_grad_norms) / len(value_grad_norms),
                 }
+                if off_policy:
+                    metrics |= common.sampling_metrics(
+                        accelerator, old_logprobs, batch["sampler_logprobs"], is_weights, completion_mask
+                    )
                 run.log(step, metrics, (prompts, completion_texts, scores))
 
 

@@ -28,28 +28,18 @@ The whole completion is one action. Then:
     correction when vLLM or the --bf16 copy samples instead of π_θ (TRL's importance sampling):
         is_i = π_θ_old(y_i | x) / π_sampler(y_i | x), capped at C (sequence_truncate) or 0 above C; else 1
 
-With num_iterations = 1 (the default) the completions are used once: ρ ≡ 1 and
-∇L = −1/B Σ_i (R_i − b) ∇ log π_θ(y_i | x),
-Eq. 7. Worked example (moving average, B = 4): rewards 1, 0, 1, 1 at step 1 have b = 0 and advantages 1, 0, 1, 1;
+With num_iterations = 1 (the default) the completions are used once: ρ ≡ 1, ∇L = −1/B Σ_i (R_i − b) ∇ log π_θ(y_i | x)
+(Eq. 7). Worked example (moving average, B = 4): rewards 1, 0, 1, 1 at step 1 have b = 0 and advantages 1, 0, 1, 1;
 rewards 0, 0, 1, 0 at step 2 have b = 3/4 and advantages −0.75, −0.75, +0.25, −0.75; at step 3, b = 4/8 = 0.5.
 REINFORCE++ as in OpenRLHF puts the KL on each token and whitens token-level returns-to-go; here the action is the
 whole sequence, so its return R_i is what is whitened.
 
-Before any update, a policy pass gives log π_θ_old (the policy that sampled: the KL's log π and the ratio's
-denominator) and a reference pass log π_ref; every R_i, and so every advantage, is then known before the first backward
-pass, whatever the micro-batching. With one micro-batch (the default) that policy pass keeps its graph and is the first
-update's forward; with several it runs without gradient and every update runs its own.
-
-Under `accelerate launch --num_processes N` each process takes prompts_per_step / N of the step's prompts, generates
-and scores their completions, and takes the mean loss over its B / N of them; DDP averages the gradients over the
-processes, which is the mean over the whole batch. The whole batch's R are gathered from every process
-(accelerator.gather): their sum and count join the running mean, so b_MA is the same on every process, and REINFORCE++
-whitens with their mean and std. Logged statistics are gathered over the whole batch; only the main process writes
-logs, checkpoints and the model.
-
-Sampling draws from softmax(logits / τ), the distribution the log-probs above are computed from, whatever the
-checkpoint's generation_config.json sets. --top_k > 0 or --top_p < 1 truncate what is sampled but not the log-probs
-(the full softmax, as in TRL), so they make training off-policy; both are off by default.
+Before any update, a policy pass gives log π_θ_old (the policy that sampled) and a reference pass log π_ref, so the
+whole batch's advantages are known before the first backward pass; with one micro-batch (the default) that policy pass
+keeps its graph and is the first update's forward. Under `accelerate launch` each process samples and scores its share
+of the prompts; the whole batch's R are gathered, so b_MA and REINFORCE++'s mean and std are the same on every
+process, and DDP's mean of the gradients is the one-process update (tested).
+Sampling draws from softmax(logits / τ), the log-probs' distribution; --top_k and --top_p make training off-policy.
 
 Copy reinforce.py with common.py (plumbing: arguments, data, processes, sampling, evaluation, checkpoints, logging)
 and rewards.py (reward functions, reward-model scoring; it stands alone); vllm_colocate.py only for --use_vllm.
@@ -75,12 +65,8 @@ BASELINES = ("none", "moving_average", "reinforce_pp")
 class Args(common.Args):
     """This script's flags; the ones every algorithm script shares are in common.Args (`--help` lists all)."""
 
-    num_generations: int = arg(
-        1, "completions sampled per prompt (1: the paper's REINFORCE; more are just more samples)"
-    )
-    baseline: str = arg(
-        "moving_average", "b in R − b: none, moving_average (the running mean of all past rewards) or reinforce_pp"
-    )
+    num_generations: int = arg(1, "completions sampled per prompt (1: the paper's REINFORCE; more: more samples)")
+    baseline: str = arg("moving_average", "b in R − b: none, moving_average (mean of all past R) or reinforce_pp")
     beta: float = arg(0.05, "KL coefficient β in the shaped reward; 0 skips the reference model entirely")
     kl_estimator: str = arg("k1", "KL estimator in the reward: k1 or k3 (k3's gradient is not the KL's)")
     num_iterations: int = arg(1, "optimizer steps on each batch of completions (>1: the ratio and clipping matter)")
@@ -174,14 +160,7 @@ def per_token_kl(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: 
     return log_ratio if estimator == "k1" else torch.exp(-log_ratio) + log_ratio - 1
 
 
-def reinforce_advantages(
-    shaped_rewards: torch.Tensor,
-    *,
-    baseline: str,
-    reward_sum: float,
-    reward_count: int,
-    batch_rewards: torch.Tensor | None = None,
-) -> torch.Tensor:
+def reinforce_advantages(shaped_rewards, *, baseline: str, reward_sum: float, reward_count: int, batch_rewards=None):
     """A_i = R_i − b. none: b = 0; moving_average: b = reward_sum / reward_count, the mean of every R of the previous
     steps (0 before the first); reinforce_pp: (R_i − mean R) / (std R + 1e-4) over batch_rewards, the R of the whole
     batch (default: these R; with several processes, every process's). (B,) -> (B,)
@@ -301,12 +280,8 @@ def main(args: Args):
             all_shaped_rewards = accelerator.gather(shaped_rewards)  # the whole batch's R_i, (B,)
 
             # ==== 5. advantages over the batch: A_i = R_i − b (b_MA of the steps before, or REINFORCE++) ====
-            advantages = reinforce_advantages(
-                shaped_rewards,
-                baseline=args.baseline,
-                reward_sum=run.state["reward_sum"],
-                reward_count=run.state["reward_count"],
-                batch_rewards=all_shaped_rewards,
+            advantages = reinforce_advantages(  # run.state: b_MA's reward_sum and reward_count
+                shaped_rewards, baseline=args.baseline, batch_rewards=all_shaped_rewards, **run.state
             )
             # each completion's weight in the loss, w_i = m_i · is_i / B: is_i = π_θ_old / π_sampler (capped or masked
             # at C) when vLLM or the bf16 copy sampled, not π_θ; m_i = 0 without EOS under --mask_truncated_completions

@@ -248,7 +248,6 @@ def fake_sample(rewards: list[float], prompt_width: int, completion_width: int, 
     completion_mask[:, -1] = 0  # right padding
     return {
         "prompts": [f"{tag}{i // G}" for i in range(B)],
-        "columns": {"ground_truth": [f"{tag}{i // G}" for i in range(B)]},
         "prompt_ids": torch.where(prompt_mask.bool(), 7, 0),
         "prompt_mask": prompt_mask,
         "completion_ids": torch.where(completion_mask.bool(), 5, 0),
