@@ -660,17 +660,24 @@ def shard(accelerator: Accelerator, total: int, flag: str) -> slice:
     return slice(accelerator.process_index * total // n, (accelerator.process_index + 1) * total // n)
 
 
-def process_share(accelerator: Accelerator, args, G: int) -> tuple[slice, int, int]:
+def process_share(accelerator: Accelerator, args, G: int, mini_batches: int = 1) -> tuple[slice, int, int]:
     """This process's share of each step: its slice of the prompts_per_step prompts, its number of completions (whole
     groups of G, so that a baseline never needs another process's rewards), and the completions per forward and
-    backward (--micro_batch_size; 0: all of them at once, which DeepSpeed requires: `check_backend`)."""
+    backward (--micro_batch_size; 0: all of them at once, which DeepSpeed requires: `check_backend`). ppo.py updates
+    on `mini_batches` mini-batches of the share (--num_mini_batches), each accumulated from micro-batches."""
     my_prompts = shard(accelerator, args.prompts_per_step, "--prompts_per_step")
     local_batch_size = args.prompts_per_step * G // accelerator.num_processes
-    micro_batch_size = args.micro_batch_size or local_batch_size
     of_each = f" of each of the {accelerator.num_processes} processes" if accelerator.num_processes > 1 else ""
     require(
-        local_batch_size % micro_batch_size == 0,
-        f"--micro_batch_size: {micro_batch_size} does not divide the batch of {local_batch_size} completions{of_each}",
+        local_batch_size % mini_batches == 0,
+        f"--num_mini_batches: {mini_batches} does not divide the batch of {local_batch_size} completions{of_each}",
+    )
+    mini_batch_size = local_batch_size // mini_batches
+    micro_batch_size = args.micro_batch_size or mini_batch_size
+    batch = "mini-batch" if mini_batches > 1 else "batch"
+    require(
+        mini_batch_size % micro_batch_size == 0,
+        f"--micro_batch_size: {micro_batch_size} does not divide the {batch} of {mini_batch_size} completions{of_each}",
     )
     check_backend(accelerator, micro_batch_size == local_batch_size)
     return my_prompts, local_batch_size, micro_batch_size

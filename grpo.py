@@ -12,9 +12,8 @@ and score them with the reward r (a weighted sum of reward functions, or a rewar
         kl_{i,t} = exp(log π_ref − log π_θ) − (log π_ref − log π_θ) − 1     (differentiated: ∂/∂log π_θ = 1 − π_ref/π_θ)
         ℓ_{i,t} = −min(ρ_{i,t} A_i, clip(ρ_{i,t}, 1 − ε, 1 + ε_high) A_i) + β · kl_{i,t}
         L(θ) = Σ_{i,t} w_{i,t} ℓ_{i,t},   with m the completion mask (0 on whole rows with --mask_truncated_completions)
-            --loss_type grpo      w_{i,t} = m_{i,t} / (|y_i| · N)       each sequence's token mean, then the mean over
-                                                                the N sequences with a loss (Eq. 3: long answers
-                                                                weigh less per token)
+            --loss_type grpo      w_{i,t} = m_{i,t} / (|y_i| · N)       each sequence's token mean, then the mean
+                                                                over the N sequences with a loss (Eq. 3)
             --loss_type dr_grpo   w_{i,t} = m_{i,t} / (B · max_completion_length)        a constant normalizer
             --loss_type dapo      w_{i,t} = m_{i,t} / Σ_{j,s} m_{j,s}   every token of the batch weighs the same
             --loss_type bnpo      the same as dapo here (TRL divides by the tokens of each micro-batch instead)
@@ -242,11 +241,10 @@ def select_groups(sample: dict, groups: list[int], num_generations: int) -> dict
 def dynamic_sampling(
     sample_round, num_prompts, num_generations, max_resample_rounds, pad_token_id, all_done=lambda done: done
 ):
-    """DAPO's dynamic sampling: keep the groups whose rewards differ, calling sample_round(1), sample_round(2), ... for
-    more until num_prompts groups are kept or max_resample_rounds extra rounds are spent; dropped groups fill whatever
-    is still missing. sample_round(0) is the step's own prompts. Returns the batch and the fraction of dropped groups.
-    With several processes each fills its own num_prompts, and all_done(done) is True once every process is done: all
-    run the same rounds (generation under DeepSpeed ZeRO-3 or FSDP takes every process), the extra groups unused."""
+    """DAPO's dynamic sampling: keep the groups whose rewards differ, from sample_round(0) (the step's own prompts),
+    sample_round(1), ... until num_prompts groups are kept or max_resample_rounds extra rounds are spent; dropped groups
+    fill whatever is missing. Returns the batch and the fraction of dropped groups. all_done(done) is True once every
+    process is done, so that all run the same rounds (generation under ZeRO-3 or FSDP takes every process)."""
     kept, dropped, num_sampled = [], [], 0
     for round_index in range(1 + max_resample_rounds):
         sample = sample_round(round_index)
@@ -365,9 +363,7 @@ def main(args: Args):
             is_weights = torch.ones(
                 local_batch_size, T if args.vllm_importance_sampling_mode.startswith("token") else 1, device=device
             )
-            old_logprobs, ref_logprobs, kl, entropy = (
-                torch.zeros(local_batch_size, T, device=device) for _ in range(4)
-            )
+            old_logprobs, ref_logprobs, kl, entropy = torch.zeros(4, local_batch_size, T, device=device)
             clip_low, clip_high, losses, policy_losses, grad_norms = [], [], [], [], []
             micro_batches = torch.arange(local_batch_size, device=device).split(micro_batch_size)
             for iteration in range(args.num_iterations):

@@ -111,18 +111,6 @@ def check_args(args: Args):
         "--load_in_4bit: ppo.py trains a value model beside the policy; QLoRA is not supported here",
     )
     require(args.num_mini_batches > 0, f"--num_mini_batches: must be positive, got {args.num_mini_batches}")
-    require(
-        args.prompts_per_step % args.num_mini_batches == 0,
-        f"--num_mini_batches: {args.num_mini_batches} does not divide the batch of {args.prompts_per_step} "
-        "completions (prompts_per_step)",
-    )
-    mini_batch_size = args.prompts_per_step // args.num_mini_batches
-    micro = args.micro_batch_size or mini_batch_size
-    require(
-        mini_batch_size % micro == 0,
-        f"--micro_batch_size: {micro} does not divide the mini-batch of {mini_batch_size} completions "
-        "(prompts_per_step / num_mini_batches)",
-    )
     require(args.num_ppo_epochs >= 1, f"--num_ppo_epochs: must be ≥ 1, got {args.num_ppo_epochs}")
     require(args.cliprange > 0, f"--cliprange: must be positive, got {args.cliprange}")
     require(args.cliprange_value > 0, f"--cliprange_value: must be positive, got {args.cliprange_value}")
@@ -329,20 +317,9 @@ def main(args: Args):
     P = accelerator.num_processes
     G = 1  # one completion per prompt
     batch_size = args.prompts_per_step  # completions per step, over all processes
-    my_prompts = common.shard(accelerator, args.prompts_per_step, "--prompts_per_step")  # this process's prompts
-    local_batch_size = batch_size // P
-    require(
-        local_batch_size % args.num_mini_batches == 0,
-        f"--num_mini_batches: {args.num_mini_batches} does not divide the {local_batch_size} completions of each of "
-        f"the {P} processes",
-    )
+    # this process's prompts, its completions, and the completions per forward and backward of each mini-batch
+    my_prompts, local_batch_size, micro_batch_size = common.process_share(accelerator, args, G, args.num_mini_batches)
     mini_batch_size = local_batch_size // args.num_mini_batches  # each process splits its share into num_mini_batches
-    micro_batch_size = args.micro_batch_size or mini_batch_size
-    require(
-        mini_batch_size % micro_batch_size == 0,
-        f"--micro_batch_size: {micro_batch_size} does not divide the mini-batch of {mini_batch_size} completions of "
-        f"each of the {P} processes",
-    )
     all_sum = lambda total: accelerator.reduce(total, "sum")  # a sum over every process's share of the batch
     everywhere = lambda x: accelerator.gather(x.to(device))  # (B_local, ...) -> (B, ...), every process's rows
 
@@ -397,8 +374,8 @@ def main(args: Args):
             reward_funcs, weights, prompts, completion_texts, completion_id_lists, row_columns
         )
         return {
-            "prompts": prompts,
             **rollout,
+            "prompts": prompts,
             "completion_ids": completion_ids,
             "completion_mask": completion_mask,
             "is_truncated": is_truncated,
@@ -420,13 +397,11 @@ def main(args: Args):
             # ==== 1-2. rollout and score (rollout_and_score, above) ====
             rows = common.rows_of_step(train_dataset, step, args.prompts_per_step, args.seed, my_prompts)
             batch = rollout_and_score(rows)
-            prompts, completion_texts = batch["prompts"], batch["completion_texts"]
             completion_ids, completion_mask = batch["completion_ids"], batch["completion_mask"]  # (B, T)
             input_ids = torch.cat([batch["prompt_ids"], completion_ids], 1)
             attention_mask = torch.cat([batch["prompt_mask"], completion_mask], 1)
             T = completion_ids.shape[1]
-            rewards, rewards_per_func = batch["rewards"].to(device), batch["rewards_per_func"]
-            scores = rewards  # r(x, y), on the last token below
+            scores = batch["rewards"].to(device)  # r(x, y), on the last token below
             stopped = ends_with(completion_ids, completion_mask, stop_ids)  # the others get --missing_eos_penalty
             if args.missing_eos_penalty is not None:
                 scores -= args.missing_eos_penalty * (~stopped).float()
@@ -518,7 +493,7 @@ def main(args: Args):
                     value_grad_norms.append(float(torch.nn.utils.clip_grad_norm_(value_params, args.max_grad_norm)))
                     # before the update: a NaN score marks an unscorable completion, anything else not finite stops
                     run.check_finite(
-                        score=scores[~rewards_per_func.isnan().all(1)],
+                        score=scores[~batch["rewards_per_func"].isnan().all(1)],
                         policy_loss=policy_loss_sum,
                         value_loss=value_loss_sum,
                         grad_norm=grad_norms[-1],
@@ -537,7 +512,7 @@ def main(args: Args):
 
             # ==== 7. log: statistics over the whole batch, from every process ====
             if logging_step:
-                all_scores, all_rewards_per_func, all_stopped = map(everywhere, (scores, rewards_per_func, stopped))
+                all_scores, all_stopped = everywhere(scores), everywhere(stopped)
                 lengths = everywhere(completion_mask.sum(1).float())
                 non_score_reward = everywhere((-kl_coef * kl).sum(1))
                 token_totals = all_sum(torch.tensor(token_sums, device=device)) / (args.num_ppo_epochs * lengths.sum())
@@ -551,7 +526,7 @@ def main(args: Args):
                     "objective/non_score_reward": non_score_reward.mean().item(),
                     "objective/entropy": everywhere((-old_logprobs * completion_mask).sum(1)).mean().item(),
                     "objective/kl_coef": kl_coef,
-                    **common.reward_metrics(all_rewards_per_func, reward_funcs),
+                    **common.reward_metrics(everywhere(batch["rewards_per_func"]), reward_funcs),
                     # policy/approxkl_avg, policy/clipfrac_avg, policy/entropy_avg, val/clipfrac_avg, val/ratio(_var)
                     **token_means,
                     "loss/policy_avg": common.mean_over_processes(accelerator, policy_losses),
@@ -565,7 +540,7 @@ def main(args: Args):
                     metrics |= common.sampling_metrics(
                         accelerator, old_logprobs, batch["sampler_logprobs"], is_weights, completion_mask
                     )
-                run.log(step, metrics, (prompts, completion_texts, scores))
+                run.log(step, metrics, (batch["prompts"], batch["completion_texts"], scores))
 
 
 if __name__ == "__main__":
