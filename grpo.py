@@ -88,11 +88,8 @@ class Args(common.Args):
 
 def check_args(args: Args):
     common.check_shared_args(args)  # the flags every script shares: learning rate, steps, sampling, output_dir, ...
-    require(
-        args.num_generations >= 2,
-        "--num_generations: the group-relative advantage needs at least 2 completions per prompt, got "
-        f"{args.num_generations}",
-    )
+    G = args.num_generations
+    require(G >= 2, f"--num_generations: the group-relative advantage needs at least 2 completions per prompt, got {G}")
     require(
         args.scale_rewards in ("group", "batch", "none"),
         f"--scale_rewards: expected group, batch or none, got {args.scale_rewards!r}",
@@ -378,8 +375,7 @@ def main(args: Args):
                         )
                     mask = completion_mask[mb]
                     if iteration == 0:
-                        # π_θ_old = the sampling policy = π_θ before this batch's first update
-                        old_logprobs[mb] = logprobs.detach()
+                        old_logprobs[mb] = logprobs.detach()  # π_θ_old: π_θ before this batch's first update
                         if off_policy:  # w = π_θ_old / π_sampler, capped or masked at C
                             is_weights[mb] = importance_sampling_weights(
                                 old_logprobs[mb],

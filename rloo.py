@@ -69,11 +69,8 @@ class Args(common.Args):
 
 def check_args(args: Args):
     common.check_shared_args(args)  # the flags every script shares: learning rate, steps, sampling, output_dir, ...
-    require(
-        args.num_generations >= 2,
-        "--num_generations: the leave-one-out baseline needs at least 2 completions per prompt, got "
-        f"{args.num_generations}",
-    )
+    G = args.num_generations
+    require(G >= 2, f"--num_generations: the leave-one-out baseline needs at least 2 completions per prompt, got {G}")
     require(
         args.vllm_importance_sampling_mode.startswith("sequence"),
         "--vllm_importance_sampling_mode: the whole completion is one action here: sequence_mask or sequence_truncate, "
