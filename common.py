@@ -344,7 +344,8 @@ def close_process_group():
 def exit_with_error(error: ConfigError):
     close_progress_bars()  # so that the line starts on a line of its own, not after a progress bar
     message = " ".join(str(error).split()) or type(error).__name__
-    print(f"error: {message}", file=sys.stderr)
+    sys.stderr.write(f"error: {message}\n")  # one write: under `accelerate launch` each process's line stays whole
+    sys.stderr.flush()
     sys.exit(2)
 
 

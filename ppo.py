@@ -407,7 +407,7 @@ def main(args: Args):
                 scores -= args.missing_eos_penalty * (~stopped).float()
 
             # ==== 3. log-probs, values and the KL, no gradient: π_θ_old, V_old, and kl_t to the reference ====
-            old_logprobs, old_values, kl = (torch.zeros(local_batch_size, T, device=device) for _ in range(3))
+            old_logprobs, old_values, kl = torch.zeros(3, local_batch_size, T, device=device)
             with torch.no_grad():
                 for mb in torch.arange(local_batch_size, device=device).split(micro_batch_size):
                     with accelerator.autocast():

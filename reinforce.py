@@ -262,7 +262,7 @@ def main(args: Args):
             # One micro-batch (the default): this forward keeps its graph for the first update; several: no gradient
             micro_batches = torch.arange(local_batch_size, device=device).split(micro_batch_size)
             one_pass = len(micro_batches) == 1
-            old_logprobs, ref_logprobs, entropy = (torch.zeros(local_batch_size, T, device=device) for _ in range(3))
+            old_logprobs, ref_logprobs, entropy = torch.zeros(3, local_batch_size, T, device=device)
             for mb in micro_batches:
                 with torch.set_grad_enabled(one_pass), accelerator.autocast():
                     logprobs, token_entropy = completion_logprobs(
