@@ -347,8 +347,8 @@ def main(args: Args):
             # weights, normalized over the whole batch (DDP averages the N processes' gradients: N × this share).
             all_rewards = accelerator.gather(rewards)  # (B,), in the order of the one-process batch
             advantages = group_relative_advantages(all_rewards, G, args.scale_rewards)[my_rows]
-            loss_mask = completion_mask  # (B, T): the tokens with a loss; none in a truncated completion under DAPO's
-            if args.mask_truncated_completions:  # overlong filtering
+            loss_mask = completion_mask  # (B, T): the tokens that get a loss
+            if args.mask_truncated_completions:  # DAPO's overlong filtering: none in a completion without EOS
                 loss_mask = completion_mask * ~batch["is_truncated"][:, None]
             all_sum = lambda count: accelerator.reduce(count, "sum")
             token_weights = loss_token_weights(loss_mask, args.loss_type, args.max_completion_length, all_sum)
@@ -365,13 +365,14 @@ def main(args: Args):
             micro_batches = torch.arange(local_batch_size, device=device).split(micro_batch_size)
             for iteration in range(args.num_iterations):
                 loss_sum, policy_loss_sum = 0.0, 0.0
+                entropy_now = logging_step and iteration == 0  # a diagnostic, logged from the first pass
                 for mb in run.accumulate(micro_batches):  # gradients all-reduced once per update
                     # the reference pass first, so that its activations never coexist with the policy's
                     if iteration == 0 and args.beta > 0:
                         ref_logprobs[mb] = reference_logprobs(input_ids[mb], attention_mask[mb], T)
                     with accelerator.autocast():
                         logprobs, token_entropy = completion_logprobs(
-                            model, input_ids[mb], attention_mask[mb], T, args.temperature, entropy=logging_step
+                            model, input_ids[mb], attention_mask[mb], T, args.temperature, entropy=entropy_now
                         )
                     mask = completion_mask[mb]
                     if iteration == 0:
@@ -384,7 +385,7 @@ def main(args: Args):
                                 mode=args.vllm_importance_sampling_mode,
                                 clip_max=args.vllm_importance_sampling_clip_max,
                             )
-                        entropy[mb] = token_entropy if logging_step else 0.0
+                        entropy[mb] = token_entropy if entropy_now else 0.0
                         if args.beta > 0:
                             kl[mb] = per_token_kl(old_logprobs[mb], ref_logprobs[mb]) * mask
                     A = advantages[mb]

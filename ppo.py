@@ -222,7 +222,7 @@ def load_value_model(path: str, flag: str, dtype: torch.dtype = torch.float32, *
 
 def completion_values(value_model, input_ids, attention_mask, num_completion_tokens: int) -> torch.Tensor:
     """V(s_t) (B, T) for the state before each of the last T tokens: the scalar head on every position's hidden state.
-    Position ids come from the attention mask, as in common.completion_logprobs. The backbone runs through the value
+    Position ids come from the attention mask, as in completion_logprobs. The backbone runs through the value
     model's own forward (under DDP the wrapper's, which is what synchronizes the gradients), asked for its hidden
     states; the forward itself reads the head at the last token only."""
     position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
