@@ -1507,6 +1507,31 @@ def load_policy_and_reference(accelerator: Accelerator, args, datasets, referenc
     return tokenizer, model, ref_model, sampling_config(model, tokenizer, args)
 
 
+def load_value_model(args, pad_token_id: int | None = None):
+    """ppo.py's value model V_ψ, ready to train (`prepare_trainable`): a sequence-classification model with one label
+    from --value_model_path, else --reward_model_path (a LoRA reward model is merged into its base), else the policy's
+    checkpoint with a new head, zero-initialized so that V ≡ 0 at the start. Master weights as the policy's."""
+    flag = next(
+        f"--{name}" for name in ("value_model_path", "reward_model_path", "model_name_or_path") if getattr(args, name)
+    )
+    path = getattr(args, flag[2:])
+    dtype = torch.bfloat16 if args.bf16 and args.use_peft else torch.float32
+    model, missing = load_sequence_classifier(
+        path, flag, "a value model", True, dtype=dtype, **loading_options(args, path)
+    )
+    warn_missing_weights(missing, flag)
+    require(hasattr(model, "score"), f"{flag}: {type(model).__name__} has no 'score' head to read values from")
+    if any(key.startswith("score.") for key in missing):
+        torch.nn.init.zeros_(model.score.weight)
+    model.config.pad_token_id = pad_token_id  # its forward also reads the head at the last non-pad token
+    model = prepare_trainable(model, args, "SEQ_CLS")
+    if args.use_peft:
+        from peft import cast_mixed_precision_params
+
+        cast_mixed_precision_params(model, dtype)  # trained: peft's copy of the score head too, float32
+    return model
+
+
 def prepare_trainable(model, args, task_type: str = "CAUSAL_LM"):
     """`model` ready to train: --use_peft's LoRA adapter, dropout off (--disable_dropout), --gradient_checkpointing,
     train mode."""
@@ -1540,7 +1565,12 @@ def load_rewards(accelerator: Accelerator, args, datasets) -> tuple[dict, torch.
 def prepare_training(accelerator: Accelerator, args, total_updates: int, *models):
     """`models` ready for `accelerator` (DDP / DeepSpeed / FSDP wrapping, device placement: `prepare`), then one AdamW
     (a parameter group per model, its trainable parameters) and --lr_scheduler_type with --warmup_ratio over
-    `total_updates` optimizer steps: (*models, optimizer, scheduler)."""
+    `total_updates` optimizer steps: (*models, optimizer, scheduler). Two models in one optimizer: DDP only."""
+    kind = accelerator.distributed_type
+    require(
+        len(models) == 1 or kind not in (DistributedType.DEEPSPEED, DistributedType.FSDP),
+        f"accelerate launch: {len(models)} models in one optimizer run as one process or under DDP, not {kind.value}",
+    )
     groups = [{"params": [p for p in model.parameters() if p.requires_grad]} for model in models]
     optimizer = torch.optim.AdamW(groups, lr=args.learning_rate, weight_decay=args.weight_decay)
     scheduler = transformers.get_scheduler(

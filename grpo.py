@@ -195,7 +195,7 @@ def loss_token_weights(
 
 
 def grpo_loss(
-    logprobs, old_logprobs, ref_logprobs, advantages, weights, *, beta, epsilon, epsilon_high, importance_weights=1.0
+    logprobs, old_logprobs, ref_logprobs, advantages, weights, is_weights=1.0, *, beta, epsilon, epsilon_high
 ):
     """Σ_{i,t} w_{i,t} (−is_{i,t} min(ρ_t A_i, clip(ρ_t, 1−ε, 1+ε_high) A_i) + β kl_t) over this micro-batch, ρ_t the
     per-token ratio, is (B_mb, 1) or (B_mb, T) the importance-sampling weights (1 when π_θ sampled), as TRL applies
@@ -203,7 +203,7 @@ def grpo_loss(
     ratio = torch.exp(logprobs - old_logprobs)  # ≡ 1 (with gradient ∇ log π) when old = logprobs.detach()
     A = advantages[:, None]
     surrogate = torch.min(ratio * A, ratio.clamp(1 - epsilon, 1 + epsilon_high) * A)
-    policy_loss = -(surrogate * importance_weights * weights).sum()
+    policy_loss = -(surrogate * is_weights * weights).sum()
     if beta == 0:
         return policy_loss, policy_loss, ratio
     return policy_loss + beta * (per_token_kl(logprobs, ref_logprobs) * weights).sum(), policy_loss, ratio
@@ -379,27 +379,17 @@ def main(args: Args):
                         old_logprobs[mb] = logprobs.detach()  # π_θ_old: π_θ before this batch's first update
                         if off_policy:  # w = π_θ_old / π_sampler, capped or masked at C
                             is_weights[mb] = importance_sampling_weights(
-                                old_logprobs[mb],
-                                batch["sampler_logprobs"][mb],
-                                mask,
-                                mode=args.vllm_importance_sampling_mode,
-                                clip_max=args.vllm_importance_sampling_clip_max,
-                            )
+                                old_logprobs[mb], batch["sampler_logprobs"][mb], mask,
+                                mode=args.vllm_importance_sampling_mode, clip_max=args.vllm_importance_sampling_clip_max
+                            )  # fmt: skip
                         entropy[mb] = token_entropy if entropy_now else 0.0
                         if args.beta > 0:
                             kl[mb] = per_token_kl(old_logprobs[mb], ref_logprobs[mb]) * mask
                     A = advantages[mb]
                     loss, policy_loss, ratio = grpo_loss(
-                        logprobs,
-                        old_logprobs[mb],
-                        ref_logprobs[mb],
-                        A,
-                        token_weights[mb],
-                        beta=args.beta,
-                        epsilon=args.epsilon,
-                        epsilon_high=epsilon_high,
-                        importance_weights=is_weights[mb],
-                    )
+                        logprobs, old_logprobs[mb], ref_logprobs[mb], A, token_weights[mb], is_weights[mb],
+                        beta=args.beta, epsilon=args.epsilon, epsilon_high=epsilon_high
+                    )  # fmt: skip
                     accelerator.backward(loss)
                     loss_sum += loss.item()
                     policy_loss_sum += policy_loss.item()

@@ -45,10 +45,9 @@ tokenizer. Policy and value model share one AdamW (two parameter groups) but are
 value loss never shrinks the policy's step.
 
 The advantages need every value and log-prob of the batch before the first loss (GAE runs from the last token back,
-whitening spans the batch), so each step spends one no-grad pass of the policy and value model. Under `accelerate
-launch` (DDP; DeepSpeed and FSDP are refused) each process trains on its share of the prompts, split into
-num_mini_batches; the whitening statistics, the losses' token count and the adaptive KL are summed over every
-process, so with one mini-batch an update is the one-process update of the same batch (tested).
+whitening spans the batch): each step spends one no-grad pass of the policy and value model. Under `accelerate launch`
+(DDP only) each process trains on its share of the prompts; the whitening statistics, the losses' token count and the
+adaptive KL are summed over every process, so an update is the one-process update of the same batch (tested).
 Sampling draws from softmax(logits / τ), the log-probs' distribution; --top_k and --top_p make training off-policy.
 
 Copy ppo.py with common.py (plumbing: arguments, data, processes, sampling, evaluation, checkpoints, logging)
@@ -63,7 +62,6 @@ from dataclasses import dataclass
 
 import torch
 import torch.utils.checkpoint
-from accelerate import DistributedType
 from accelerate.utils import set_seed
 
 import common
@@ -106,21 +104,15 @@ class Args(common.Args):
 
 def check_args(args: Args):
     common.check_shared_args(args)  # the flags every script shares: learning rate, steps, sampling, output_dir, ...
-    require(
-        not args.load_in_4bit,
-        "--load_in_4bit: ppo.py trains a value model beside the policy; QLoRA is not supported here",
-    )
-    require(args.num_mini_batches > 0, f"--num_mini_batches: must be positive, got {args.num_mini_batches}")
+    require(not args.load_in_4bit, "--load_in_4bit: ppo.py trains a value model beside the policy; not with QLoRA")
     require(args.num_ppo_epochs >= 1, f"--num_ppo_epochs: must be ≥ 1, got {args.num_ppo_epochs}")
-    require(args.cliprange > 0, f"--cliprange: must be positive, got {args.cliprange}")
-    require(args.cliprange_value > 0, f"--cliprange_value: must be positive, got {args.cliprange_value}")
+    for name in ("num_mini_batches", "cliprange", "cliprange_value", "kl_target", "kl_horizon"):
+        require(getattr(args, name) > 0, f"--{name}: must be positive, got {getattr(args, name)}")
     require(args.vf_coef >= 0, f"--vf_coef: must be ≥ 0, got {args.vf_coef}")
     require(0 <= args.gamma <= 1, f"--gamma: must be in [0, 1], got {args.gamma}")
     require(0 <= args.lam <= 1, f"--lam: must be in [0, 1], got {args.lam}")
     require(args.kl_coef >= 0, f"--kl_coef: must be ≥ 0, got {args.kl_coef}")
     require(not args.adaptive_kl or args.kl_coef > 0, "--adaptive_kl: needs a positive --kl_coef to start from")
-    require(args.kl_target > 0, f"--kl_target: must be positive, got {args.kl_target}")
-    require(args.kl_horizon > 0, f"--kl_horizon: must be positive, got {args.kl_horizon}")
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -204,33 +196,15 @@ def ends_with(completion_ids: torch.Tensor, completion_mask: torch.Tensor, token
     return torch.isin(last_token, torch.tensor(token_ids, device=last_token.device)) & (completion_mask.sum(1) > 0)
 
 
-def load_value_model(path: str, flag: str, dtype: torch.dtype = torch.float32, **options):
-    """A sequence-classification model with one label, in `dtype`: a reward model (a LoRA one merged into its base
-    model), or a causal LM given a fresh head, zero-initialized so that V ≡ 0 at the start. `options`:
-    `common.loading_options`."""
-    value_model, missing_keys = common.load_sequence_classifier(
-        path, flag, "a value model", new_head=True, dtype=dtype, **options
-    )
-    common.warn_missing_weights(missing_keys, flag)
-    require(
-        hasattr(value_model, "score"), f"{flag}: {type(value_model).__name__} has no 'score' head to read values from"
-    )
-    if any(key.startswith("score.") for key in missing_keys):
-        torch.nn.init.zeros_(value_model.score.weight)
-    return value_model
-
-
-def completion_values(value_model, input_ids, attention_mask, num_completion_tokens: int) -> torch.Tensor:
-    """V(s_t) (B, T) for the state before each of the last T tokens: the scalar head on every position's hidden state.
-    Position ids come from the attention mask, as in completion_logprobs. The backbone runs through the value
-    model's own forward (under DDP the wrapper's, which is what synchronizes the gradients), asked for its hidden
-    states; the forward itself reads the head at the last token only."""
+def completion_values(value_model, input_ids, attention_mask, T: int) -> torch.Tensor:
+    """V(s_t) (B, T) for the state before each of the last T tokens: the scalar head on every position's hidden state
+    (the model's own forward reads it at the last token only; under DDP that forward synchronizes the gradients)."""
     position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
     output = value_model(
         input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, output_hidden_states=True
     )
     head = getattr(value_model, "module", value_model).score  # DDP keeps the model in .module; peft forwards the name
-    return head(output.hidden_states[-1][:, -num_completion_tokens - 1 : -1]).squeeze(-1).float()
+    return head(output.hidden_states[-1][:, -T - 1 : -1]).squeeze(-1).float()
 
 
 def per_token_rewards(scores: torch.Tensor, kl: torch.Tensor, completion_mask: torch.Tensor, kl_coef: float):
@@ -257,8 +231,7 @@ def gae_advantages(rewards, values, completion_mask, *, gamma: float, lam: float
     Returns the advantages and the returns A + V, both (B, T) and 0 on padding."""
     rewards, values = rewards * completion_mask, values * completion_mask
     advantages = torch.zeros_like(rewards)
-    next_advantage = torch.zeros_like(rewards[:, 0])
-    next_value = torch.zeros_like(values[:, 0])
+    next_advantage = next_value = 0.0
     for t in reversed(range(rewards.shape[1])):
         delta = rewards[:, t] + gamma * next_value - values[:, t]
         next_advantage = delta + gamma * lam * next_advantage
@@ -268,27 +241,24 @@ def gae_advantages(rewards, values, completion_mask, *, gamma: float, lam: float
     return advantages, advantages + values
 
 
-def policy_loss(
-    logprobs, old_logprobs, advantages, completion_mask, *, cliprange: float, num_tokens: int, importance_weights=1.0
-):
-    """Σ_t w_t max(−A_t ρ_t, −A_t clip(ρ_t, 1 ± ε)) / num_tokens over this micro-batch's real tokens, w (B_mb, 1) or
-    (B_mb, T) the importance-sampling weights (1 when π_θ sampled); num_tokens counts the whole mini-batch, so
-    accumulating micro-batches gives the mini-batch mean. Returns the loss, ρ and where the clipped term is the larger
-    one (B_mb, T)."""
+def policy_loss(logprobs, old_logprobs, advantages, mask, cliprange: float, num_tokens, importance_weights=1.0):
+    """Σ_t w_t max(−A_t ρ_t, −A_t clip(ρ_t, 1 ± ε)) / num_tokens over this micro-batch's real tokens (`mask`), w (B_mb,
+    1) or (B_mb, T) the importance-sampling weights; num_tokens counts the whole mini-batch, so accumulating
+    micro-batches gives the mini-batch mean. Returns the loss, ρ and where the clipped term is the larger (B_mb, T)."""
     ratio = torch.exp(logprobs - old_logprobs)
     unclipped = -advantages * ratio
     clipped = -advantages * ratio.clamp(1 - cliprange, 1 + cliprange)
     surrogate = torch.max(unclipped, clipped) * importance_weights
-    return (surrogate * completion_mask).sum() / num_tokens, ratio, clipped > unclipped
+    return (surrogate * mask).sum() / num_tokens, ratio, clipped > unclipped
 
 
-def value_loss(values, old_values, returns, completion_mask, *, cliprange_value: float, num_tokens: int):
+def value_loss(values, old_values, returns, mask, cliprange_value: float, num_tokens):
     """0.5 · Σ_t max((V − R)², (clip(V, V_old ± ε_v) − R)²) / num_tokens over this micro-batch's real tokens.
     Returns the loss and where the clipped term is the larger one (B_mb, T)."""
     clipped_values = old_values + (values - old_values).clamp(-cliprange_value, cliprange_value)
     unclipped_loss = (values - returns) ** 2
     clipped_loss = (clipped_values - returns) ** 2
-    loss = 0.5 * (torch.max(unclipped_loss, clipped_loss) * completion_mask).sum() / num_tokens
+    loss = 0.5 * (torch.max(unclipped_loss, clipped_loss) * mask).sum() / num_tokens
     return loss, clipped_loss > unclipped_loss
 
 
@@ -304,14 +274,37 @@ TOKEN_STATS = (
 )  # fmt: skip
 
 
+def ppo_metrics(accelerator, batch: dict, reward_funcs: dict, token_sums: torch.Tensor) -> dict:
+    """TRL's PPO statistics of a step, over every process: objective/* from the batch (with its scores, stopped, kl,
+    kl_coef and old_logprobs), the reward functions', the completions', and the means of TOKEN_STATS over every
+    completion token of one pass (`token_sums`: this process's sums, per pass; the last one is E[ρ²])."""
+    everywhere = lambda x: accelerator.gather(x.to(accelerator.device))
+    mask = batch["completion_mask"]
+    scores, stopped, lengths = (
+        everywhere(batch["scores"]),
+        everywhere(batch["stopped"]),
+        everywhere(mask.sum(1).float()),
+    )
+    non_score_reward = everywhere(-batch["kl_coef"] * batch["kl"].sum(1))
+    token_means = dict(zip(TOKEN_STATS, (accelerator.reduce(token_sums, "sum") / lengths.sum()).tolist()))
+    token_means["val/ratio_var"] -= token_means["val/ratio"] ** 2  # E[ρ²] − E[ρ]²
+    return {
+        "objective/scores": scores.nanmean().item(),
+        "objective/rlhf_reward": (scores + non_score_reward).nanmean().item(),
+        "objective/kl": everywhere(batch["kl"].sum(1)).mean().item(),
+        "objective/non_score_reward": non_score_reward.mean().item(),
+        "objective/entropy": everywhere((-batch["old_logprobs"] * mask).sum(1)).mean().item(),
+        "objective/kl_coef": batch["kl_coef"],
+        **common.reward_metrics(everywhere(batch["rewards_per_func"]), reward_funcs),
+        **token_means,
+        "val/num_eos_tokens": stopped.sum().item(),
+        **common.completion_metrics(lengths, ~stopped),  # without the stop token: truncated
+    }
+
+
 def main(args: Args):
     check_args(args)
     accelerator = common.make_accelerator(args)  # one process, or N under `accelerate launch`
-    require(
-        accelerator.distributed_type
-        not in (DistributedType.DEEPSPEED, DistributedType.FSDP),  # two models, one optimizer
-        f"accelerate launch: ppo.py runs as one process or under DDP, not {accelerator.distributed_type.value}",
-    )
     set_seed(args.seed, device_specific=True)  # seed + process index: each process samples its own completions
     device = accelerator.device
     P = accelerator.num_processes
@@ -330,24 +323,12 @@ def main(args: Args):
         accelerator, args, datasets, args.kl_coef > 0
     )
     reward_funcs, weights = common.load_rewards(accelerator, args, datasets)
-    value_flag = next(
-        f"--{name}" for name in ("value_model_path", "reward_model_path", "model_name_or_path") if getattr(args, name)
-    )
-    value_path = args.value_model_path or args.reward_model_path or args.model_name_or_path
-    master_dtype = torch.bfloat16 if args.bf16 and args.use_peft else torch.float32  # as the policy's
-    value_model = load_value_model(value_path, value_flag, master_dtype, **common.loading_options(args, value_path))
-    # its forward also reads the head at the last non-pad token
-    value_model.config.pad_token_id = tokenizer.pad_token_id
-    value_model = common.prepare_trainable(value_model, args, "SEQ_CLS")
-    if args.use_peft:
-        from peft import cast_mixed_precision_params
-
-        cast_mixed_precision_params(value_model, master_dtype)  # trained: peft's copy of the score head too, float32
+    value_model = common.load_value_model(args, tokenizer.pad_token_id)  # V_ψ: see the docstring
     stop_ids = stop_token_ids(tokenizer, args.stop_token, generation_config.eos_token_id)
     # a completion ends at the checkpoint's end tokens or the stop token
     generation_config.eos_token_id = sorted({*generation_config.eos_token_id, *stop_ids})
     total_updates = args.max_steps * args.num_ppo_epochs * args.num_mini_batches
-    model, value_model, optimizer, scheduler = common.prepare_training(  # one AdamW, a parameter group per model; DDP
+    model, value_model, optimizer, scheduler = common.prepare_training(  # one AdamW, a parameter group each; DDP only
         accelerator, args, total_updates, model, value_model
     )
     value_params = [p for p in value_model.parameters() if p.requires_grad]
@@ -446,7 +427,7 @@ def main(args: Args):
             # ==== 6. loss and update: num_ppo_epochs passes over fresh mini-batches, clipped policy and value loss ====
             # The losses are token means over the mini-batch of every process together: DDP averages the P processes'
             # gradients, so each divides its token sum by the global token count over P.
-            token_sums = [0.0] * len(TOKEN_STATS)  # the logged token means' numerators
+            token_sums = torch.zeros(len(TOKEN_STATS), device=device)  # the logged token means' numerators
             policy_losses, value_losses, grad_norms, value_grad_norms = [], [], [], []
             for _epoch in range(args.num_ppo_epochs):
                 for mini in torch.randperm(local_batch_size, device=device).split(mini_batch_size):
@@ -465,77 +446,48 @@ def main(args: Args):
                             old_logprobs[mb],
                             advantages[mb],
                             mask,
-                            cliprange=args.cliprange,
-                            num_tokens=loss_tokens,
-                            importance_weights=is_weights[mb],
+                            args.cliprange,
+                            loss_tokens,
+                            is_weights[mb],
                         )
                         vf_loss, vf_clipped = value_loss(
-                            values,
-                            old_values[mb],
-                            returns[mb],
-                            mask,
-                            cliprange_value=args.cliprange_value,
-                            num_tokens=loss_tokens,
+                            values, old_values[mb], returns[mb], mask, args.cliprange_value, loss_tokens
                         )
                         accelerator.backward(pg_loss + args.vf_coef * vf_loss)
                         policy_loss_sum += pg_loss.item()
                         value_loss_sum += vf_loss.item()
-                        approxkl = 0.5 * (logprobs - old_logprobs[mb]) ** 2
-                        stats = (approxkl, pg_clipped, token_entropy, vf_clipped, ratio, ratio**2)  # as TOKEN_STATS
-                        for i, value in enumerate(stats):
-                            if value is not None:  # the entropy: on logging steps only
-                                token_sums[i] += (value.detach().float() * mask).sum().item()
+                        if logging_step:  # the TOKEN_STATS, summed over the real tokens
+                            approxkl = 0.5 * (logprobs - old_logprobs[mb]) ** 2
+                            stats = (approxkl, pg_clipped, token_entropy, vf_clipped, ratio, ratio**2)
+                            token_sums += torch.stack([(x.detach().float() * mask).sum() for x in stats])
                     policy_losses.append(policy_loss_sum)
                     value_losses.append(value_loss_sum)
                     grad_norms.append(float(accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)))
-                    # that call unscaled the whole optimizer's gradients (fp16), the value model's too: clip them
-                    # directly
+                    # that call unscaled the whole optimizer's gradients (fp16), the value model's too: clip them here
                     value_grad_norms.append(float(torch.nn.utils.clip_grad_norm_(value_params, args.max_grad_norm)))
                     # before the update: a NaN score marks an unscorable completion, anything else not finite stops
-                    run.check_finite(
-                        score=scores[~batch["rewards_per_func"].isnan().all(1)],
-                        policy_loss=policy_loss_sum,
-                        value_loss=value_loss_sum,
-                        grad_norm=grad_norms[-1],
-                        value_grad_norm=value_grad_norms[-1],
-                    )
+                    scorable = ~batch["rewards_per_func"].isnan().all(1)
+                    run.check_finite(score=scores[scorable], policy_loss=policy_loss_sum, value_loss=value_loss_sum,
+                                     grad_norm=grad_norms[-1], value_grad_norm=value_grad_norms[-1])  # fmt: skip
                     optimizer.step()
                     scheduler.step()
                     optimizer.zero_grad(set_to_none=True)
-            run.reward_signal(bool(common.nanstd(everywhere(scores)) > 1e-6))  # not all scored the same
+            all_scores = everywhere(scores)
+            run.reward_signal(bool(all_scores[~all_scores.isnan()].std() > 1e-6))  # not all scored the same
             run.count_tokens(attention_mask)
-            sequence_kl = everywhere(kl.sum(1)).mean().item()  # KL = mean_i Σ_t kl_{i,t} over the whole batch
-            if args.adaptive_kl:
+            if args.adaptive_kl:  # towards the target sequence KL, mean_i Σ_t kl_{i,t} over the whole batch
+                sequence_kl = everywhere(kl.sum(1)).mean().item()
                 run.state["kl_coef"] = adaptive_kl_coef(
                     kl_coef, sequence_kl, kl_target=args.kl_target, kl_horizon=args.kl_horizon, batch_size=batch_size
                 )
 
-            # ==== 7. log: statistics over the whole batch, from every process ====
+            # ==== 7. log: TRL's PPO statistics over the whole batch, from every process ====
             if logging_step:
-                all_scores, all_stopped = everywhere(scores), everywhere(stopped)
-                lengths = everywhere(completion_mask.sum(1).float())
-                non_score_reward = everywhere((-kl_coef * kl).sum(1))
-                token_totals = all_sum(torch.tensor(token_sums, device=device)) / (args.num_ppo_epochs * lengths.sum())
-                token_means = dict(zip(TOKEN_STATS, token_totals.tolist()))
-                # E[ρ²] − E[ρ]² over every token of every update
-                token_means["val/ratio_var"] -= token_means["val/ratio"] ** 2
-                metrics = {
-                    "objective/scores": all_scores.nanmean().item(),
-                    "objective/rlhf_reward": (all_scores + non_score_reward).nanmean().item(),
-                    "objective/kl": sequence_kl,
-                    "objective/non_score_reward": non_score_reward.mean().item(),
-                    "objective/entropy": everywhere((-old_logprobs * completion_mask).sum(1)).mean().item(),
-                    "objective/kl_coef": kl_coef,
-                    **common.reward_metrics(everywhere(batch["rewards_per_func"]), reward_funcs),
-                    # policy/approxkl_avg, policy/clipfrac_avg, policy/entropy_avg, val/clipfrac_avg, val/ratio(_var)
-                    **token_means,
-                    "loss/policy_avg": common.mean_over_processes(accelerator, policy_losses),
-                    "loss/value_avg": common.mean_over_processes(accelerator, value_losses),
-                    "val/num_eos_tokens": all_stopped.sum().item(),
-                    **common.completion_metrics(lengths, ~all_stopped),  # without the stop token: truncated
-                    "grad_norm": sum(grad_norms) / len(grad_norms),
-                    "val/grad_norm": sum(value_grad_norms) / len(value_grad_norms),
-                }
+                rollout = dict(scores=scores, stopped=stopped, kl=kl, kl_coef=kl_coef, old_logprobs=old_logprobs)
+                metrics = ppo_metrics(accelerator, batch | rollout, reward_funcs, token_sums / args.num_ppo_epochs)
+                losses = {"loss/policy_avg": policy_losses, "loss/value_avg": value_losses}
+                norms = {"grad_norm": grad_norms, "val/grad_norm": value_grad_norms}
+                metrics |= {name: common.mean_over_processes(accelerator, v) for name, v in (losses | norms).items()}
                 if off_policy:
                     metrics |= common.sampling_metrics(
                         accelerator, old_logprobs, batch["sampler_logprobs"], is_weights, completion_mask

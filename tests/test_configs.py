@@ -5,6 +5,7 @@ import types
 from pathlib import Path
 
 import pytest
+import torch
 from accelerate import DistributedType
 from accelerate.commands.config.config_args import load_config_from_file
 
@@ -40,3 +41,12 @@ def test_the_deepspeed_constraint_is_one_line():
         common.check_backend(deepspeed, one_backward_per_update=False)
     common.check_backend(deepspeed, one_backward_per_update=True)
     common.check_backend(types.SimpleNamespace(distributed_type=DistributedType.MULTI_GPU), False)  # DDP: any
+
+
+@pytest.mark.parametrize("kind", [DistributedType.DEEPSPEED, DistributedType.FSDP])
+def test_two_models_in_one_optimizer_are_refused_under_deepspeed_and_fsdp(kind):
+    """ppo.py's policy and value model share one AdamW: one line before anything is wrapped, never a traceback."""
+    accelerator = types.SimpleNamespace(distributed_type=kind)
+    policy, value = torch.nn.Linear(2, 2), torch.nn.Linear(2, 1)
+    with pytest.raises(ConfigError, match=f"^accelerate launch: 2 models in one optimizer .* not {kind.value}$"):
+        common.prepare_training(accelerator, common.Args(), 1, policy, value)

@@ -166,7 +166,7 @@ def test_a_lora_reward_model_as_the_value_model_is_merged_and_trained(folders):
     so that without --use_peft the value model never learned."""
     import ppo
 
-    value_model = ppo.load_value_model(folders["reward_adapter"], "--value_model_path")
+    value_model = common.load_value_model(ppo.Args(value_model_path=folders["reward_adapter"]))
     assert all(p.requires_grad for p in value_model.parameters()) and not hasattr(value_model, "peft_config")
     assert value_model.score.weight.abs().sum() > 0  # the reward model's head, not a new one (zeroed)
 

@@ -284,7 +284,7 @@ def test_vanilla_pg_run_has_no_ratio_and_no_clipping(tmp_path):
 # ---- value model
 # ----------------------------------------------------------------------------------------------------------
 def test_value_model_from_a_causal_lm_starts_at_zero_and_reads_every_position(tiny_tokenizer):
-    value_model = ppo.load_value_model(common.EMBEDDED_MODEL, "--model_name_or_path")
+    value_model = common.load_value_model(ppo.Args())
     assert value_model.score.weight.abs().sum().item() == 0.0
     torch.nn.init.normal_(value_model.score.weight)
     enc = tiny_tokenizer(["<answer>7</answer>"], return_tensors="pt", add_special_tokens=False)
@@ -481,7 +481,7 @@ def test_reward_model_as_the_reward_and_the_value_model_start(tmp_path):
 
     rm_dir = tmp_path / "rm"
     reward_model.main(reward_model.Args(output_dir=str(rm_dir), max_steps=2, eval_steps=0, pairs_per_problem=1))
-    value_model = ppo.load_value_model(str(rm_dir), "--reward_model_path")
+    value_model = common.load_value_model(ppo.Args(reward_model_path=str(rm_dir)))
     assert torch.equal(
         value_model.score.weight, AutoModelForSequenceClassification.from_pretrained(rm_dir).score.weight
     )
@@ -507,7 +507,7 @@ def test_a_lora_reward_model_starts_the_value_model_merged(tmp_path):
             pairs_per_problem=1,
         )
     )
-    value_model = ppo.load_value_model(str(rm_dir), "--reward_model_path")
+    value_model = common.load_value_model(ppo.Args(reward_model_path=str(rm_dir)))
     merged = AutoModelForSequenceClassification.from_pretrained(rm_dir / "merged")
     assert value_model.score.weight.abs().sum().item() > 0
     assert all(torch.allclose(p, q, atol=1e-6) for p, q in zip(value_model.parameters(), merged.parameters()))

@@ -90,6 +90,7 @@ def loop_figures(path: Path) -> tuple[int, int, float]:
             or "run." in text.replace("run.sample", "").replace("run.state", "")
             or "check_finite" in text
             or "logging_step =" in text
+            or "if logging_step" in text
             or any(b in text for b in BOOKKEEPING)
             or isinstance(node, ast.For)
             and "run.steps()" in text
