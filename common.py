@@ -1152,8 +1152,8 @@ def lora_config(args, model, task_type: str = "CAUSAL_LM"):
 
 
 def sampling_config(model, tokenizer, args, greedy: bool = False) -> GenerationConfig:
-    """softmax(logits / temperature), or greedy decoding, and nothing else; `generate` keeps a checkpoint's own
-    generation_config.json (repetition penalty, min_new_tokens, its top_k, ...) out of it.
+    """softmax(logits / temperature), or greedy decoding, and nothing else (but NaN logits read as 0); `generate` keeps
+    a checkpoint's own generation_config.json (repetition penalty, min_new_tokens, its top_k, ...) out of it.
 
     A completion ends at any of the checkpoint's end ids (`eos_token_id`, from its generation_config.json, else its
     config.json: an int or a list, such as Llama-3-Instruct's <|eot_id|> next to <|end_of_text|> or Qwen2.5-Instruct's
@@ -1173,6 +1173,7 @@ def sampling_config(model, tokenizer, args, greedy: bool = False) -> GenerationC
         max_new_tokens=args.max_completion_length,
         eos_token_id=end_ids,
         pad_token_id=tokenizer.pad_token_id,
+        remove_invalid_values=True,  # NaN logits (diverged weights) become 0: sampling goes on, `check_finite` stops
         **sampling,
     )
 
@@ -1223,7 +1224,7 @@ def generate(
     transformers_model = model.get_base_model() if hasattr(model, "get_base_model") else model  # under peft
     shipped, transformers_model.generation_config = transformers_model.generation_config, generation_config
     try:
-        processors = [finite_logits] + ([record] if sampler_logprobs else [])  # before the temperature: raw logits
+        processors = [record] if sampler_logprobs else []  # before the temperature: raw logits
         sequences = model.generate(**enc, generation_config=generation_config, logits_processor=processors)
     finally:
         transformers_model.generation_config = shipped
@@ -1236,13 +1237,6 @@ def generate(
         logprobs.append(last_step.pop().gather(-1, sequences[:, -1:]))
         out["sampler_logprobs"] = torch.cat(logprobs, 1)
     return out
-
-
-def finite_logits(input_ids, scores):
-    """A logits processor: a row of next-token scores that is not finite (NaN or inf logits from diverged weights)
-    becomes uniform, so that sampling goes on instead of crashing in torch.multinomial; the step's log-probs are then
-    not finite, and `check_finite` stops the run at that step with one line."""
-    return scores.where(scores.logsumexp(-1, keepdim=True).isfinite(), 0.0)
 
 
 def sample_completions(
