@@ -280,11 +280,8 @@ def ppo_metrics(accelerator, batch: dict, reward_funcs: dict, token_sums: torch.
     completion token of one pass (`token_sums`: this process's sums, per pass; the last one is E[ρ²])."""
     everywhere = lambda x: accelerator.gather(x.to(accelerator.device))
     mask = batch["completion_mask"]
-    scores, stopped, lengths = (
-        everywhere(batch["scores"]),
-        everywhere(batch["stopped"]),
-        everywhere(mask.sum(1).float()),
-    )
+    scores, stopped = everywhere(batch["scores"]), everywhere(batch["stopped"])
+    lengths = everywhere(mask.sum(1).float())
     non_score_reward = everywhere(-batch["kl_coef"] * batch["kl"].sum(1))
     token_means = dict(zip(TOKEN_STATS, (accelerator.reduce(token_sums, "sum") / lengths.sum()).tolist()))
     token_means["val/ratio_var"] -= token_means["val/ratio"] ** 2  # E[ρ²] − E[ρ]²
@@ -431,7 +428,7 @@ def main(args: Args):
             policy_losses, value_losses, grad_norms, value_grad_norms = [], [], [], []
             for _epoch in range(args.num_ppo_epochs):
                 for mini in torch.randperm(local_batch_size, device=device).split(mini_batch_size):
-                    loss_tokens = max(all_sum(loss_mask[mini].sum()).item(), 1) / P
+                    num_tokens = max(all_sum(loss_mask[mini].sum()).item(), 1) / P
                     policy_loss_sum = value_loss_sum = 0.0
                     # the policy's and the value model's gradients are all-reduced once, at the last micro-batch
                     for mb in run.accumulate(mini.split(micro_batch_size)):
@@ -442,16 +439,10 @@ def main(args: Args):
                             values = completion_values(value_model, input_ids[mb], attention_mask[mb], T)
                         mask = loss_mask[mb]
                         pg_loss, ratio, pg_clipped = policy_loss(
-                            logprobs,
-                            old_logprobs[mb],
-                            advantages[mb],
-                            mask,
-                            args.cliprange,
-                            loss_tokens,
-                            is_weights[mb],
+                            logprobs, old_logprobs[mb], advantages[mb], mask, args.cliprange, num_tokens, is_weights[mb]
                         )
                         vf_loss, vf_clipped = value_loss(
-                            values, old_values[mb], returns[mb], mask, args.cliprange_value, loss_tokens
+                            values, old_values[mb], returns[mb], mask, args.cliprange_value, num_tokens
                         )
                         accelerator.backward(pg_loss + args.vf_coef * vf_loss)
                         policy_loss_sum += pg_loss.item()
