@@ -201,7 +201,8 @@ def test_resolve_checkpoint(tmp_path):
 
 def test_sampling_config_samples_from_the_distribution_the_logprobs_assume(tiny_model, tiny_tokenizer):
     """No top-k, top-p or other warper unless asked: transformers 5 turns top_k=None into its default of 50, which would
-    sample from a truncated distribution while the log-probs assume the full softmax."""
+    sample from a truncated distribution while the log-probs assume the full softmax. NaN logits read as 0 (a diverged
+    policy samples on, and `check_finite` stops the step)."""
 
     class Args:
         temperature, top_p, top_k, max_completion_length = 0.7, 1.0, 0, 8
@@ -220,6 +221,7 @@ def test_sampling_config_samples_from_the_distribution_the_logprobs_assume(tiny_
             )
         ]
 
-    assert processors(common.sampling_config(tiny_model, tiny_tokenizer, Args)) == ["TemperatureLogitsWarper"]
+    sampled = processors(common.sampling_config(tiny_model, tiny_tokenizer, Args))
+    assert sampled == ["InfNanRemoveLogitsProcessor", "TemperatureLogitsWarper"]  # the first changes no finite logit
     Args.top_k = 5
     assert "TopKLogitsWarper" in processors(common.sampling_config(tiny_model, tiny_tokenizer, Args))
