@@ -1300,11 +1300,11 @@ def map_large_blocks():
         mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD)
 
 
-class MallInfo2(ctypes.Structure):  # glibc's `struct mallinfo2` (2.33 and newer)
-    _fields_ = [
-        (name, ctypes.c_size_t)
-        for name in "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost".split()
-    ]
+MALLINFO2 = "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost".split()  # glibc 2.33+
+
+
+class MallInfo2(ctypes.Structure):  # what glibc's mallinfo2() returns
+    _fields_ = [(name, ctypes.c_size_t) for name in MALLINFO2]
 
 
 @functools.cache
@@ -1527,9 +1527,8 @@ def load_value_model(args, pad_token_id: int | None = None):
     )
     path = getattr(args, flag[2:])
     dtype = torch.bfloat16 if args.bf16 and args.use_peft else torch.float32
-    model, missing = load_sequence_classifier(
-        path, flag, "a value model", True, dtype=dtype, **loading_options(args, path)
-    )
+    options = loading_options(args, path)
+    model, missing = load_sequence_classifier(path, flag, "a value model", new_head=True, dtype=dtype, **options)
     warn_missing_weights(missing, flag)
     require(hasattr(model, "score"), f"{flag}: {type(model).__name__} has no 'score' head to read values from")
     if any(key.startswith("score.") for key in missing):
