@@ -185,7 +185,7 @@ print(round(before - rss_mb()))
 
 
 def test_release_freed_memory_keeps_a_small_free_heap_for_the_next_step():
-    """Below common.TRIM_THRESHOLD of free heap the pages stay: trimming them at every step made the next step fault
+    """Below common.TRIM_THRESHOLD of free heap the pages stay: trimming them at every step makes the next step fault
     each one back in (~15% of the embedded model's step time). In a fresh process: the heap is process-wide."""
     if getattr(common._libc(), "mallinfo2", None) is None:
         pytest.skip("not glibc 2.33 or newer")
