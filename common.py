@@ -1492,6 +1492,12 @@ def load_data(accelerator: Accelerator, args) -> tuple[Dataset, Dataset | None]:
     return train_dataset, eval_dataset
 
 
+def master_dtype(args) -> torch.dtype:
+    """The dtype a trained model loads in: float32 whatever the checkpoint's, except under --use_peft --bf16, whose
+    frozen base is bf16 (peft keeps the adapter float32)."""
+    return torch.bfloat16 if args.bf16 and args.use_peft else torch.float32
+
+
 def load_policy_and_reference(accelerator: Accelerator, args, datasets, reference: bool):
     """The tokenizer, the policy to train, the frozen reference (None unless `reference`, and None with --use_peft,
     whose reference is the policy with its adapters disabled).
@@ -1503,8 +1509,9 @@ def load_policy_and_reference(accelerator: Accelerator, args, datasets, referenc
     max_completion_length tokens. A resumed run takes its weights from the checkpoint afterwards (`Run`). Also returns
     the policy's sampling config (`sampling_config`)."""
     tokenizer = load_tokenizer(args.model_name_or_path, **loading_options(args))
-    master_dtype = torch.bfloat16 if args.bf16 and args.use_peft else torch.float32
-    model = load_causal_lm(args.model_name_or_path, dtype=master_dtype, **loading_options(args), **quantization(args))
+    model = load_causal_lm(
+        args.model_name_or_path, dtype=master_dtype(args), **loading_options(args), **quantization(args)
+    )
     train_dataset, eval_dataset = datasets
     splits = {args.dataset_train_split: train_dataset, args.dataset_test_split: eval_dataset}
     vllm_context = args.vllm_max_model_length if args.use_vllm else None
@@ -1522,11 +1529,8 @@ def load_value_model(args, pad_token_id: int | None = None):
     """ppo.py's value model V_ψ, ready to train (`prepare_trainable`): a sequence-classification model with one label
     from --value_model_path, else --reward_model_path (a LoRA reward model is merged into its base), else the policy's
     checkpoint with a new head, zero-initialized so that V ≡ 0 at the start. Master weights as the policy's."""
-    flag = next(
-        f"--{name}" for name in ("value_model_path", "reward_model_path", "model_name_or_path") if getattr(args, name)
-    )
-    path = getattr(args, flag[2:])
-    dtype = torch.bfloat16 if args.bf16 and args.use_peft else torch.float32
+    name = next(name for name in ("value_model_path", "reward_model_path", "model_name_or_path") if getattr(args, name))
+    path, flag, dtype = getattr(args, name), f"--{name}", master_dtype(args)
     options = loading_options(args, path)
     model, missing = load_sequence_classifier(path, flag, "a value model", new_head=True, dtype=dtype, **options)
     warn_missing_weights(missing, flag)

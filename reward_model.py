@@ -276,14 +276,12 @@ def main(args: Args):
     # ---- model: the backbone of a causal LM (or a reward model) with a scalar head ----
     checkpoint = common.resolve_checkpoint(args.resume_from_checkpoint, args.output_dir, args)
     tokenizer = common.load_tokenizer(args.model_name_or_path, **common.loading_options(args))
-    # float32 master weights whatever the checkpoint's dtype (with --use_peft --bf16 the frozen base is bf16)
-    master_dtype = torch.bfloat16 if args.bf16 and args.use_peft else torch.float32
     # a causal LM gets a new score head; a resumed run gets its weights from the checkpoint below
     model, missing_keys = common.load_sequence_classifier(
         args.model_name_or_path,
         "--model_name_or_path",
         new_head=True,
-        dtype=master_dtype,
+        dtype=common.master_dtype(args),  # float32 master weights (with --use_peft --bf16 the frozen base is bf16)
         **common.loading_options(args),
     )
     common.warn_missing_weights(missing_keys, "--model_name_or_path")
@@ -293,7 +291,8 @@ def main(args: Args):
         from peft import cast_mixed_precision_params, get_peft_model
 
         model = get_peft_model(model, common.lora_config(args, model, "SEQ_CLS"))
-        cast_mixed_precision_params(model, master_dtype)  # trained: peft's copy of the score head too, float32
+        # trained: peft's copy of the score head too, float32
+        cast_mixed_precision_params(model, common.master_dtype(args))
     if args.disable_dropout:
         common.disable_dropout(model)
     if args.gradient_checkpointing:

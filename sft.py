@@ -290,11 +290,12 @@ def main(args: Args):
             model = common.load_causal_lm(str(checkpoint), "--resume_from_checkpoint")
     else:
         tokenizer = common.load_tokenizer(args.model_name_or_path, **common.loading_options(args))
-        # float32 master weights whatever the checkpoint's dtype (with --use_peft --bf16 the frozen base is bf16); a
-        # resumed run gets its weights from the checkpoint below
-        master_dtype = torch.bfloat16 if args.bf16 and args.use_peft else torch.float32
+        # float32 master weights (`common.master_dtype`); a resumed run gets its weights from the checkpoint below
         model = common.load_causal_lm(
-            args.model_name_or_path, dtype=master_dtype, **common.loading_options(args), **common.quantization(args)
+            args.model_name_or_path,
+            dtype=common.master_dtype(args),
+            **common.loading_options(args),
+            **common.quantization(args),
         )
     if args.use_peft:
         from peft import get_peft_model

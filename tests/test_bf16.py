@@ -197,14 +197,10 @@ def test_release_freed_memory_keeps_a_small_free_heap_for_the_next_step():
 
 
 MAPPED_AFTER_A_LARGE_FREE = """
-import ctypes, sys, torch
+import sys, torch
 sys.path.insert(0, {root!r})
 import common
-FIELDS = "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost".split()  # struct mallinfo2
-class MallInfo(ctypes.Structure):
-    _fields_ = [(name, ctypes.c_size_t) for name in FIELDS]
-libc = ctypes.CDLL(None)
-libc.mallinfo2.restype = MallInfo
+libc = common._libc()
 if {fixed}:
     common.map_large_blocks()
 big = torch.ones(4 * 2**20)
