@@ -242,8 +242,8 @@ def gae_advantages(rewards, values, completion_mask, *, gamma: float, lam: float
 
 
 def policy_loss(logprobs, old_logprobs, advantages, mask, cliprange: float, num_tokens, importance_weights=1.0):
-    """Σ_t w_t max(−A_t ρ_t, −A_t clip(ρ_t, 1 ± ε)) / num_tokens over this micro-batch's real tokens (`mask`), w (B_mb,
-    1) or (B_mb, T) the importance-sampling weights; num_tokens counts the whole mini-batch, so accumulating
+    """Σ_t w_t max(−A_t ρ_t, −A_t clip(ρ_t, 1 ± ε)) / num_tokens over this micro-batch's real tokens (`mask`), with w
+    the importance-sampling weights, (B_mb, 1) or (B_mb, T); num_tokens counts the whole mini-batch, so accumulating
     micro-batches gives the mini-batch mean. Returns the loss, ρ and where the clipped term is the larger (B_mb, T)."""
     ratio = torch.exp(logprobs - old_logprobs)
     unclipped = -advantages * ratio
@@ -274,28 +274,30 @@ TOKEN_STATS = (
 )  # fmt: skip
 
 
-def ppo_metrics(accelerator, batch: dict, reward_funcs: dict, token_sums: torch.Tensor) -> dict:
-    """TRL's PPO statistics of a step, over every process: objective/* from the batch (with its scores, stopped, kl,
-    kl_coef and old_logprobs), the reward functions', the completions', and the means of TOKEN_STATS over every
-    completion token of one pass (`token_sums`: this process's sums, per pass; the last one is E[ρ²])."""
-    everywhere = lambda x: accelerator.gather(x.to(accelerator.device))
+def ppo_metrics(accelerator, batch: dict, kl_coef: float, token_sums, updates: dict, reward_funcs: dict) -> dict:
+    """TRL's PPO statistics of a step, over every process: objective/* from the batch (with its scores, stopped, kl and
+    old_logprobs), the reward functions', the completions', the means of TOKEN_STATS over every completion token of
+    one pass (`token_sums`: this process's sums, per pass; the last one is E[ρ²]), and the mean of each of `updates`
+    (name -> one value per update)."""
     mask = batch["completion_mask"]
-    scores, stopped = everywhere(batch["scores"]), everywhere(batch["stopped"])
-    lengths = everywhere(mask.sum(1).float())
-    non_score_reward = everywhere(-batch["kl_coef"] * batch["kl"].sum(1))
+    scores, stopped, lengths, kl, entropy, per_func = common.everywhere(
+        accelerator, batch["scores"], batch["stopped"], mask.sum(1).float(), batch["kl"].sum(1),
+        (-batch["old_logprobs"] * mask).sum(1), batch["rewards_per_func"],
+    )  # fmt: skip
     token_means = dict(zip(TOKEN_STATS, (accelerator.reduce(token_sums, "sum") / lengths.sum()).tolist()))
     token_means["val/ratio_var"] -= token_means["val/ratio"] ** 2  # E[ρ²] − E[ρ]²
     return {
         "objective/scores": scores.nanmean().item(),
-        "objective/rlhf_reward": (scores + non_score_reward).nanmean().item(),
-        "objective/kl": everywhere(batch["kl"].sum(1)).mean().item(),
-        "objective/non_score_reward": non_score_reward.mean().item(),
-        "objective/entropy": everywhere((-batch["old_logprobs"] * mask).sum(1)).mean().item(),
-        "objective/kl_coef": batch["kl_coef"],
-        **common.reward_metrics(everywhere(batch["rewards_per_func"]), reward_funcs),
+        "objective/rlhf_reward": (scores - kl_coef * kl).nanmean().item(),
+        "objective/kl": kl.mean().item(),
+        "objective/non_score_reward": (-kl_coef * kl).mean().item(),
+        "objective/entropy": entropy.mean().item(),
+        "objective/kl_coef": kl_coef,
+        **common.reward_metrics(per_func, reward_funcs),
         **token_means,
         "val/num_eos_tokens": stopped.sum().item(),
         **common.completion_metrics(lengths, ~stopped),  # without the stop token: truncated
+        **{name: common.everywhere(accelerator, torch.tensor(v)).mean().item() for name, v in updates.items()},
     }
 
 
@@ -474,11 +476,11 @@ def main(args: Args):
 
             # ==== 7. log: TRL's PPO statistics over the whole batch, from every process ====
             if logging_step:
-                rollout = dict(scores=scores, stopped=stopped, kl=kl, kl_coef=kl_coef, old_logprobs=old_logprobs)
-                metrics = ppo_metrics(accelerator, batch | rollout, reward_funcs, token_sums / args.num_ppo_epochs)
+                rollout = batch | dict(scores=scores, stopped=stopped, kl=kl, old_logprobs=old_logprobs)
                 losses = {"loss/policy_avg": policy_losses, "loss/value_avg": value_losses}
                 norms = {"grad_norm": grad_norms, "val/grad_norm": value_grad_norms}
-                metrics |= {name: common.mean_over_processes(accelerator, v) for name, v in (losses | norms).items()}
+                token_means = token_sums / args.num_ppo_epochs
+                metrics = ppo_metrics(accelerator, rollout, kl_coef, token_means, losses | norms, reward_funcs)
                 if off_policy:
                     metrics |= common.sampling_metrics(
                         accelerator, old_logprobs, batch["sampler_logprobs"], is_weights, completion_mask
