@@ -37,6 +37,7 @@ import time
 import warnings
 from pathlib import Path
 
+import filelock
 import torch
 import transformers
 import yaml
@@ -2299,22 +2300,13 @@ def save_final_model(
 # The output folder: one run at a time, and a fresh run never mixes with another run's files
 # ----------------------------------------------------------------------------------------------------------------------
 LOCK_FILE = ".run.lock"
-LOCK_HEARTBEAT_S = 30  # a running run touches its lock this often
-LOCK_STALE_S = 300  # a lock untouched this long is stale, whatever host wrote it (a node lost, a pod preempted)
+LOCK_STALE_S = 300.0  # a lock its run has not refreshed for this long is taken over (the run refreshes it every 100 s)
+LEASES: dict[str, filelock.SoftFileLease] = {}  # output_dir -> this process's lock on it
 
 
 def claim_output_dir(accelerator: Accelerator, args):
-    """Make --output_dir this run's, just before its first file is written (main process; every process stops alike).
-
-    - A lock file, `.run.lock`, holds this run's pid, host and start until the run ends (`cli` removes it), and the
-      run touches it every LOCK_HEARTBEAT_S seconds. Another live run's lock stops this one. A lock is stale, and
-      taken over, when its process is gone from this host (a crash, a kill) or when it has not been touched for
-      LOCK_STALE_S seconds, whatever host wrote it (a job requeued on another node, a preempted pod, a reused pid).
-    - A fresh run (no --resume_from_checkpoint) into a folder holding another run's metrics.jsonl or checkpoints
-      stops, unless --overwrite_output_dir, which deletes them first (they would mix with this run's, and `latest`
-      would resume the other run's).
-    - The run's record, `args.json` (`write_args`): every flag of this run, which `--config` reads back.
-    """
+    """Make --output_dir this run's, just before its first file is written (main process; every process stops alike):
+    take its lock (`take_lock`), refuse or delete another run's files (`claim_contents`), write `args.json`."""
     message = None
     if accelerator.is_main_process:
         try:
@@ -2329,79 +2321,36 @@ def claim_output_dir(accelerator: Accelerator, args):
 
 
 def take_lock(out: Path) -> str | None:
-    """Create out/.run.lock for this process, taking over a stale one, and start its heartbeat; the reason it cannot,
-    or None. The creation is exclusive (O_CREAT | O_EXCL): of two runs starting together, one gets the lock. A lock
-    that holds no run (empty: its run is writing it now; torn by a crash) is held like any other, until stale."""
+    """Hold out/.run.lock until the run ends (`cli` releases it); the reason it cannot, or None.
+
+    The lock is filelock's SoftFileLease: created exclusively (of runs starting together, one gets it), with this
+    process's pid and host, refreshed by a heartbeat thread. It is taken over at once when its process is gone from
+    this host (a crash, a kill). A lock from another host (a job requeued on another node, a preempted pod) cannot be
+    asked: this run waits until it has gone LOCK_STALE_S unrefreshed, and then takes it over."""
     out.mkdir(parents=True, exist_ok=True)
-    lock = out / LOCK_FILE
-    me = {"pid": os.getpid(), "host": socket.gethostname()}
-    while True:
-        try:
-            with open(lock, "x") as f:
-                json.dump({**me, "since": time.strftime("%Y-%m-%d %H:%M:%S %Z")}, f)
-            threading.Thread(
-                target=heartbeat, args=(lock, lock.read_text()), name=f"heartbeat {lock}", daemon=True
-            ).start()
-            return None
-        except FileExistsError:
-            pass
-        try:
-            text, age = lock.read_text(), time.time() - lock.stat().st_mtime
-        except FileNotFoundError:  # released meanwhile
-            continue
-        try:
-            holder = json.loads(text)
-        except ValueError:
-            holder = {}
-        pid, host = holder.get("pid"), holder.get("host")
-        if {"pid": pid, "host": host} == me:  # an earlier run in this same process (main called twice, as tests do)
-            lock.unlink()
-            continue
-        if age > LOCK_STALE_S:
-            print(
-                f"--output_dir: taking over the lock of pid {pid} on {host}: no heartbeat for {age / 60:.0f} "
-                "minutes, its run is gone"
-            )
-        elif pid is not None and host in (me["host"], None) and not process_alive(pid):
-            print(f"--output_dir: taking over the stale lock of a run that is gone (pid {pid})")
-        elif not holder:
-            return (
-                f"--output_dir: {out} is locked by {lock}, which names no run (a run starting now, or torn by a crash; "
-                f"touched {age:.0f} s ago): it is taken over {LOCK_STALE_S // 60} minutes after that; delete it if "
-                "no run uses the folder"
-            )
-        else:
-            return (
-                f"--output_dir: {out} is in use by another run (pid {pid} on {host}, since {holder.get('since')}, "
-                f"heartbeat {age:.0f} s ago): wait for it or choose another folder. If that run is gone, its "
-                f"lock is taken over {LOCK_STALE_S // 60} minutes after its last heartbeat (or delete {lock})"
-            )
-        with contextlib.suppress(FileNotFoundError):
-            if lock.read_text() == text:  # the stale lock still, not one another run has taken over meanwhile
-                lock.unlink()
+    release_output_dir(out)  # an earlier run in this same process (main called twice, as tests do)
+    lease = filelock.SoftFileLease(out / LOCK_FILE, lease_duration=LOCK_STALE_S)
+    holder = lease.owner  # None: no lock, or one being written (or torn by a crash)
+    who = lambda holder: f"pid {holder.pid} on {holder.hostname}" if holder else "a run its lock does not name"
+    with contextlib.suppress(filelock.Timeout):
+        lease.acquire(timeout=0)
+    if not lease.is_locked and not this_host(holder := lease.owner):
+        print(f"--output_dir: {out} is locked by {who(holder)}: waiting for its heartbeat to stop for {LOCK_STALE_S} s")
+        with contextlib.suppress(filelock.Timeout):
+            lease.acquire(timeout=LOCK_STALE_S * 1.5)  # a live run refreshes its lock every LOCK_STALE_S / 3
+    if not lease.is_locked:
+        return (
+            f"--output_dir: {out} is in use by another run ({who(lease.owner)}): wait for it or choose another folder"
+        )
+    if holder is not None:
+        print(f"--output_dir: took over the lock of {who(holder)}, whose run is gone")
+    LEASES[str(out)] = lease
+    return None
 
 
-def heartbeat(lock: Path, content: str):
-    """Touch `lock` every LOCK_HEARTBEAT_S seconds while it holds `content` (a daemon thread of the run that took it);
-    it ends once the lock is released or taken over."""
-    while True:
-        time.sleep(LOCK_HEARTBEAT_S)
-        try:
-            if lock.read_text() != content:
-                return
-            os.utime(lock)
-        except OSError:
-            return
-
-
-def process_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # alive, someone else's
-        return True
-    return True
+def this_host(holder: filelock.OwnerRecord | None) -> bool:
+    """Whether a lock's holder runs on this host, where filelock tells a live one (after a ?: its pid namespace)."""
+    return holder is not None and holder.hostname.partition("?")[0] == socket.gethostname()
 
 
 def another_runs_files(args) -> list[Path]:
@@ -2436,15 +2385,10 @@ def claim_contents(args) -> str | None:
     return None
 
 
-def release_output_dir(output_dir: str):
-    """Remove this process's lock from output_dir, if it holds one."""
-    lock = Path(output_dir) / LOCK_FILE
-    try:
-        holder = json.loads(lock.read_text())
-        if (holder.get("pid"), holder.get("host")) == (os.getpid(), socket.gethostname()):
-            lock.unlink()
-    except (OSError, ValueError):
-        pass
+def release_output_dir(output_dir: str | Path):
+    """Release this process's lock on output_dir, if it holds one."""
+    if (lease := LEASES.pop(str(Path(output_dir)), None)) is not None:
+        lease.release()
 
 
 # ----------------------------------------------------------------------------------------------------------------------

@@ -15,7 +15,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import threading
 import time
 
 import pytest
@@ -319,13 +318,27 @@ def test_a_fresh_run_into_another_runs_folder_stops_unless_asked_to_continue_or_
     assert not list(out.glob("checkpoint-*"))
 
 
+def hold_lock(out, host=None, lease_duration=common.LOCK_STALE_S) -> subprocess.Popen:
+    """Another run holding out's lock: a process that takes it (on `host`, if given), says so, and sleeps."""
+    code = (
+        "import socket, sys, time, filelock\n"
+        f"if {host!r}: socket.gethostname = lambda: {host!r}\n"
+        f"lease = filelock.SoftFileLease(sys.argv[1], lease_duration={lease_duration})\n"
+        "lease.acquire()\nprint('held', flush=True)\ntime.sleep(60)"
+    )
+    holder = subprocess.Popen(
+        [sys.executable, "-c", code, str(out / common.LOCK_FILE)], stdout=subprocess.PIPE, text=True
+    )
+    assert holder.stdout.readline() == "held\n"
+    return holder
+
+
 @pytest.mark.parametrize("script", every(SCRIPTS))
 def test_a_live_runs_lock_stops_a_second_run_and_a_dead_runs_lock_does_not(tmp_path, capsys, script):
     out = tmp_path / "out"
     out.mkdir()
-    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    other = hold_lock(out)
     try:
-        (out / common.LOCK_FILE).write_text(json.dumps({"pid": other.pid, "host": common.socket.gethostname()}))
         with pytest.raises(ConfigError, match=f"--output_dir: .* is in use by another run \\(pid {other.pid} on "):
             run_tiny(script, out)
         assert sorted(p.name for p in out.iterdir()) == [common.LOCK_FILE]  # nothing written
@@ -334,42 +347,41 @@ def test_a_live_runs_lock_stops_a_second_run_and_a_dead_runs_lock_does_not(tmp_p
         other.wait()
     capsys.readouterr()
     run_tiny(script, out)  # a crashed run's lock is stale
-    assert f"taking over the stale lock of a run that is gone (pid {other.pid})" in capsys.readouterr().out
+    assert f"took over the lock of pid {other.pid} on " in capsys.readouterr().out
 
 
-def test_a_lock_without_a_heartbeat_is_stale_whatever_host_wrote_it(tmp_path, capsys):
-    """A run killed on another node (a Slurm requeue, a preempted pod) cannot be asked whether it lives: its lock is
-    stale once its heartbeat (the file's mtime) is older than LOCK_STALE_S; a fresh one still refuses, and says who
-    holds it, since when, and what to do."""
-    lock = tmp_path / common.LOCK_FILE
-    lock.write_text(json.dumps({"pid": 4242, "host": "node-17", "since": "2025-01-01 10:00:00 UTC"}))
-    refused = common.take_lock(tmp_path)
-    assert refused.startswith(
-        f"--output_dir: {tmp_path} is in use by another run (pid 4242 on node-17, since 2025-01-01 10:00:00 UTC, "
-        "heartbeat 0 s ago): wait for it or choose another folder. If that run is gone, its lock is taken over 5 "
-        "minutes after its last heartbeat"
-    )
-    old = time.time() - common.LOCK_STALE_S - 60
-    os.utime(lock, (old, old))
+def test_another_hosts_lock_is_taken_over_once_its_heartbeat_stops(tmp_path, capsys, monkeypatch):
+    """A run on another node (a Slurm requeue, a preempted pod) cannot be asked whether it lives: this run waits
+    LOCK_STALE_S for its heartbeat. A live one keeps refreshing its lock and the run stops with one line naming it; a
+    dead one's lock is taken over."""
+    monkeypatch.setattr(common, "LOCK_STALE_S", 1.0)
+    other = hold_lock(tmp_path, host="node-17", lease_duration=1.0)
+    try:
+        assert common.take_lock(tmp_path) == (
+            f"--output_dir: {tmp_path} is in use by another run (pid {other.pid} on node-17): wait for it or choose "
+            "another folder"
+        )
+        assert "is locked by pid" in capsys.readouterr().out
+    finally:
+        other.kill()
+        other.wait()
     assert common.take_lock(tmp_path) is None
-    assert "taking over the lock of pid 4242 on node-17: no heartbeat for 6 minutes" in capsys.readouterr().out
-    assert json.loads(lock.read_text())["pid"] == os.getpid()
-    common.release_output_dir(str(tmp_path))
-    assert not lock.exists()
+    assert f"took over the lock of pid {other.pid} on node-17, whose run is gone" in capsys.readouterr().out
+    assert f"pid={os.getpid()}" in (tmp_path / common.LOCK_FILE).read_text()
+    common.release_output_dir(tmp_path)
+    assert not (tmp_path / common.LOCK_FILE).exists()
 
 
 def test_a_running_runs_lock_has_a_heartbeat(tmp_path, monkeypatch):
-    """The run touches its lock every LOCK_HEARTBEAT_S seconds; the heartbeat ends with the lock."""
-    monkeypatch.setattr(common, "LOCK_HEARTBEAT_S", 0.05)
+    """The run refreshes its lock every LOCK_STALE_S / 3 seconds; the lock goes when the run releases it."""
+    monkeypatch.setattr(common, "LOCK_STALE_S", 0.3)
     assert common.take_lock(tmp_path) is None
     lock = tmp_path / common.LOCK_FILE
     os.utime(lock, (0, 0))
     time.sleep(0.5)
     assert time.time() - lock.stat().st_mtime < 5
-    (beating,) = [thread for thread in threading.enumerate() if thread.name == f"heartbeat {lock}"]
     common.release_output_dir(str(tmp_path))
-    time.sleep(0.5)
-    assert not beating.is_alive()
+    assert not lock.exists()
 
 
 # ----------------------------------------------------------------------------------------------------------------------
