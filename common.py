@@ -1616,30 +1616,13 @@ class Run:
     """
 
     def __init__(
-        self,
-        accelerator,
-        args,
-        name,
-        model,
-        tokenizer,
-        scheduler,
-        checkpoint,
-        generation_config,
-        reward_funcs,
-        weights,
-        eval_dataset,
-        state=None,
-        others=None,
-        postfix=("reward", "grad_norm"),
-    ):
+        self, accelerator, args, name, model, tokenizer, scheduler, checkpoint, generation_config, reward_funcs,
+        weights, eval_dataset, state=None, others=None, postfix=("reward", "grad_norm"),
+    ):  # fmt: skip
         self.accelerator, self.args, self.name, self.model, self.tokenizer = accelerator, args, name, model, tokenizer
-        self.scheduler, self.checkpoint, self.generation_config, self.others = (
-            scheduler,
-            checkpoint,
-            generation_config,
-            others,
-        )
-        self.reward_funcs, self.weights, self.eval_dataset, self.postfix = reward_funcs, weights, eval_dataset, postfix
+        self.scheduler, self.checkpoint, self.generation_config = scheduler, checkpoint, generation_config
+        self.reward_funcs, self.weights, self.eval_dataset = reward_funcs, weights, eval_dataset
+        self.others, self.postfix = others, postfix
         self.step, self.num_tokens, self.state, self.steps_without_signal = 0, 0, dict(state or {}), 0
         accelerator.register_for_checkpointing(scheduler)  # saved and restored; stepped once per update by the script
         if checkpoint is not None:
@@ -2331,7 +2314,7 @@ def take_lock(out: Path) -> str | None:
     release_output_dir(out)  # an earlier run in this same process (main called twice, as tests do)
     lease = filelock.SoftFileLease(out / LOCK_FILE, lease_duration=LOCK_STALE_S)
     holder = lease.owner  # None: no lock, or one being written (or torn by a crash)
-    who = lambda holder: f"pid {holder.pid} on {holder.hostname}" if holder else "a run its lock does not name"
+    who = lambda holder: f"pid {holder.pid} on {host_of(holder)}" if holder else "a run its lock does not name"
     with contextlib.suppress(filelock.Timeout):
         lease.acquire(timeout=0)
     if not lease.is_locked and not this_host(holder := lease.owner):
@@ -2348,9 +2331,13 @@ def take_lock(out: Path) -> str | None:
     return None
 
 
+def host_of(holder: filelock.OwnerRecord) -> str:
+    return holder.hostname.partition("?")[0]  # filelock adds "?pidns-..." in a container's own pid namespace
+
+
 def this_host(holder: filelock.OwnerRecord | None) -> bool:
-    """Whether a lock's holder runs on this host, where filelock tells a live one (after a ?: its pid namespace)."""
-    return holder is not None and holder.hostname.partition("?")[0] == socket.gethostname()
+    """Whether a lock's holder runs on this host, where filelock tells a live holder from a dead one."""
+    return holder is not None and host_of(holder) == socket.gethostname()
 
 
 def another_runs_files(args) -> list[Path]:
