@@ -108,9 +108,9 @@ def completion_logprobs(model, input_ids, attention_mask, T: int, temperature: f
     """log π(y_t | x, y_<t) (B, T), in float32, of the last T tokens of `input_ids` (the completion) under
     softmax(logits / temperature); with `entropy=True` also that softmax's detached entropy (B, T), else None.
 
-    Only the T completion positions get logits (`logits_to_keep`), and a log-prob is logit − logsumexp: the (B, T, V)
-    log-softmax is never built. The float32 logits exist for `chunk` elements at a time, and the backward pass
-    recomputes them (checkpointing). Position ids come from the attention mask, as in generation (left padding)."""
+    Only the T completion positions get logits (`logits_to_keep`). The float32 log-softmax exists for `chunk` elements
+    at a time, never (B, T, V) whole, and the backward pass recomputes it (checkpointing). Position ids come from the
+    attention mask, as in generation (left padding)."""
     position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
     # T + 1 positions: the last prompt position predicts the first completion token
     output = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, logits_to_keep=T + 1)
@@ -127,8 +127,7 @@ def completion_logprobs(model, input_ids, attention_mask, T: int, temperature: f
 
 def logprobs_of(logits, targets, temperature: float):
     """log softmax(logits / temperature) at the targets, in float32. (B, t, V), (B, t) -> (B, t)"""
-    logits = logits.float() / temperature
-    return logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - logits.logsumexp(-1)
+    return torch.log_softmax(logits.float() / temperature, -1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
 
 
 def entropy_of(logits, temperature: float):
