@@ -2318,7 +2318,7 @@ def take_lock(out: Path) -> str | None:
     with contextlib.suppress(filelock.Timeout):
         lease.acquire(timeout=0)
     if not lease.is_locked and not this_host(holder := lease.owner):
-        print(f"--output_dir: {out} is locked by {who(holder)}: waiting for its heartbeat to stop for {LOCK_STALE_S} s")
+        print(f"--output_dir: {out} is locked by {who(holder)}: waiting {LOCK_STALE_S:.0f} s for its heartbeat to stop")
         with contextlib.suppress(filelock.Timeout):
             lease.acquire(timeout=LOCK_STALE_S * 1.5)  # a live run refreshes its lock every LOCK_STALE_S / 3
     if not lease.is_locked:
