@@ -150,6 +150,13 @@ def child(spec_json: str):
                 return log(self, step, metrics)
 
             common.MetricsLogger.log = timed_log
+            release, kept = common.release_freed_memory, report.setdefault("rss_between_steps_mb", [])
+
+            def measured_release():  # the resident size that stays between steps, once freed pages are returned
+                release()
+                kept.append(rss_mb())
+
+            common.release_freed_memory = measured_release
             common.cli(module.main, module.Args, spec["argv"])
     finally:
         import torch
@@ -424,7 +431,8 @@ def run_child(args: Args, spec: dict, run_dir: Path) -> dict:
         "cuda_max_allocated_mb": child_report.get("cuda_max_allocated_mb"),
         "rss_first_measured_mb": rss[args.warmup_steps] if len(rss) > args.warmup_steps else None,
         "rss_last_mb": rss[-1] if rss else None,  # with the first measured step's: growth over the run
-        "rss_by_step_mb": rss,
+        "rss_by_step_mb": rss,  # when each step logs its metrics, before freed heap pages are returned
+        "rss_between_steps_mb": child_report.get("rss_between_steps_mb"),  # once they are (not TRL's)
         "step_times_s": [r["step_time"] for r in records],
         "wall_s": time.perf_counter() - start,
         **({"trl_version": child_report["trl_version"]} if "trl_version" in child_report else {}),

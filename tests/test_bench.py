@@ -60,6 +60,9 @@ def test_tiny_bench_prints_a_table_and_writes_positive_figures(tmp_path):
         assert row["parameters"] > 0 and row["repeats"] == 1
     for run in report["runs"]:
         assert len(run["step_times_s"]) == 3  # every step logged; the median is over the last two
+        # the resident size at each step's log, and between steps once freed heap pages are returned
+        assert len(run["rss_by_step_mb"]) == len(run["rss_between_steps_mb"]) == 3
+        assert all(0 < kept <= logged + 16 for kept, logged in zip(run["rss_between_steps_mb"], run["rss_by_step_mb"]))
         assert run["completions_per_s"] == pytest.approx(8 / run["median_step_time_s"])
     assert report["settings"]["num_threads"] == 1
 
