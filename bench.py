@@ -150,7 +150,8 @@ def child(spec_json: str):
                 return log(self, step, metrics)
 
             common.MetricsLogger.log = timed_log
-            release, kept = common.release_freed_memory, report.setdefault("rss_between_steps_mb", [])
+            release = common.release_freed_memory
+            kept = report["rss_between_steps_mb"] = []
 
             def measured_release():  # the resident size that stays between steps, once freed pages are returned
                 release()
