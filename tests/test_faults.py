@@ -361,7 +361,10 @@ def test_another_hosts_lock_is_taken_over_once_its_heartbeat_stops(tmp_path, cap
             f"--output_dir: {tmp_path} is in use by another run (pid {other.pid} on node-17): wait for it or choose "
             "another folder"
         )
-        assert "is locked by pid" in capsys.readouterr().out
+        waiting = (
+            f"--output_dir: {tmp_path} is locked by pid {other.pid} on node-17: waiting 1 s for its heartbeat to stop"
+        )
+        assert waiting in capsys.readouterr().out
     finally:
         other.kill()
         other.wait()
