@@ -3,12 +3,11 @@
 Copy it next to a training script only if you sample with vLLM.
 """
 
+import contextlib
 import os
 
 import torch
 from accelerate import Accelerator
-
-import common
 
 
 class VLLMGenerator:
@@ -18,17 +17,8 @@ class VLLMGenerator:
     imported only here."""
 
     def __init__(self, accelerator: Accelerator, args, tokenizer, model, end_ids: list[int]):
-        try:
-            import vllm
-        except ImportError:
-            raise common.ConfigError(
-                "--use_vllm: the vllm package is not installed (pip install vllm); without the flag, transformers "
-                "generates"
-            ) from None
-        common.require(
-            0 < args.vllm_gpu_memory_utilization <= 1,
-            f"--vllm_gpu_memory_utilization: expected a fraction in (0, 1], got {args.vllm_gpu_memory_utilization}",
-        )
+        import vllm  # pip install vllm
+
         # vLLM's "external_launcher" joins the process group that `accelerate launch` (or a single process) describes
         for key, value in {
             "RANK": accelerator.process_index,
@@ -74,7 +64,13 @@ class VLLMGenerator:
         """Load the policy's current weights into the engine. A LoRA policy's merged weights W + scale · B A are built
         as new tensors (peft's `get_delta_weight`): merging into the frozen base and unmerging it in place would round
         it, in bf16, a little differently at every sync."""
-        with common.generation_model(accelerator, model) as policy:
+        plugin, policy = accelerator.state.deepspeed_plugin, accelerator.unwrap_model(model)
+        gathered = contextlib.nullcontext()
+        if plugin is not None and plugin.zero_stage == 3:  # the sharded weights gathered meanwhile
+            import deepspeed
+
+            gathered = deepspeed.zero.GatheredParameters(list(model.parameters()))
+        with gathered:
             weights = policy.state_dict().items()
             if hasattr(policy, "get_base_model"):
                 lora = {
@@ -99,7 +95,7 @@ class VLLMGenerator:
         return self.llm.llm_engine.model_executor.driver_worker.worker.model_runner.model
 
     def generate(self, texts: list[str], device) -> dict:
-        """Sample one completion per text; the same tensors as `generate`."""
+        """Sample one completion per text; the same tensors as `common.generate`, with the sampler's log-probs."""
         enc = self.tokenizer(
             texts, return_tensors="pt", padding=True, padding_side="left", add_special_tokens=False
         ).to(device)

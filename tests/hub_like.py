@@ -13,14 +13,31 @@ Two copies of the embedded model stand for two more things most hub checkpoints 
 A dataset folder shaped like trl-lib/DeepMath-103K, the math dataset of TRL's quick start: `make_deepmath_like_dataset`.
 """
 
+import json
+import re
 from pathlib import Path
 
 import torch
 from datasets import Dataset
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+from transformers import AutoModelForCausalLM, GenerationConfig, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 import common
+
+ROOT = Path(__file__).resolve().parents[1]
+EMBEDDED = str(ROOT / "models" / "tiny-arith")
+
+
+def arithmetic_rows(split: str) -> list[dict]:
+    """The built-in task's rows (data/arithmetic/{split}.jsonl): a one-turn conversational prompt, a ground_truth."""
+    return [json.loads(line) for line in (ROOT / "data" / "arithmetic" / f"{split}.jsonl").read_text().splitlines()]
+
+
+def problem(row: dict) -> tuple[int, str, int, int]:
+    """(a, op, b, answer) of a row: 'Compute 7 × 8. ...' with ground_truth '56'."""
+    a, op, b = re.match(r"Compute (\d+) (\S) (\d+)\.", row["prompt"][0]["content"]).groups()
+    return int(a), op, int(b), int(row["ground_truth"])
+
 
 CHAT_TEMPLATE = (
     "{% if messages[0]['role'] != 'system' %}<|system|>\nYou are a careful calculator.</s>\n{% endif %}"
@@ -35,10 +52,8 @@ def make_tokenizer() -> PreTrainedTokenizerFast:
     bpe = Tokenizer(models.BPE(unk_token="<unk>"))
     bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     bpe.decoder = decoders.ByteLevel()
-    corpus = [
-        common.arithmetic_question(a, op, b) + f" <answer>{answer}</answer>"
-        for a, op, b, answer in common.arithmetic_problems()
-    ]
+    rows = arithmetic_rows("train") + arithmetic_rows("test")
+    corpus = [row["prompt"][0]["content"] + f" <answer>{row['ground_truth']}</answer>" for row in rows]
     trainer = trainers.BpeTrainer(
         vocab_size=400, special_tokens=SPECIAL, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
     )
@@ -90,9 +105,9 @@ def make_hub_like_checkpoint(folder: Path) -> Path:
 def make_bf16_checkpoint(folder: Path) -> Path:
     """The embedded model saved in bfloat16, as most hub checkpoints are stored (config.json says `"dtype":
     "bfloat16"`): transformers then loads it in bf16 unless asked for another dtype."""
-    model = common.load_causal_lm(common.EMBEDDED_MODEL, dtype=torch.bfloat16)
+    model = AutoModelForCausalLM.from_pretrained(EMBEDDED, dtype=torch.bfloat16)
     model.save_pretrained(folder)
-    common.load_tokenizer(common.EMBEDDED_MODEL).save_pretrained(folder)
+    common.load_tokenizer(EMBEDDED).save_pretrained(folder)
     return folder
 
 
@@ -100,8 +115,8 @@ def make_turn_end_checkpoint(folder: Path) -> Path:
     """The embedded model shipped as Llama-3-Instruct is: the tokenizer's EOS is a token the model never emits
     (<|endoftext|>, here also the pad token), and generation_config.json lists, as a second end id, the token that ends
     each of its turns (<|im_end|>, which ends nearly every completion the model samples)."""
-    tokenizer = common.load_tokenizer(common.EMBEDDED_MODEL)
-    model = common.load_causal_lm(common.EMBEDDED_MODEL)
+    tokenizer = common.load_tokenizer(EMBEDDED)
+    model = AutoModelForCausalLM.from_pretrained(EMBEDDED)
     tokenizer.eos_token = "<|endoftext|>"
     model.config.eos_token_id = tokenizer.eos_token_id
     model.generation_config = GenerationConfig(
@@ -134,11 +149,7 @@ def make_deepmath_like_dataset(folder: Path, train_rows: int = 64, test_rows: in
     (folder / "README.md").write_text(DEEPMATH_CARD)
     for split, n in (("train", train_rows), ("test", test_rows)):
         rows = [
-            {
-                "prompt": [{"role": "user", "content": common.arithmetic_question(a, op, b)}],
-                "solution": latex_solution(a, op, b, answer),
-            }
-            for a, op, b, answer in common.arithmetic_split(split)[:n]
+            {"prompt": row["prompt"], "solution": latex_solution(*problem(row))} for row in arithmetic_rows(split)[:n]
         ]
         Dataset.from_list(rows).to_parquet(folder / "data" / f"{split}-00000-of-00001.parquet")
     return folder
