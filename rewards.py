@@ -274,9 +274,12 @@ def compute_rewards(reward_funcs: dict, weights, prompts: list, texts: list[str]
         if len(values) != len(prompts):
             raise RewardError(f"reward function {name} returned {len(values)} values for {len(prompts)} completions")
         try:
-            per_func[:, j] = torch.tensor([math.nan if v is None else float(v) for v in values])
+            numbers = [math.nan if v is None else float(v) for v in values]
         except (TypeError, ValueError):
-            raise RewardError(f"reward function {name} returned {values[:3]}...: expected numbers or None") from None
+            numbers = [math.inf]
+        if not all(v is None or math.isfinite(n) for v, n in zip(values, numbers)):
+            raise RewardError(f"reward function {name} returned {values[:3]}...: expected finite numbers or None")
+        per_func[:, j] = torch.tensor(numbers)
     rewards = (per_func * weights).nansum(1)
     rewards[per_func.isnan().all(1)] = math.nan  # unscorable
     return rewards, per_func

@@ -213,7 +213,7 @@ def require(condition: bool, message: str):
 
 
 def fail(message: str):
-    print(f"error: {message}", file=sys.stderr)
+    tqdm.write(f"error: {message}", file=sys.stderr)  # on a line of its own, below the progress bar
     sys.exit(2)
 
 
@@ -376,6 +376,7 @@ def claim_output_dir(args) -> Path | None:
         latest = args.resume_from_checkpoint == "latest"
         found = checkpoints(out)[-1:] if latest else [Path(args.resume_from_checkpoint)]
         require(found and (found[0] / "trainer_state.json").is_file(), f"--resume_from_checkpoint: none in {found}")
+        out.mkdir(parents=True, exist_ok=True)
         step = json.loads((found[0] / "trainer_state.json").read_text())["step"]
         records = [json.loads(line) for line in metrics.read_text().splitlines()] if metrics.is_file() else []
         metrics.write_text("".join(json.dumps(r) + "\n" for r in records if r["step"] <= step))
@@ -524,7 +525,7 @@ def main(args: Args):
     progress = tqdm(steps, initial=state["step"], total=args.max_steps, disable=not accelerator.is_main_process)
     epsilon_high = args.epsilon if args.epsilon_high is None else args.epsilon_high
 
-    def reference_logprobs(input_ids, attention_mask, T):  # β = 0: none, and the KL is 0
+    def reference_logprobs(input_ids, attention_mask, T):
         policy = accelerator.unwrap_model(model)
         no_adapter = policy.disable_adapter() if args.use_peft else contextlib.nullcontext()
         with torch.no_grad(), accelerator.autocast(), no_adapter:
@@ -573,7 +574,10 @@ def main(args: Args):
                 )
             old_logprobs[mb] = logprobs.detach()  # π_θ_old = π_θ before the update
             entropy[mb] = token_entropy if logging_step else 0.0
-            ref_logprobs[mb] = reference_logprobs(input_ids[mb], attention_mask[mb], T) if args.beta > 0 else logprobs
+            if args.beta > 0:
+                ref_logprobs[mb] = reference_logprobs(input_ids[mb], attention_mask[mb], T)
+            else:  # no reference model: kl = 0
+                ref_logprobs[mb] = old_logprobs[mb]
 
         # ==== 4. KL-shaped reward: R_i = r_i − β Σ_t kl_t ====
         kl = per_token_kl(old_logprobs, ref_logprobs, args.kl_estimator) * completion_mask  # (B, T)

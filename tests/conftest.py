@@ -56,6 +56,22 @@ def error_line(result: subprocess.CompletedProcess) -> str:
     return errors[0]
 
 
+def one_line_error(module, *flags, capsys) -> str:
+    """The line a script prints when `flags` are bad input, run as `python script.py flags` is (its __main__ block,
+    in this process): `error: ...` on stderr and exit status 2."""
+    from rewards import RewardError
+
+    with pytest.raises(SystemExit) as stopped:
+        try:
+            run_main(module, *flags)
+        except (module.BadInput, RewardError) as error:
+            module.fail(str(error))
+    assert stopped.value.code == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1, errors
+    return errors[0]
+
+
 def read_metrics(output_dir) -> list[dict]:
     import json
 

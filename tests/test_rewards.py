@@ -1,162 +1,164 @@
-"""Reward helpers: extract_answer / accuracy_reward / format_reward, and how rewards combine."""
+"""rewards.py: TRL's reward functions and conventions, a user's functions, reward models, and the weighted sum."""
 
 import math
-import time
+from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
 
-from common import ConfigError
 from rewards import (
+    RewardError,
     accuracy_reward,
+    check_columns,
     compute_rewards,
     extract_answer,
     format_reward,
     load_reward_funcs,
+    reasoning_accuracy_reward,
     reward_model_function,
     reward_weights,
+    think_format_reward,
 )
 
 
-def test_extract_answer():
-    assert extract_answer("so <answer> 84 </answer>") == "84"
-    assert extract_answer("<answer>\n-3\n</answer> trailing") == "-3"
-    assert extract_answer("no tags here") is None
+def said(text: str) -> list:
+    return [{"role": "assistant", "content": text}]
 
 
-def test_accuracy_reward_compares_the_extracted_answer():
-    completions = [
-        "<answer>84</answer>",
-        "<answer>85</answer>",
-        "84",
-        [{"role": "assistant", "content": "<answer>7</answer>"}],
-    ]
-    assert accuracy_reward(completions, ground_truth=["84", "84", "84", 7]) == [1.0, 0.0, 0.0, 1.0]
-
-
-def test_format_reward_requires_a_numeric_answer_at_the_end():
-    completions = [
-        "<answer>84</answer>",
-        "think... <answer>-1.5</answer>\n",
-        "<answer>cat</answer>",
-        "<answer>3</answer> more",
-        "84",
-    ]
-    assert format_reward(completions) == [1.0, 1.0, 0.0, 0.0, 0.0]
-
-
-def test_seed_weighting_example():
-    """Seed 000 §23: correct and well-formed gives 1×1.0 + 1×0.2 = 1.2; only well-formed gives 0.2."""
-    funcs = load_reward_funcs("accuracy,format")
-    weights = reward_weights("1.0,0.2", funcs)
-    rewards, per_func = compute_rewards(
-        funcs,
-        weights,
-        ["q", "q"],
-        ["<answer>84</answer>", "<answer>83</answer>"],
-        [[1], [1]],
-        {"ground_truth": ["84", "84"]},
+def funcs(specs: str, max_completion_length: int = 24, reward_model_path=None) -> dict:
+    args = SimpleNamespace(
+        reward_funcs=[specs], reward_model_path=reward_model_path, max_completion_length=max_completion_length
     )
-    assert rewards.tolist() == pytest.approx([1.2, 0.2])
-    assert per_func.tolist() == [[1.0, 1.0], [0.0, 1.0]]
+    return load_reward_funcs(args)
 
 
-def test_none_means_not_applicable_and_is_skipped():
-    def only_even(completions, **kwargs):
-        return [1.0 if i % 2 == 0 else None for i in range(len(completions))]
+def test_extract_answer_and_the_arithmetic_check():
+    assert extract_answer("so <answer> 84 </answer>") == "84" and extract_answer("no tags") is None
+    completions = ["<answer>84</answer>", "<answer>84.0</answer>", r"\boxed{84}", "<answer>85</answer>"]
+    assert accuracy_reward(completions, ground_truth=["84", 84, "84", None]) == [1.0, 1.0, 0.0, None]
+    assert accuracy_reward([said("<answer>7</answer>")], ground_truth=["7"]) == [1.0]
 
+
+def test_accuracy_reward_verifies_the_boxed_answer_against_a_latex_solution():
+    """TRL's accuracy_reward: math-verify compares the answers as math; None where the solution does not parse."""
+    completions = [r"The answer is \boxed{42}.", r"\boxed{0.5}", r"\boxed{41}", "42", r"\boxed{42}"]
+    solutions = ["$42$", r"\frac{1}{2}", "42", "42", "no number here"]
+    assert accuracy_reward([said(c) for c in completions], solutions) == [1.0, 1.0, 0.0, 0.0, None]
+    trl = [said(r"My answer is \boxed{\frac{1}{3}}"), said(r"My answer is \boxed{\frac{1}{2}}")]  # TRL's example
+    assert accuracy_reward(trl, [r"\frac{1}{3}"] * 2) == [1.0, 0.0]
+    # our addition: an <answer> tag is verified where there is no \boxed{}
+    assert accuracy_reward(["<answer>7</answer>", r"\boxed{7} <answer>8</answer>"], ["$7$", "7"]) == [1.0, 1.0]
+
+
+def test_trls_other_built_in_rewards_give_its_documented_values():
+    thought = [
+        said(r"<think> Reasoning content </think> The final answer is \boxed{\frac{1}{3}}"),
+        said(r"<think> Reasoning content </think> The final answer is \boxed{\frac{1}{2}}"),
+        said(r"<think> Reasoning content with partial answers \boxed{\frac{1}{3}} but no final answer"),
+    ]
+    assert reasoning_accuracy_reward(thought, solution=[r"\frac{1}{3}"] * 3) == [1.0, 0.0, 0.0]
+    formats = [said("<think>\nThis is my reasoning.\n</think>\nThis is my answer."), said("<think>\nNo end.")]
+    assert think_format_reward(formats) == [1.0, 0.0]
+    assert format_reward(["<answer>84</answer>", "x <answer>-1.5</answer>\n", "<answer>a</answer>", "84"]) == [
+        1.0,
+        1.0,
+        0.0,
+        0.0,
+    ]
+    # built for the run's --max_completion_length, its last fifth penalized: 90 of 100 tokens is halfway down to −1
+    (overlong,) = funcs("get_soft_overlong_punishment", max_completion_length=100).values()
+    assert overlong(completion_ids=[[1] * 80, [1] * 90, [1] * 100]) == [0.0, -0.5, -1.0]
+
+
+def test_the_weighted_sum_skips_none_and_an_unscorable_completion_is_nan():
+    """1 × accuracy + 0.2 × format: right and well-formed is 1.2; only well-formed 0.2. None does not apply."""
+    functions = funcs("accuracy,format")
+    weights = reward_weights(["1.0", "0.2"], functions)
+    completions = ["<answer>84</answer>", "<answer>83</answer>", "84"]
     rewards, per_func = compute_rewards(
-        {"only_even": only_even, "format_reward": format_reward},
-        torch.tensor([2.0, 1.0]),
-        ["a", "b"],
-        ["<answer>1</answer>", "x"],
-        [[], []],
-        {},
+        functions, weights, ["q"] * 3, completions, [[1]] * 3, {"ground_truth": ["84", "84", None]}
     )
-    assert math.isnan(per_func[1, 0])
-    assert rewards.tolist() == [3.0, 0.0]
+    assert rewards.tolist() == pytest.approx([1.2, 0.2, 0.0]) and math.isnan(per_func[2, 0])
+    nothing = lambda completions, **kwargs: [None] * len(completions)
+    rewards, _ = compute_rewards({"nothing": nothing}, torch.ones(1), ["q"], ["x"], [[1]], {})
+    assert math.isnan(rewards[0])  # unscorable: left out of baselines and statistics, not 0
 
 
-def test_extra_columns_and_completion_ids_reach_reward_functions():
+def test_columns_completion_ids_and_trls_completion_format_reach_the_functions():
     seen = {}
 
     def spy(prompts, completions, completion_ids, difficulty, **kwargs):
         seen.update(prompts=prompts, completions=completions, completion_ids=completion_ids, difficulty=difficulty)
-        return [0.0] * len(prompts)
+        return np.zeros(len(prompts))  # a numpy array, as TRL takes
 
-    conversational = [{"role": "user", "content": "hi"}]
-    compute_rewards({"spy": spy}, torch.ones(1), [conversational], ["hello"], [[5, 6]], {"difficulty": ["hard"]})
-    assert seen["completions"] == [[{"role": "assistant", "content": "hello"}]]
+    prefilled = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "<answer>"}]
+    compute_rewards({"spy": spy}, torch.ones(1), [prefilled], ["7</answer>"], [[5, 6]], {"difficulty": ["hard"]})
+    assert seen["prompts"] == [prefilled[:1]]  # the continued turn is the completion's start
+    assert seen["completions"] == [said("<answer>7</answer>")]
     assert seen["completion_ids"] == [[5, 6]] and seen["difficulty"] == ["hard"]
 
 
-def test_async_reward_functions_are_awaited_concurrently():
-    import asyncio
-
-    async def slow_a(completions, **kwargs):
-        await asyncio.sleep(0.3)
-        return [1.0] * len(completions)
-
-    async def slow_b(completions, **kwargs):
-        await asyncio.sleep(0.3)
-        return [2.0] * len(completions)
-
-    start = time.perf_counter()
-    rewards, _ = compute_rewards({"slow_a": slow_a, "slow_b": slow_b}, torch.ones(2), ["p"], ["c"], [[]], {})
-    assert time.perf_counter() - start < 0.55  # two 0.3 s functions, overlapped
-    assert rewards.tolist() == [3.0]
-
-
-def test_wrong_length_and_nan_are_errors_naming_the_function():
-    def short(completions, **kwargs):
-        return [1.0]
-
-    def nan(completions, **kwargs):
-        return [float("nan")] * len(completions)
-
-    with pytest.raises(ConfigError, match="reward function short: returned 1 values for 2 completions"):
+def test_a_function_returning_the_wrong_count_or_non_numbers_is_one_error_naming_it():
+    short = lambda completions, **kwargs: [1.0]
+    with pytest.raises(RewardError, match="reward function short returned 1 values for 2 completions"):
         compute_rewards({"short": short}, torch.ones(1), ["a", "b"], ["x", "y"], [[], []], {})
-    with pytest.raises(ConfigError, match="reward function nan: returned nan"):
-        compute_rewards({"nan": nan}, torch.ones(1), ["a"], ["x"], [[]], {})
+    words = lambda completions, **kwargs: ["good"] * len(completions)
+    with pytest.raises(RewardError, match="reward function words returned"):
+        compute_rewards({"words": words}, torch.ones(1), ["a"], ["x"], [[]], {})
+    infinite = lambda completions, **kwargs: [float("inf")] * len(completions)
+    with pytest.raises(RewardError, match="reward function infinite returned .*expected finite numbers or None"):
+        compute_rewards({"infinite": infinite}, torch.ones(1), ["a"], ["x"], [[]], {})
 
 
-def test_load_reward_funcs_by_name_module_and_file(tmp_path):
-    assert list(load_reward_funcs("accuracy, format")) == ["accuracy_reward", "format_reward"]
-    assert list(load_reward_funcs("rewards:format_reward")) == ["format_reward"]
+def test_functions_by_name_file_and_dotted_path_and_their_errors(tmp_path, monkeypatch):
+    assert list(funcs("accuracy, format")) == ["accuracy_reward", "format_reward"]
+    assert list(funcs("rewards.format_reward")) == ["format_reward"]  # TRL's dotted form
     path = tmp_path / "my_rewards.py"
     path.write_text("def length_reward(completions, **kwargs):\n    return [float(len(c)) for c in completions]\n")
-    funcs = load_reward_funcs(f"{path}:length_reward")
-    assert funcs["length_reward"](completions=["abc"]) == [3.0]
-    with pytest.raises(ConfigError, match="--reward_funcs: unknown reward function 'acuracy'"):
-        load_reward_funcs("acuracy")
-    with pytest.raises(ConfigError, match="--reward_funcs: cannot import"):
-        load_reward_funcs("no_such_module:f")
-    with pytest.raises(ConfigError, match="--reward_weights: 1 weights for 2"):
-        reward_weights("1.0", load_reward_funcs("accuracy,format"))
+    assert funcs(f"{path}:length_reward")["length_reward"](completions=["abc"]) == [3.0]
+    monkeypatch.chdir(tmp_path)
+    assert list(funcs("my_rewards:length_reward")) == ["length_reward"]  # a module in the current folder
+    for spec, message in [
+        ("acuracy", "unknown reward function 'acuracy'"),
+        ("no_such_module:f", "cannot import 'no_such_module:f'"),
+        ("my_rewards:missing", "has no function 'missing'"),
+        ("none", "no reward function"),
+    ]:
+        with pytest.raises(RewardError, match=message):
+            funcs(spec)
+    with pytest.raises(RewardError, match="--reward_weights: 1 weights for 2"):
+        reward_weights(["1.0"], funcs("accuracy,format"))
 
 
-def test_reward_model_scores_prompt_and_completion(tmp_path, tiny_tokenizer):
+def test_a_missing_column_is_said_before_training():
+    from datasets import Dataset
+
+    with pytest.raises(RewardError, match="accuracy_reward needs a column solution or ground_truth"):
+        check_columns(funcs("accuracy"), Dataset.from_list([{"prompt": "p"}]), "train")
+    needs = lambda completions, difficulty, **kwargs: [0.0] * len(completions)
+    with pytest.raises(RewardError, match="needs the column 'difficulty'"):
+        check_columns({"needs": needs}, Dataset.from_list([{"prompt": "p"}]), "train")
+    check_columns(funcs("accuracy"), None, "test")  # no such split: nothing to check
+
+
+def test_a_reward_model_scores_text_through_its_own_tokenizer(tmp_path, tiny_tokenizer):
+    from conftest import EMBEDDED
     from transformers import AutoConfig, AutoModelForSequenceClassification
 
-    import common
-
-    config = AutoConfig.from_pretrained(common.EMBEDDED_MODEL, num_labels=1)
+    config = AutoConfig.from_pretrained(EMBEDDED, num_labels=1, pad_token_id=tiny_tokenizer.pad_token_id)
+    torch.manual_seed(0)
     AutoModelForSequenceClassification.from_config(config).save_pretrained(tmp_path / "rm")
     tiny_tokenizer.save_pretrained(tmp_path / "rm")
     score = reward_model_function(str(tmp_path / "rm"), "cpu")
     assert score.__name__ == "rm"
-    prompt = [{"role": "user", "content": "Compute 1 + 1."}]
-    values = score(
-        prompts=[prompt, prompt, "plain"],
-        completions=[
-            [{"role": "assistant", "content": "<answer>2</answer>"}],
-            [{"role": "assistant", "content": "<answer>3</answer>"}],
-            " text",
-        ],
+    scores = score(prompts=["a", "b"], completions=["<answer>1</answer>", "<answer>2</answer>"])
+    assert len(scores) == 2 and scores[0] != scores[1]
+    conversational = score(prompts=[[{"role": "user", "content": "a"}]], completions=[said("<answer>1</answer>")])
+    assert len(conversational) == 1
+    AutoModelForSequenceClassification.from_config(AutoConfig.from_pretrained(EMBEDDED, num_labels=2)).save_pretrained(
+        tmp_path / "two"
     )
-    assert len(values) == 3 and all(math.isfinite(v) for v in values) and values[0] != values[1]
-    # batching and padding do not change a score
-    alone = score(prompts=[prompt], completions=[[{"role": "assistant", "content": "<answer>3</answer>"}]])
-    assert alone[0] == pytest.approx(values[1], abs=1e-5)
-    with pytest.raises(ConfigError, match="--reward_model_path"):
-        reward_model_function(str(tmp_path / "missing"), "cpu")
+    tiny_tokenizer.save_pretrained(tmp_path / "two")
+    with pytest.raises(RewardError, match="has 2 labels; a reward model has one"):
+        reward_model_function(str(tmp_path / "two"), "cpu")

@@ -1,234 +1,273 @@
-"""rloo.py end to end: bad inputs, resume equality, micro-batch invariance, LoRA, Ctrl-C, and a run that learns."""
+"""rloo.py end to end: what a run writes, resume, stops, micro-batching, bad input, and a run that learns."""
 
 import dataclasses
 import json
-import os
+import signal
 import subprocess
 import sys
-from pathlib import Path
+import time
 
 import pytest
 import torch
+from accelerate import Accelerator
+from conftest import ROOT, error_line, one_line_error, read_metrics, run_main, run_script
 from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM
 
-import common
 import rloo
-from common import ConfigError
-
-ROOT = Path(__file__).resolve().parents[1]
-FAST = dict(
-    prompts_per_step=4,
-    num_generations=2,
-    max_steps=2,
-    eval_steps=0,
-    logging_steps=1,
-    save_steps=0,
-    num_generations_eval=1,
-)
+from hub_like import make_bf16_checkpoint, make_hub_like_checkpoint, make_turn_end_checkpoint
 
 
 def args(tmp_path, **overrides) -> rloo.Args:
-    return rloo.Args(**{"output_dir": str(tmp_path / "out"), **FAST, **overrides})
+    """A run of a few seconds: 2 steps of 4 prompts × 2 completions, no evaluation, no checkpoint."""
+    small = dict(max_steps=2, prompts_per_step=4, logging_steps=1, eval_steps=0, eval_strategy="no", save_steps=0)
+    return rloo.Args(**{**small, "output_dir": str(tmp_path / "out"), **overrides})
 
 
-def training_records(output_dir):
-    return [{k: v for k, v in r.items() if k != "step_time"} for r in common.read_metrics(output_dir) if "reward" in r]
+def training(output_dir) -> list[dict]:
+    return [{k: v for k, v in r.items() if k != "step_time"} for r in read_metrics(output_dir) if "loss" in r]
 
 
-@pytest.mark.parametrize(
-    "overrides, message",
-    [
-        (dict(num_generations=1), "--num_generations: the leave-one-out baseline needs at least 2"),
-        (dict(prompts_per_step=3, micro_batch_size=4), "--micro_batch_size: 4 does not divide the batch of 6"),
-        (dict(learning_rate=0.0), "--learning_rate: must be positive"),
-        (dict(max_completion_length=0), "--max_completion_length: must be positive"),
-        (dict(lr_scheduler_type="cosine_annealing"), "--lr_scheduler_type: unknown scheduler"),
-        (dict(report_to="tensorbord"), "--report_to: unknown tracker 'tensorbord'"),
-        (dict(kl_estimator="k2"), "--kl_estimator: must be k1 or k3"),
-        (dict(model_name_or_path="/no/such/model"), "--model_name_or_path: cannot load a tokenizer"),
-        (dict(dataset_name="/no/such/data.jsonl"), "--dataset_name: no such file"),
-        (dict(reward_funcs="accuracy,bogus"), "--reward_funcs: unknown reward function 'bogus'"),
-        (dict(reward_weights="1,2"), "--reward_weights: 2 weights for 1 reward functions"),
-        (dict(resume_from_checkpoint="latest"), "--resume_from_checkpoint latest: no checkpoint"),
-        (
-            dict(resume_from_checkpoint="/no/such/checkpoint-3"),
-            "--resume_from_checkpoint: /no/such/checkpoint-3 is not a checkpoint",
-        ),
-    ],
-)
-def test_bad_input_is_a_config_error_naming_the_flag(tmp_path, overrides, message):
-    with pytest.raises(ConfigError, match=message.replace("(", r"\(")):
-        rloo.main(args(tmp_path, **overrides))
-    assert not (tmp_path / "out").exists()  # nothing written
+@pytest.fixture
+def recorded_gradients(monkeypatch) -> list:
+    """The accumulated gradient of every update, just before it is clipped."""
+    gradients, clip = [], Accelerator.clip_grad_norm_
+
+    def record_then_clip(self, parameters, max_norm, **kwargs):
+        parameters = [p for p in parameters if p.grad is not None]
+        gradients.append(torch.cat([p.grad.flatten() for p in parameters]))
+        return clip(self, parameters, max_norm, **kwargs)
+
+    monkeypatch.setattr(Accelerator, "clip_grad_norm_", record_then_clip)
+    return gradients
 
 
-def test_dataset_without_prompt_column(tmp_path):
-    data = tmp_path / "data.jsonl"
-    data.write_text('{"question": "1 + 1", "ground_truth": "2"}\n' * 8)
-    with pytest.raises(ConfigError, match="--dataset_name: the dataset has no 'prompt' column"):
-        rloo.main(args(tmp_path, dataset_name=str(data)))
+def test_a_run_writes_trls_metrics_a_loadable_model_and_checkpoints(tmp_path):
+    rewards = dict(reward_funcs=["accuracy", "format"], reward_weights=["1", "0.2"])
+    evaluation = dict(eval_strategy="steps", eval_steps=2, num_generations_eval=2)
+    rloo.main(args(tmp_path, max_steps=3, save_steps=1, save_total_limit=2, **evaluation, **rewards))
+    out = tmp_path / "out"
+    records = read_metrics(out)
+    assert [r["step"] for r in records if "eval/reward" in r] == [0, 2, 3]  # at the start, every eval_steps, the end
+    assert {"eval/accuracy", "eval/accuracy_greedy", "eval/format", "eval/reward_greedy"} <= set(records[0])
+    train = training(out)
+    assert [r["step"] for r in train] == [1, 2, 3]
+    for key in ("reward", "reward_std", "frac_reward_zero_std", "rewards/accuracy_reward/mean", "kl", "entropy",
+                "completions/mean_length", "completions/clipped_ratio", "loss", "grad_norm", "clip_ratio/low_mean",
+                "clip_ratio/high_mean", "clip_ratio/region_mean", "learning_rate", "num_tokens"):  # fmt: skip
+        assert all(key in r for r in train), key
+    assert [p.name for p in rloo.checkpoints(out)] == ["checkpoint-2", "checkpoint-3"]  # --save_total_limit 2
+    assert not list(out.glob(".checkpoint-*"))  # renamed into place when complete
+    checkpoint = out / "checkpoint-3"
+    assert json.loads((checkpoint / "trainer_state.json").read_text())["step"] == 3
+    assert json.loads((checkpoint / "args.json").read_text())["max_steps"] == 3  # what --config reads back
+    assert not list((checkpoint / "state").glob("*.safetensors"))  # the weights once, in Hugging Face format
+    final = AutoModelForCausalLM.from_pretrained(out)
+    assert all(p.dtype == torch.float32 for p in final.parameters())
+    assert torch.equal(final.lm_head.weight, AutoModelForCausalLM.from_pretrained(checkpoint).lm_head.weight)
 
 
-def test_reward_function_errors_name_the_function(tmp_path):
-    module = tmp_path / "bad_rewards.py"
-    module.write_text(
-        "def short(completions, **kw):\n    return [1.0]\n\ndef nan(completions, **kw):\n    return [float('nan')] * "
-        "len(completions)\n"
-    )
-    training = dict(eval_strategy="no")  # a training step's batch of 8 (the evaluation would find them first)
-    with pytest.raises(ConfigError, match="reward function short: returned 1 values for 8 completions"):
-        rloo.main(args(tmp_path, reward_funcs=f"{module}:short", output_dir=str(tmp_path / "short"), **training))
-    with pytest.raises(ConfigError, match="reward function nan: returned nan"):
-        rloo.main(args(tmp_path, reward_funcs=f"{module}:nan", output_dir=str(tmp_path / "nan"), **training))
-
-
-def test_cli_bad_input_prints_one_line_and_exits_2(tmp_path):
-    result = subprocess.run(
-        [sys.executable, str(ROOT / "rloo.py"), "--num_generations", "1", "--output_dir", str(tmp_path / "out")],
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-        env={**os.environ, "HF_HUB_OFFLINE": "1"},
-    )
-    assert result.returncode == 2
-    assert result.stderr.strip().splitlines() == [
-        "error: --num_generations: the leave-one-out baseline needs at least 2 completions per prompt, got 1"
-    ]
-    assert not (tmp_path / "out").exists()
-
-
-def test_resume_reproduces_the_uninterrupted_run(tmp_path):
-    full = args(tmp_path, max_steps=4, save_steps=2, beta=0.1, num_iterations=2)
+def test_resume_gives_the_uninterrupted_runs_metrics_and_weights(tmp_path):
+    full = args(tmp_path, max_steps=4, save_steps=2, num_iterations=2, eval_strategy="steps", eval_steps=2)
     rloo.main(full)
-    resumed = dataclasses.replace(
-        full, output_dir=str(tmp_path / "resumed"), resume_from_checkpoint=str(tmp_path / "out" / "checkpoint-2")
-    )
-    rloo.main(resumed)
-    uninterrupted = training_records(tmp_path / "out")
-    assert [r["step"] for r in uninterrupted] == [1, 2, 3, 4]
-    assert training_records(tmp_path / "resumed") == uninterrupted[2:]
-    final = load_file(tmp_path / "out" / "model.safetensors")
-    again = load_file(tmp_path / "resumed" / "model.safetensors")
+    checkpoint = str(tmp_path / "out" / "checkpoint-2")
+    rloo.main(dataclasses.replace(full, output_dir=str(tmp_path / "resumed"), resume_from_checkpoint=checkpoint))
+    assert training(tmp_path / "resumed") == training(tmp_path / "out")[2:]
+    final, again = (load_file(tmp_path / run / "model.safetensors") for run in ("out", "resumed"))
     assert all(torch.equal(final[k], again[k]) for k in final)
 
 
+def test_resume_from_a_stopped_run_equals_the_uninterrupted_run(tmp_path):
+    """Ctrl-C after step 2 saves checkpoint-2; resuming it gives the uninterrupted run's metrics.jsonl exactly."""
+    flags = ["--max_steps", "4", "--prompts_per_step", "4", "--logging_steps", "1", "--eval_steps", "0",
+             "--save_steps", "0", "--eval_strategy", "steps"]  # fmt: skip
+    run_main(rloo, *flags, "--output_dir", tmp_path / "full")
+    out = tmp_path / "stopped"
+    command = [sys.executable, str(ROOT / "rloo.py"), *flags, "--output_dir", str(out)]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # fmt: skip
+    deadline = time.time() + 240
+    while '"step": 2' not in ((out / "metrics.jsonl").read_text() if (out / "metrics.jsonl").exists() else ""):
+        assert process.poll() is None and time.time() < deadline, process.communicate()
+        time.sleep(0.1)
+    process.send_signal(signal.SIGINT)
+    stdout, stderr = process.communicate(timeout=240)
+    assert process.returncode == 130 and "Traceback" not in stderr, stderr
+    (checkpoint,) = rloo.checkpoints(out)
+    assert f"interrupted at step {checkpoint.name.split('-')[1]}: saved {checkpoint}" in stdout
+    run_main(rloo, *flags, "--output_dir", out, "--resume_from_checkpoint", "latest")
+    strip = lambda records: [{k: v for k, v in r.items() if k != "step_time"} for r in records]
+    assert strip(read_metrics(out)) == strip(read_metrics(tmp_path / "full"))
+
+
+def test_sigterm_in_the_loop_saves_a_checkpoint_and_exits_143(tmp_path):
+    out = tmp_path / "out"
+    command = [sys.executable, str(ROOT / "rloo.py"), "--max_steps", "1000", "--prompts_per_step", "4",
+               "--eval_strategy", "no", "--logging_steps", "1", "--output_dir", str(out)]  # fmt: skip
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 240
+    while not (out / "metrics.jsonl").exists():
+        assert process.poll() is None and time.time() < deadline, process.communicate()
+        time.sleep(0.1)
+    process.send_signal(signal.SIGTERM)
+    stdout, stderr = process.communicate(timeout=240)
+    assert process.returncode == 143 and "Traceback" not in stderr, stderr
+    (checkpoint,) = rloo.checkpoints(out)
+    assert stdout.count("interrupted at step") == 1 and str(checkpoint) in stdout
+
+
 def test_micro_batching_does_not_change_the_update(tmp_path, recorded_gradients):
-    """The advantages of the whole batch are known before the first backward pass, so accumulating over micro-batches
-    that split groups (2 of each prompt's 4) gives the one-batch gradient, batch-wide normalization included."""
-    gradients = recorded_gradients
-    whole = args(
-        tmp_path, max_steps=1, num_generations=4, normalize_advantages=True, output_dir=str(tmp_path / "whole")
-    )
+    """The whole batch's advantages are known before the first backward pass, so micro-batches that split groups (2 of
+    each prompt's 4 completions) accumulate the one-batch gradient, batch-wide normalization included."""
+    whole = args(tmp_path, max_steps=1, num_generations=4, normalize_advantages=True, output_dir=str(tmp_path / "a"))
     rloo.main(whole)
-    rloo.main(dataclasses.replace(whole, micro_batch_size=2, output_dir=str(tmp_path / "micro")))
-    one_batch, micro_batches = gradients
-    assert one_batch.abs().max() > 0
-    assert torch.allclose(one_batch, micro_batches, rtol=1e-4, atol=1e-7)
-    (ra,), (rb,) = training_records(tmp_path / "whole"), training_records(tmp_path / "micro")
-    assert ra["loss"] == pytest.approx(rb["loss"], abs=1e-6)
+    rloo.main(dataclasses.replace(whole, micro_batch_size=2, output_dir=str(tmp_path / "b")))
+    one_batch, micro_batches = recorded_gradients
+    assert one_batch.abs().max() > 0 and torch.allclose(one_batch, micro_batches, rtol=1e-4, atol=1e-7)
+    assert training(tmp_path / "a")[0]["loss"] == pytest.approx(training(tmp_path / "b")[0]["loss"], abs=1e-6)
 
 
 def test_beta_zero_loads_no_reference_model(tmp_path, monkeypatch):
     loads = []
-    original = common.load_causal_lm
-    monkeypatch.setattr(common, "load_causal_lm", lambda *a, **k: loads.append(a) or original(*a, **k))
+    load = AutoModelForCausalLM.from_pretrained
+    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", lambda *a, **k: loads.append(a) or load(*a, **k))
     rloo.main(args(tmp_path, beta=0.0, max_steps=1))
-    assert len(loads) == 1
-    assert "kl" not in training_records(tmp_path / "out")[0]  # no reference model, no KL (as grpo.py)
-    rloo.main(args(tmp_path, beta=0.05, max_steps=1, output_dir=str(tmp_path / "with_ref")))
+    assert len(loads) == 1 and "kl" not in training(tmp_path / "out")[0]
+    rloo.main(args(tmp_path, beta=0.05, max_steps=1, output_dir=str(tmp_path / "with_reference")))
     assert len(loads) == 3
 
 
-def test_metrics_use_trl_names_and_are_masked(tmp_path):
-    rloo.main(
-        args(
-            tmp_path,
-            max_steps=1,
-            kl_estimator="k3",
-            reward_funcs="accuracy,format",
-            reward_weights="1.0,0.2",
-            eval_steps=1,
-            num_generations_eval=2,
-        )
-    )
-    records = common.read_metrics(tmp_path / "out")
-    (train,) = training_records(tmp_path / "out")
-    for key in (
-        "reward",
-        "reward_std",
-        "frac_reward_zero_std",
-        "rewards/accuracy_reward/mean",
-        "rewards/format_reward/std",
-        "kl",
-        "entropy",
-        "clip_ratio/low_mean",
-        "clip_ratio/low_min",
-        "clip_ratio/high_mean",
-        "clip_ratio/high_max",
-        "clip_ratio/region_mean",
-        "completions/mean_length",
-        "completions/clipped_ratio",
-        "completions/mean_terminated_length",
-        "loss",
-        "grad_norm",
-        "learning_rate",
-        "num_tokens",
-        "step_time",
-    ):
-        assert key in records[1] or key in train, key
-    assert train["entropy"] > 0 and train["kl"] >= 0  # k3 is non-negative; padding never enters
-    assert train["completions/max_length"] <= 24
-    assert [r["step"] for r in records if "eval/accuracy" in r] == [0, 1]
+@pytest.mark.parametrize("make", [make_bf16_checkpoint, make_hub_like_checkpoint, make_turn_end_checkpoint])
+def test_hub_like_checkpoints_train_in_float32_without_dropout(tmp_path, make, monkeypatch):
+    """A bf16 checkpoint trains with float32 master weights; a Llama with attention dropout and a shipped sampling
+    config trains with dropout off; a turn-end token that is not the tokenizer's EOS ends completions."""
+    model = str(make(tmp_path / "model"))
+    trained = []
+    load_trained = rloo.load_trained
+    monkeypatch.setattr(rloo, "load_trained", lambda *a, **k: trained.append(load_trained(*a, **k)) or trained[-1])
+    rloo.main(args(tmp_path, model_name_or_path=model, max_steps=1))
+    (policy,) = trained
+    assert all(p.dtype == torch.float32 for p in policy.parameters())
+    assert all(v == 0.0 for m in policy.modules() for n, v in vars(m).items() if isinstance(v, float) and "drop" in n)
+    (record,) = training(tmp_path / "out")
+    if make is make_turn_end_checkpoint:  # the model ends nearly every turn with <|im_end|>, the second end id
+        assert record["completions/clipped_ratio"] < 0.5
 
 
-def test_lora_trains_an_adapter_and_saves_a_merged_model(tmp_path):
-    from transformers import AutoModelForCausalLM
-
-    rloo.main(args(tmp_path, use_peft=True, lora_r=4, learning_rate=1e-3, save_merged_model=True, save_steps=1))
+def test_lora_trains_an_adapter_whose_reference_is_the_base(tmp_path):
+    rloo.main(args(tmp_path, use_peft=True, lora_r=4, learning_rate=1e-3, save_steps=1))
     out = tmp_path / "out"
     assert (out / "adapter_config.json").exists() and not (out / "model.safetensors").exists()
-    merged = AutoModelForCausalLM.from_pretrained(out / "merged")
-    base = AutoModelForCausalLM.from_pretrained(common.EMBEDDED_MODEL)
-    assert any(not torch.equal(p, q) for p, q in zip(merged.parameters(), base.parameters()))
+    (first, _) = training(out)
+    assert first["kl"] == pytest.approx(0.0, abs=1e-6)  # step 1: the adapter is zero, so π_θ = π_ref
     rloo.main(args(tmp_path, use_peft=True, lora_r=4, learning_rate=1e-3, max_steps=3, resume_from_checkpoint="latest"))
-    assert [r["step"] for r in training_records(out)] == [1, 2, 3]
+    assert [r["step"] for r in training(out)] == [1, 2, 3]
 
 
-def test_ctrl_c_saves_a_checkpoint_and_exits_cleanly(tmp_path, interrupt_run):
-    checkpoint = interrupt_run("rloo.py", tmp_path / "out", "reward")
-    assert torch.load(checkpoint / "training_state.pt", weights_only=False)["step"] == int(
-        checkpoint.name.split("-")[1]
+def test_bf16_and_gradient_checkpointing_train_float32_master_weights(tmp_path):
+    rloo.main(args(tmp_path, bf16=True, gradient_checkpointing=True, max_steps=1))
+    (record,) = training(tmp_path / "out")
+    assert record["grad_norm"] > 0 and all(
+        t.dtype == torch.float32 for t in load_file(tmp_path / "out" / "model.safetensors").values()
     )
 
 
-def test_standard_prompts_from_a_file_and_reward_columns(tmp_path):
-    data = tmp_path / "data.jsonl"
+def test_a_config_file_is_read_and_the_command_line_wins(tmp_path):
+    config = tmp_path / "recipe.yaml"
+    config.write_text("max_steps: 1\nnum_generations: 4\nprompts_per_step: 2\nreward_funcs: [accuracy, format]\n")
+    out = tmp_path / "out"
+    run_main(rloo, "--config", config, "--num_generations", "2", "--eval_strategy", "no", "--output_dir", out)
+    saved = json.loads((out / "args.json").read_text())
+    assert (saved["max_steps"], saved["num_generations"], saved["reward_funcs"]) == (1, 2, ["accuracy", "format"])
+    run_main(rloo, "--config", out / "args.json", "--output_dir", tmp_path / "again")  # a run's args.json is a config
+    assert json.loads((tmp_path / "again" / "args.json").read_text())["num_generations"] == 2
+
+
+def test_string_prompts_from_a_compressed_file_and_log_completions(tmp_path, capsys):
+    import gzip
+
     rows = [
-        {
-            "prompt": f"<|im_start|>user\n{common.arithmetic_question(a, '+', 2)}<|im_end|>\n<|im_start|>assistant\n",
-            "ground_truth": str(a + 2),
-        }
+        {"prompt": f"Compute {a} + 2. Answer in the form <answer>N</answer>.", "ground_truth": str(a + 2)}
         for a in range(8)
     ]
-    data.write_text("\n".join(json.dumps(r) for r in rows))
-    rloo.main(args(tmp_path, dataset_name=str(data), max_steps=1))
-    (record,) = training_records(tmp_path / "out")
-    assert 0.0 <= record["rewards/accuracy_reward/mean"] <= 1.0
+    with gzip.open(tmp_path / "data.jsonl.gz", "wt") as f:
+        f.write("\n".join(json.dumps(r) for r in rows))
+    rloo.main(args(tmp_path, dataset_name=str(tmp_path / "data.jsonl.gz"), max_steps=1, log_completions=True))
+    assert "[step 1] 'Compute" in capsys.readouterr().out  # tqdm.write: stdout
+    assert 0.0 <= training(tmp_path / "out")[0]["rewards/accuracy_reward/mean"] <= 1.0
+
+
+def test_unscorable_completions_stay_out_of_the_statistics(tmp_path):
+    """A row without a ground truth makes its completions unscorable (NaN): not a 0 in the mean reward."""
+    rows = [{"prompt": f"Compute {a} + 2.", "ground_truth": None if a % 2 else str(a + 2)} for a in range(8)]
+    (tmp_path / "data.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+    rloo.main(args(tmp_path, dataset_name=str(tmp_path / "data.jsonl"), max_steps=1, prompts_per_step=8))
+    (record,) = training(tmp_path / "out")
+    assert record["reward"] == record["rewards/accuracy_reward/mean"] and record["reward"] is not None
+
+
+def test_report_to_tensorboard_writes_its_events(tmp_path):
+    rloo.main(args(tmp_path, max_steps=1, report_to=["tensorboard"]))
+    assert list((tmp_path / "out").rglob("events.out.tfevents.*"))
+
+
+def test_a_non_finite_update_stops_before_it_is_applied(tmp_path, capsys):
+    """A learning rate of 1e30 makes step 1's update blow the weights up: step 2's loss is not finite, and step 2 is
+    not applied or saved."""
+    flags = ["--learning_rate", "1e30", "--max_steps", "3", "--prompts_per_step", "4", "--eval_strategy", "no"]
+    line = one_line_error(rloo, *flags, "--save_steps", "1", "--output_dir", tmp_path / "out", capsys=capsys)
+    assert line.startswith("error: step 2: the loss or the gradient norm is not finite")
+    assert [p.name for p in rloo.checkpoints(tmp_path / "out")] == ["checkpoint-1"]
+
+
+@pytest.mark.parametrize(
+    "flags, line",
+    [
+        (["--num_generations", "1"], "--num_generations: the baseline needs G ≥ 2, got 1"),
+        (["--max_steps", "x"], "--max_steps/--max-steps: invalid int value: 'x'"),
+        (["--max_step", "3"], "unrecognized arguments: --max_step 3"),
+        (["--learning_rate", "0"], "--learning_rate: must be positive, got 0.0"),
+        (["--seed", "-1"], "--seed: must be in [0, 2**32), got -1"),
+        (["--kl_estimator", "k2"], "--kl_estimator/--kl-estimator: invalid choice: 'k2' (choose from 'k1', 'k3')"),
+        (["--load_in_4bit"], "--load_in_4bit: only a LoRA adapter trains on it: add --use_peft"),
+        (["--dataset_name", "no/such/data.jsonl"], "--dataset_name: cannot load 'no/such/data.jsonl'"),
+        (["--dataset_train_split", "validation"], "--dataset_train_split: no 'validation' split"),
+        (["--reward_funcs", "acuracy"], "--reward_funcs: unknown reward function 'acuracy'"),
+        (["--dataset_name", "{questions}"], "--dataset_name: the train split has no 'prompt' column"),
+        (["--dataset_name", "{no_answers}"], "reward function accuracy_reward needs a column solution or ground_truth"),
+        (["--reward_funcs", "{short}"], "reward function short returned 1 values for 8 completions"),
+    ],
+)
+def test_bad_input_is_one_line_with_exit_status_2_and_nothing_written(tmp_path, flags, line, capsys):
+    (tmp_path / "questions.jsonl").write_text('{"question": "1 + 1", "ground_truth": "2"}\n' * 8)
+    (tmp_path / "no_answers.jsonl").write_text('{"prompt": "1 + 1"}\n' * 8)
+    (tmp_path / "short.py").write_text("def short(completions, **kwargs):\n    return [1.0]\n")
+    paths = {"{questions}": "questions.jsonl", "{no_answers}": "no_answers.jsonl", "{short}": "short.py:short"}
+    flags = [str(tmp_path / paths[f]) if f in paths else f for f in flags]
+    out = tmp_path / "out"
+    flags = [*flags, "--prompts_per_step", "4", "--eval_strategy", "no", "--output_dir", out]
+    assert line in one_line_error(rloo, *flags, capsys=capsys)
+    assert not out.exists() or not list(out.iterdir())
+
+
+def test_the_script_itself_says_bad_input_in_one_line(tmp_path):
+    result = run_script(ROOT / "rloo.py", "--num_generations", "1", "--output_dir", tmp_path / "out")
+    assert error_line(result) == "error: --num_generations: the baseline needs G ≥ 2, got 1"
+
+
+def test_a_fresh_run_refuses_another_runs_folder_unless_told(tmp_path, capsys):
+    rloo.main(args(tmp_path, max_steps=1))
+    line = one_line_error(rloo, "--output_dir", tmp_path / "out", capsys=capsys)
+    assert "--output_dir: " in line and "--resume_from_checkpoint latest" in line
+    rloo.main(args(tmp_path, max_steps=1, overwrite_output_dir=True, save_steps=1))
+    assert [r["step"] for r in read_metrics(tmp_path / "out")] == [1]
 
 
 @pytest.mark.slow
-def test_quick_start_learns(tmp_path):
-    """A shortened quick start (`--num_generations 4`) raises held-out sampled accuracy."""
-    rloo.main(rloo.Args(output_dir=str(tmp_path / "out"), num_generations=4, max_steps=100, eval_steps=0))
-    evals = [r for r in common.read_metrics(tmp_path / "out") if "eval/accuracy" in r]
-    assert evals[-1]["eval/accuracy"] - evals[0]["eval/accuracy"] >= 0.1
-
-
-def test_bf16_autocast_and_gradient_checkpointing_train(tmp_path):
-    """The GPU recipe's flags on the CPU: bf16 autocast (through accelerate) and activation checkpointing give a
-    finite, non-zero update and a saved float32 model."""
-    rloo.main(args(tmp_path, bf16=True, gradient_checkpointing=True, beta=0.05, prompts_per_step=8))
-    records = training_records(tmp_path / "out")
-    assert all(r["grad_norm"] > 0 and r["loss"] is not None and r["kl"] is not None for r in records)
-    saved = load_file(tmp_path / "out" / "model.safetensors")
-    assert all(t.dtype == torch.float32 for t in saved.values())
+def test_the_quick_start_learns(tmp_path):
+    """`python rloo.py --num_generations 4`, as the README says: held-out accuracy rises, sampled and greedy."""
+    run_main(rloo, "--num_generations", "4", "--output_dir", tmp_path / "out")
+    evals = [r for r in read_metrics(tmp_path / "out") if "eval/accuracy" in r]
+    first, last = evals[0], evals[-1]
+    assert last["eval/accuracy"] - first["eval/accuracy"] >= 0.15
+    assert last["eval/accuracy_greedy"] >= first["eval/accuracy_greedy"]

@@ -116,7 +116,9 @@ def test_loss_gradient_raises_the_probability_of_positive_advantage_completions(
     import rloo
 
     model = copy.deepcopy(tiny_model)
-    prompt = common.prompt_text(tiny_tokenizer, [{"role": "user", "content": common.arithmetic_question(3, "+", 4)}])
+    prompt = common.prompt_text(
+        tiny_tokenizer, [{"role": "user", "content": "Compute 3 + 4. Answer in the form <answer>N</answer>."}]
+    )
     texts = [prompt + "<answer>7</answer><|im_end|>", prompt + "<answer>9</answer><|im_end|>"]
     enc = tiny_tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
     T = len(tiny_tokenizer("<answer>7</answer><|im_end|>", add_special_tokens=False).input_ids)
