@@ -24,9 +24,8 @@ advantages of each group sum to zero; `grad_norm` shows that the update is not. 
 10, 8, 4, 2 give baselines 4.67, 5.33, 6.67, 7.33 and advantages +5.33, +2.67, −2.67, −5.33.
 
 A pass before any update gives log π_θ_old and log π_ref, so the whole batch's advantages are known before the first
-backward pass; with one micro-batch (the default) that policy pass keeps its graph and is the first update's forward.
-Under `accelerate launch` each process samples, scores and baselines whole groups of its share of the prompts, and
-DDP's mean of the gradients is the one-process update.
+backward pass (with one micro-batch, the default, that pass keeps its graph for the first update). Under `accelerate
+launch` each process baselines whole groups of its share of the prompts; DDP's mean gradient is the one-process one.
 
     python rloo.py --num_generations 4                     # the embedded tiny model, offline, about a minute on a CPU
     accelerate launch --config_file configs/multi_gpu.yaml rloo.py --model_name_or_path Qwen/Qwen2.5-0.5B-Instruct \\
@@ -344,7 +343,6 @@ def evaluate(accelerator, model, tokenizer, eval_dataset, eval_texts, reward_fun
     if eval_dataset is None:
         return {}
     mine = range(accelerator.process_index, len(eval_dataset), accelerator.num_processes)
-    columns = [c for c in eval_dataset.column_names if c != "prompt"]
     names = ["reward", *(name.removesuffix("_reward") for name in reward_funcs)]
     metrics = {}
     with torch.random.fork_rng(), unwrapped_for_generation(accelerator, model) as policy:
@@ -359,7 +357,7 @@ def evaluate(accelerator, model, tokenizer, eval_dataset, eval_texts, reward_fun
                 completion_mask, _ = common.end_of_completion(out["completion_ids"], config.eos_token_id)
                 completions, ids = common.decode(tokenizer, out["completion_ids"], completion_mask)
                 prompts = [p for p in rows["prompt"] for _ in range(G)]
-                row_columns = {c: [v for v in rows[c] for _ in range(G)] for c in columns}
+                row_columns = {c: [v for v in rows[c] for _ in range(G)] for c in rows.column_names if c != "prompt"}
                 rewards, per_func = compute_rewards(reward_funcs, weights, prompts, completions, ids, row_columns)
                 scores += torch.cat([rewards[:, None], per_func], 1).tolist()
             means = torch.tensor(gather_object(scores)).nanmean(0)  # over every process's completions
@@ -478,7 +476,6 @@ def main(args: Args):
     eval_dataset = eval_dataset if args.eval_strategy == "steps" else None
     train_texts = prompt_texts(tokenizer, train_dataset, args, args.dataset_train_split)
     eval_texts = eval_dataset and prompt_texts(tokenizer, eval_dataset, args, args.dataset_test_split)
-    columns = [c for c in train_dataset.column_names if c != "prompt"]
 
     # ---- plumbing: reward functions ----
     reward_funcs = load_reward_funcs(args, device, prepare=lambda model: prepare_frozen(accelerator, model))
@@ -556,7 +553,7 @@ def main(args: Args):
         # ==== 2. score: r(x, y_i), the weighted sum of the reward functions ====
         completions, completion_id_lists = common.decode(tokenizer, completion_ids, completion_mask)
         prompts = [p for p in rows["prompt"] for _ in range(G)]
-        row_columns = {c: [v for v in rows[c] for _ in range(G)] for c in columns}
+        row_columns = {c: [v for v in rows[c] for _ in range(G)] for c in rows.column_names if c != "prompt"}
         rewards, rewards_per_func = compute_rewards(
             reward_funcs, weights, prompts, completions, completion_id_lists, row_columns
         )
@@ -598,9 +595,7 @@ def main(args: Args):
                 old_logprobs, rollout["sampler_logprobs"], completion_mask,
                 mode=args.vllm_importance_sampling_mode, clip_max=args.vllm_importance_sampling_clip_max,
             )  # fmt: skip
-        loss_weights = is_weights[:, 0] / local_batch_size
-        if args.mask_truncated_completions:
-            loss_weights = loss_weights * ~is_truncated
+        loss_weights = is_weights[:, 0] * ~(is_truncated & args.mask_truncated_completions) / local_batch_size
 
         # ==== 6. loss and update: num_iterations passes over the batch, micro-batches accumulated ====
         # Each process's loss is the mean over its completions (w_i), and DDP's mean over processes the batch's.
