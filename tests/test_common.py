@@ -6,11 +6,11 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import torch
-from conftest import ARITHMETIC, EMBEDDED
 from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
 import common
 import rloo
+from conftest import ARITHMETIC, EMBEDDED
 
 ARGS = SimpleNamespace(temperature=0.7, top_p=1.0, top_k=0, max_completion_length=12)
 

@@ -19,7 +19,6 @@ import time
 
 import pytest
 import torch
-from conftest import LOGGED_KEY, ROOT, logged, start_run, wait_for
 from safetensors import SafetensorError
 from transformers import modeling_utils
 
@@ -31,6 +30,7 @@ import reward_model
 import rloo
 import sft
 from common import ConfigError, TrainingError
+from conftest import LOGGED_KEY, ROOT, logged, start_run, wait_for
 
 SCRIPTS = {
     "rloo.py": rloo,

@@ -23,13 +23,13 @@ import sys
 
 import pytest
 import torch
-from conftest import ROOT
 from safetensors import SafetensorError
 from test_distributed import free_port
 from test_faults import RL, SCRIPTS, cli_error, every, run_tiny, tiny_flags
 from transformers import modeling_utils
 
 import common
+from conftest import ROOT
 
 
 def no_model_in(out) -> bool:

@@ -143,8 +143,9 @@ def test_a_missing_column_is_said_before_training():
 
 
 def test_a_reward_model_scores_text_through_its_own_tokenizer(tmp_path, tiny_tokenizer):
-    from conftest import EMBEDDED
     from transformers import AutoConfig, AutoModelForSequenceClassification
+
+    from conftest import EMBEDDED
 
     config = AutoConfig.from_pretrained(EMBEDDED, num_labels=1, pad_token_id=tiny_tokenizer.pad_token_id)
     torch.manual_seed(0)

@@ -10,11 +10,11 @@ import time
 import pytest
 import torch
 from accelerate import Accelerator
-from conftest import ROOT, error_line, one_line_error, read_metrics, run_main, run_script
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
 import rloo
+from conftest import ROOT, error_line, one_line_error, read_metrics, run_main, run_script
 from hub_like import make_bf16_checkpoint, make_hub_like_checkpoint, make_turn_end_checkpoint
 
 

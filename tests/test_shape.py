@@ -7,6 +7,7 @@ import shutil
 from collections import defaultdict
 
 import pytest
+
 from conftest import ROOT, run_script
 
 SCRIPTS = ["rloo.py", "grpo.py", "reinforce.py", "ppo.py", "sft.py", "reward_model.py"]
