@@ -15,7 +15,12 @@ from transformers import AutoModelForCausalLM
 
 import rloo
 from conftest import ROOT, error_line, one_line_error, read_metrics, run_main, run_script
-from hub_like import make_bf16_checkpoint, make_hub_like_checkpoint, make_turn_end_checkpoint
+from hub_like import (
+    make_bf16_checkpoint,
+    make_deepmath_like_dataset,
+    make_hub_like_checkpoint,
+    make_turn_end_checkpoint,
+)
 
 
 def args(tmp_path, **overrides) -> rloo.Args:
@@ -271,3 +276,14 @@ def test_the_quick_start_learns(tmp_path):
     first, last = evals[0], evals[-1]
     assert last["eval/accuracy"] - first["eval/accuracy"] >= 0.15
     assert last["eval/accuracy_greedy"] >= first["eval/accuracy_greedy"]
+
+
+def test_trls_math_recipe_layout_trains_with_math_verify(tmp_path):
+    """trl-lib/DeepMath-103K's layout (a dataset card, parquet shards, a LaTeX `solution`), by --dataset_config."""
+    data = str(make_deepmath_like_dataset(tmp_path / "deepmath"))
+    evaluation = dict(eval_strategy="steps", num_generations_eval=1)
+    rloo.main(
+        args(tmp_path, dataset_name=data, dataset_config="default", reward_funcs=["accuracy_reward"], **evaluation)
+    )
+    records = read_metrics(tmp_path / "out")
+    assert 0.0 <= records[0]["eval/accuracy"] <= 1.0 and "rewards/accuracy_reward/mean" in records[1]
