@@ -27,9 +27,8 @@ A pass before any update gives log π_θ_old and log π_ref, so the whole batch'
 backward pass (with one micro-batch, the default, that pass keeps its graph for the first update). Under `accelerate
 launch` each process baselines whole groups of its share of the prompts; DDP's mean gradient is the one-process one.
 
-    python rloo.py --num_generations 4                     # the embedded tiny model, offline, about a minute on a CPU
-    accelerate launch --config_file configs/multi_gpu.yaml rloo.py --model_name_or_path Qwen/Qwen2.5-0.5B-Instruct \\
-        --dataset_name trl-lib/DeepMath-103K --learning_rate 1e-6 --max_completion_length 1024 --bf16
+    python rloo.py --num_generations 4          # the embedded tiny model, offline, about a minute on a CPU
+    accelerate launch --config_file configs/multi_gpu.yaml rloo.py --model_name_or_path Qwen/Qwen2.5-0.5B-Instruct ...
 
 Copy rloo.py with common.py (text ↔ tokens) and rewards.py (reward functions); vllm_colocate.py only for --use_vllm.
 """
@@ -147,11 +146,9 @@ def check_args(args: Args):
 # ---- the log-probs at the temperature, which every equation above reads ----
 def completion_logprobs(model, input_ids, attention_mask, T: int, temperature: float, entropy=False, chunk=2**24):
     """log π(y_t | x, y_<t) (B, T), float32, of the last T tokens of `input_ids` (the completion) under
-    softmax(logits / temperature); with `entropy`, also that softmax's detached entropy (B, T), else None.
-
-    Only the T completion positions get logits (`logits_to_keep`). The float32 log-softmax exists for `chunk` elements
-    at a time, never (B, T, V) whole, and the backward pass recomputes it (checkpointing). Position ids come from the
-    attention mask, as in generation (left padding)."""
+    softmax(logits / temperature); with `entropy`, also that softmax's detached entropy (B, T), else None. Only the
+    completion positions get logits, and the float32 log-softmax exists for `chunk` elements at a time (never
+    (B, T, V) whole), recomputed in the backward pass. Position ids come from the attention mask, as in generation."""
     position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
     # T + 1 positions: the last prompt position predicts the first completion token
     output = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, logits_to_keep=T + 1)
@@ -225,7 +222,11 @@ def parse_args(args_class):
         action.type = json.loads if action.type is dict else action.type
     namespace = parser.parse_args()
     if namespace.config:
-        config = yaml.safe_load(Path(namespace.config).read_text())
+        try:
+            config = yaml.safe_load(Path(namespace.config).read_text())
+        except (OSError, yaml.YAMLError) as error:
+            raise BadInput(f"--config: {str(error).splitlines()[0]}") from None
+        require(isinstance(config, dict), f"--config {namespace.config}: expected a mapping of flag: value")
         unknown = sorted(set(config) - set(vars(namespace)))
         require(not unknown, f"--config {namespace.config}: unknown flags {unknown}")
         parser.set_defaults(**config)
@@ -234,6 +235,7 @@ def parse_args(args_class):
     return args_class(**vars(namespace))
 
 
+# ---- plumbing: the flags every RL script shares ----
 def check_shared_args(args):
     """The flags every RL script shares, in range."""
     positive = "max_steps prompts_per_step learning_rate max_completion_length temperature num_iterations epsilon"
@@ -247,7 +249,6 @@ def check_shared_args(args):
     require(0 <= args.seed < 2**32, f"--seed: must be in [0, 2**32), got {args.seed}")  # numpy's range
     require(args.save_total_limit is None or args.save_total_limit > 0, "--save_total_limit: must be positive")
     require(args.use_peft or not args.load_in_4bit, "--load_in_4bit: only a LoRA adapter trains on it: add --use_peft")
-    require(not (args.use_vllm and args.load_in_4bit), "--use_vllm: vLLM takes full weights, not a 4-bit base")
     require(args.dataset_train_split != args.dataset_test_split, "--dataset_test_split: that is the training split")
 
 
@@ -267,6 +268,7 @@ def load_split(args, split: str):
     return splits.get(split)
 
 
+# ---- plumbing: prompts ----
 def prompt_texts(tokenizer, dataset, args, split: str) -> list[str]:
     """Every prompt of a split as the model reads it; one that cannot be rendered is one line that quotes it."""
     require("prompt" in dataset.column_names, f"--dataset_name: the {split} split has no 'prompt' column")
@@ -277,10 +279,10 @@ def prompt_texts(tokenizer, dataset, args, split: str) -> list[str]:
 
 
 # ---- plumbing: models ----
-def load_trained(args, path: str, model_class=AutoModelForCausalLM, task_type="CAUSAL_LM"):
+def load_trained(args, path: str, model_class=AutoModelForCausalLM, task_type="CAUSAL_LM", **options):
     """A model to train: float32 master weights whatever the checkpoint's dtype (a frozen base is bf16 under --use_peft
     --bf16, 4-bit under --load_in_4bit), --use_peft's LoRA adapter, dropout off, --gradient_checkpointing."""
-    from peft import LoraConfig, get_peft_model
+    from peft import LoraConfig, cast_mixed_precision_params, get_peft_model
 
     compute = torch.bfloat16 if args.bf16 else torch.float32
     quantization = transformers.BitsAndBytesConfig(
@@ -289,12 +291,13 @@ def load_trained(args, path: str, model_class=AutoModelForCausalLM, task_type="C
     dtype = torch.bfloat16 if args.use_peft and args.bf16 else torch.float32
     attention = args.attn_implementation
     model = model_class.from_pretrained(
-        path, dtype=dtype, quantization_config=quantization, attn_implementation=attention
+        path, dtype=dtype, quantization_config=quantization, attn_implementation=attention, **options
     )
     if args.use_peft:
         targets = "all-linear" if args.lora_target_modules == ["all-linear"] else args.lora_target_modules
         lora = dict(r=args.lora_r, lora_alpha=args.lora_alpha, lora_dropout=args.lora_dropout, target_modules=targets)
         model = get_peft_model(model, LoraConfig(task_type=task_type, **lora))
+        cast_mixed_precision_params(model, dtype)  # what trains in float32 (a score head too), the rest in dtype
     if args.disable_dropout:  # dropout layers, and the rates attention layers keep as floats (Llama's, GPT-2's)
         for module in model.modules():
             rates = [n for n, v in vars(module).items() if isinstance(v, float) and "drop" in n]
@@ -305,9 +308,9 @@ def load_trained(args, path: str, model_class=AutoModelForCausalLM, task_type="C
     return model.train()
 
 
+# ---- plumbing: frozen models and sampling ----
 def prepare_frozen(accelerator, model):
-    """A model no optimizer updates (π_ref, a reward model): eval mode, no gradients, on this process's device; under
-    DeepSpeed ZeRO-3, which partitions every model loaded after the Accelerator, in an inference engine (as TRL)."""
+    """A frozen model (π_ref, a reward model) on its device; under ZeRO-3 in an inference engine, as TRL does."""
     model = model.eval().requires_grad_(False)
     plugin = accelerator.state.deepspeed_plugin
     if plugin is None or plugin.zero_stage != 3:
@@ -322,8 +325,7 @@ def prepare_frozen(accelerator, model):
 
 @contextlib.contextmanager
 def unwrapped_for_generation(accelerator, model):
-    """The plain policy, in eval mode, to sample from; under DeepSpeed ZeRO-3 with its parameters gathered meanwhile,
-    as TRL does (else a collective per layer and token)."""
+    """The plain policy, in eval mode, to sample from; under ZeRO-3 with its parameters gathered meanwhile (TRL's)."""
     plugin, policy = accelerator.state.deepspeed_plugin, accelerator.unwrap_model(model)
     gathered = contextlib.nullcontext()
     if plugin is not None and plugin.zero_stage == 3:
@@ -338,8 +340,8 @@ def unwrapped_for_generation(accelerator, model):
 # ---- plumbing: evaluation ----
 @torch.no_grad()
 def evaluate(accelerator, model, tokenizer, eval_dataset, eval_texts, reward_funcs, weights, args) -> dict:
-    """The run's rewards on the held-out prompts, num_generations_eval samples each and one greedy (`_greedy`):
-    eval/reward, their weighted sum, and eval/<name>, each function's. Under its own RNG: training samples the same."""
+    """eval/reward (the weighted sum) and eval/<function> on the held-out prompts, num_generations_eval samples each and
+    one greedy (`_greedy`), under an RNG of its own (training samples the same whether or not it evaluates)."""
     if eval_dataset is None:
         return {}
     mine = range(accelerator.process_index, len(eval_dataset), accelerator.num_processes)
@@ -367,8 +369,7 @@ def evaluate(accelerator, model, tokenizer, eval_dataset, eval_texts, reward_fun
 
 # ---- plumbing: the output folder, checkpoints and logging ----
 def claim_output_dir(args) -> Path | None:
-    """The checkpoint to resume from (None: a fresh run, which refuses another run's checkpoints and metrics, or with
-    --overwrite_output_dir deletes them). A resumed run drops the metrics logged after its checkpoint."""
+    """The checkpoint to resume from, whose later metrics are dropped; None for a fresh run, into a fresh folder."""
     out, metrics = Path(args.output_dir), Path(args.output_dir) / "metrics.jsonl"
     if args.resume_from_checkpoint:
         latest = args.resume_from_checkpoint == "latest"
@@ -405,8 +406,8 @@ def save_model(accelerator, args, model, tokenizer, folder: Path, state: dict):
 
 
 def save_checkpoint(accelerator, args, model, tokenizer, state: dict) -> Path:
-    """output_dir/checkpoint-{step}: `save_model`, and accelerate's state: the optimizer, the scheduler, every process's
-    RNG (and the weights under DeepSpeed or FSDP, which shard them). Renamed into place when complete."""
+    """checkpoint-{step}: `save_model`, and accelerate's state (optimizer, scheduler, RNG; under DeepSpeed or FSDP the
+    sharded weights too). Renamed into place when complete."""
     folder = Path(args.output_dir) / f"checkpoint-{state['step']}"
     tmp = folder.with_name(f".{folder.name}.tmp")
     save_model(accelerator, args, model, tokenizer, tmp, state)
@@ -454,7 +455,10 @@ def main(args: Args):
     # ---- plumbing: setup ----
     check_args(args)
     precision, trackers = "bf16" if args.bf16 else "no", None if args.report_to == ["none"] else args.report_to
-    accelerator = Accelerator(mixed_precision=precision, log_with=trackers, project_dir=args.output_dir)
+    # the scheduler steps once per update (accelerate's default steps it once per process: for a split DataLoader)
+    accelerator = Accelerator(
+        mixed_precision=precision, log_with=trackers, project_dir=args.output_dir, step_scheduler_with_optimizer=False
+    )
     if accelerator.state.deepspeed_plugin is not None:  # no DataLoader is prepared: DeepSpeed's sizes come from here
         accelerator.state.deepspeed_plugin.deepspeed_config.update(
             train_micro_batch_size_per_gpu=1, gradient_accumulation_steps=1, train_batch_size=accelerator.num_processes,
@@ -469,7 +473,7 @@ def main(args: Args):
     micro_batch_size = args.micro_batch_size or local_batch_size
     require(local_batch_size % micro_batch_size == 0, f"--micro_batch_size: must divide {local_batch_size} completions")
 
-    # ---- plumbing: data ----
+    # ---- plumbing: the splits and their prompts ----
     tokenizer = common.load_tokenizer(args.model_name_or_path)
     train_dataset, eval_dataset = load_split(args, args.dataset_train_split), load_split(args, args.dataset_test_split)
     require(len(train_dataset) >= args.prompts_per_step, f"--prompts_per_step: more than the {len(train_dataset)} rows")
@@ -486,12 +490,8 @@ def main(args: Args):
     # ---- plumbing: the policy π_θ, the reference π_ref (β > 0; with LoRA: the policy without its adapter) ----
     model, ref_model = load_trained(args, args.model_name_or_path), None
     if args.beta > 0 and not args.use_peft:  # frozen: bf16 under --bf16
-        dtype = torch.bfloat16 if args.bf16 else torch.float32
-        attention = args.attn_implementation
-        ref_model = AutoModelForCausalLM.from_pretrained(
-            args.model_name_or_path, dtype=dtype, attn_implementation=attention
-        )
-        ref_model = prepare_frozen(accelerator, ref_model)
+        ref = dict(dtype=torch.bfloat16 if args.bf16 else torch.float32, attn_implementation=args.attn_implementation)
+        ref_model = prepare_frozen(accelerator, AutoModelForCausalLM.from_pretrained(args.model_name_or_path, **ref))
     generation_config = common.sampling_config(model, tokenizer, args)
     end_ids = generation_config.eos_token_id
 
@@ -653,9 +653,8 @@ def main(args: Args):
                 "clip_ratio/low_mean": low.mean().item(),
                 "clip_ratio/high_mean": high.mean().item(),
                 "clip_ratio/region_mean": (low + high).mean().item(),
+                **({"sampling/importance_sampling_ratio/mean": all_is_weights.mean().item()} if off_policy else {}),
             }
-            if off_policy:
-                metrics["sampling/importance_sampling_ratio/mean"] = all_is_weights.mean().item()
 
         # ---- plumbing: log, evaluate, save, stop ----
         state["step"] = step
