@@ -28,6 +28,7 @@ def blocks(script: str) -> dict[str, list[str]]:
         ):
             name = HEADER.match(line).group(1) if HEADER.match(line) else None
             if name is not None:
+                assert name not in found, f"{script}: two blocks are named {name!r}"
                 found[name] = []
         if name is not None:
             found[name].append(line)
