@@ -4,156 +4,189 @@ For every prompt x, sample G = num_generations completions y_1..y_G from the pol
 and score them with the reward r (a weighted sum of reward functions, or a reward model). Then:
 
     Group-relative advantage (DeepSeekMath §4.1.2, outcome supervision), the same for every token of y_i
-        A_i = (r_i − mean_j r_j) / (std + 1e-4)      std of the group's rewards (--scale_rewards group), of the whole
-                                                       batch's (batch), or no division at all (none)
+        A_i = (r_i − mean_j r_j) / (std + 1e-4)    std: of the group (--scale_rewards group), of the batch (batch), or 1
 
     Per-token clipped surrogate, with the KL as a loss term on the current policy (DeepSeekMath Eq. 3, k3 of Eq. 4)
-        ρ_{i,t} = π_θ(y_{i,t} | x, y_{i,<t}) / π_θ_old(y_{i,t} | x, y_{i,<t}) = exp(log π_θ − log π_θ_old)
-        kl_{i,t} = exp(log π_ref − log π_θ) − (log π_ref − log π_θ) − 1     (differentiated: ∂/∂log π_θ = 1 − π_ref/π_θ)
-        ℓ_{i,t} = −min(ρ_{i,t} A_i, clip(ρ_{i,t}, 1 − ε, 1 + ε_high) A_i) + β · kl_{i,t}
+        ρ_{i,t} = π_θ(y_{i,t} | x, y_{i,<t}) / π_θ_old(y_{i,t} | x, y_{i,<t})
+        kl_{i,t} = exp(log π_ref − log π_θ) − (log π_ref − log π_θ) − 1      (its gradient in log π_θ: 1 − π_ref/π_θ)
+        ℓ_{i,t} = −is_{i,t} · min(ρ_{i,t} A_i, clip(ρ_{i,t}, 1 − ε, 1 + ε_high) A_i) + β · kl_{i,t}
         L(θ) = Σ_{i,t} w_{i,t} ℓ_{i,t},   with m the completion mask (0 on whole rows with --mask_truncated_completions)
-            --loss_type grpo      w_{i,t} = m_{i,t} / (|y_i| · N)       each sequence's token mean, then the mean
-                                                                over the N sequences with a loss (Eq. 3)
+            --loss_type grpo      w_{i,t} = m_{i,t} / (|y_i| · N)   each sequence's token mean, over the N with a loss
             --loss_type dr_grpo   w_{i,t} = m_{i,t} / (B · max_completion_length)        a constant normalizer
             --loss_type dapo      w_{i,t} = m_{i,t} / Σ_{j,s} m_{j,s}   every token of the batch weighs the same
-            --loss_type bnpo      the same as dapo here (TRL divides by the tokens of each micro-batch instead)
+            --loss_type bnpo      as dapo here (TRL divides by the tokens of each micro-batch instead)
+    with is_{i,t} = 1, or, when vLLM samples instead of π_θ, TRL's importance-sampling correction π_θ_old / π_vllm of
+    y_i (sequence_*) or of y_{i,t} (token_*), capped at C (*_truncate) or 0 above C (*_mask).
 
-    Sampler correction, when vLLM or the --bf16 copy samples instead of π_θ (TRL's importance sampling): the surrogate
-    term of ℓ_{i,t} (not β · kl) is multiplied by
-        w = π_θ_old / π_sampler of y_i (sequence_*) or y_{i,t} (token_*); capped at C (*_truncate), 0 above C (*_mask)
+Dr. GRPO (Liu et al. 2025, §3.1–3.2): the std favours easy and hard prompts and |y_i| favours long wrong answers, hence
+--scale_rewards none --loss_type dr_grpo. DAPO (Yu et al. 2025): clip-higher (§3.1, --epsilon_high 0.28), dynamic
+sampling (§3.2, --dynamic_sampling: a group whose rewards are all equal has A = 0, so it gives way to newly sampled
+prompts), the token-level loss (§3.3, --loss_type dapo) and overlong filtering (§3.4, --mask_truncated_completions).
 
-What the follow-ups changed. Dr. GRPO (Liu et al. 2025, §3.1–3.2): dividing by the std favours easy and hard prompts and
-dividing by |y_i| favours long wrong answers, so no std (--scale_rewards none) and a constant normalizer
-(--loss_type dr_grpo). DAPO (Yu et al. 2025): clip-higher (§3.1, --epsilon_high 0.28, room for unlikely tokens to
-grow), dynamic sampling (§3.2, --dynamic_sampling: a group whose rewards are all equal has A = 0 and teaches nothing,
-so it is dropped and more prompts are sampled), the token-level loss (§3.3, --loss_type dapo) and overlong filtering
-(§3.4, --mask_truncated_completions).
+With num_iterations = 1 (the default) ρ ≡ 1 and ∇L = −Σ_{i,t} w_{i,t} A_i ∇ log π_θ(y_{i,t}) (+ the KL term). The logged
+`loss` and `policy_loss` (without β·kl) then sit near 0 when the lengths are alike, because each group's advantages sum
+to zero; `grad_norm` shows that the update is not. Worked example (G = 4, --scale_rewards none): rewards 10, 8, 4, 2
+have group mean 6 and advantages +4, +2, −2, −4, which RLOO's leave-one-out advantages scale by G/(G−1) = 4/3.
 
-With num_iterations = 1 (the default) the completions are used once: ρ ≡ 1 and ∇L = −Σ_{i,t} w_{i,t} A_i ∇ log
-π_θ(y_{i,t}) (+ the KL term). The logged `loss` and `policy_loss` (the loss without its β·kl term) then sit near 0,
-because the advantages of each group sum to zero; `grad_norm` shows that the update is not. Worked example (G = 4,
---scale_rewards none): rewards 10, 8, 4, 2 have group mean 6 and advantages +4, +2, −2, −4, which RLOO's leave-one-out
-advantages scale by G/(G−1) = 4/3.
+A_i depends on the rewards alone, and every normalizer is counted once over the whole batch, so micro-batches give
+exactly the one-batch gradient. Under `accelerate launch` each process samples whole groups of its share of the prompts;
+the rewards are gathered (A_i is the whole batch's), the normalizers counted over every process, and each process's
+loss is N times its share of the one sum, so that DDP's mean gradient is the one-process update.
 
-A_i depends on the rewards only, so it is known before any backward pass, and one forward per completion and iteration
-suffices: the first iteration's log-probs, detached, are π_θ_old. Every normalizer is computed once over the whole
-batch, so accumulated micro-batches give exactly the one-batch gradient. Under `accelerate launch` each process
-samples and scores whole groups of its share of the prompts; the rewards are gathered (A_i is the whole batch's), the
-normalizers counted over every process, and each process's loss is N times its share of the one sum, so that DDP's
-mean of the gradients is the one-process update (tested). β = 0 (the default) loads no reference model.
-Sampling draws from softmax(logits / τ), the log-probs' distribution; --top_k and --top_p make training off-policy.
+    python grpo.py                              # the embedded tiny model, offline, about two minutes on a CPU
+    accelerate launch --config_file configs/multi_gpu.yaml grpo.py --model_name_or_path Qwen/Qwen2.5-0.5B-Instruct ...
 
-Copy grpo.py with common.py (plumbing: arguments, data, processes, sampling, evaluation, checkpoints, logging)
-and rewards.py (reward functions, reward-model scoring; it stands alone); vllm_colocate.py only for --use_vllm.
-
-    python grpo.py                                          # the embedded tiny model, offline, ~70 s on a 2-core CPU
+Copy grpo.py with common.py (text ↔ tokens) and rewards.py (reward functions); vllm_colocate.py only for --use_vllm.
 """
 
-from contextlib import nullcontext
-from dataclasses import dataclass
+import contextlib
+import json
+import math
+import shutil
+import signal
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Literal
 
 import torch
-import torch.nn.functional as F
 import torch.utils.checkpoint
-from accelerate.utils import set_seed
+import transformers
+import yaml
+from accelerate import Accelerator, DistributedType
+from accelerate.utils import gather_object, set_seed
+from datasets import load_dataset
+from tqdm.auto import tqdm
+from transformers import AutoModelForCausalLM, HfArgumentParser, SchedulerType
 
 import common
-from common import arg, require
-from rewards import compute_rewards
+from rewards import RewardError, check_columns, compute_rewards, load_reward_funcs, reward_weights
 
-LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
+HERE = Path(__file__).resolve().parent
+
+
+def arg(default, help: str):
+    kind = {"default_factory": lambda: list(default)} if isinstance(default, list) else {"default": default}
+    return field(**kind, metadata={"help": help})
 
 
 @dataclass
-class Args(common.Args):
-    """This script's flags; the ones every algorithm script shares are in common.Args (`--help` lists all)."""
-
-    num_generations: int = arg(8, "completions sampled per prompt (G ≥ 2), the group whose mean is the baseline")
-    scale_rewards: str = arg("group", "divide the centered rewards by the std of the group, the batch, or none")
-    loss_type: str = arg("dapo", "token weighting of the loss: grpo, bnpo, dr_grpo or dapo (see the module docstring)")
-    beta: float = arg(0.0, "coefficient β of the k3 KL term in the loss; 0 skips the reference model entirely")
-    num_iterations: int = arg(1, "optimizer steps on each batch of completions (>1: the ratio and clipping matter)")
+class Args:
+    # model and data
+    model_name_or_path: str = arg(str(HERE / "models/tiny-arith"), "policy: a hub id or a folder (default: embedded)")
+    attn_implementation: str | None = arg(None, "eager, sdpa, flash_attention_2, ... (default: transformers' choice)")
+    dataset_name: str = arg(str(HERE / "data/arithmetic"), "a hub dataset, or a data folder or file; a 'prompt' column")
+    dataset_config: str | None = arg(None, "the configuration of a dataset that has several")
+    dataset_train_split: str = arg("train", "split to train on")
+    dataset_test_split: str = arg("test", "held-out split, scored with the run's rewards (skipped when absent)")
+    reward_funcs: list[str] = arg(["accuracy"], "reward functions: built-in names, file.py:function or pkg.module.fn")
+    reward_weights: list[str] = arg([], "one weight per reward function (default 1.0 each)")
+    reward_model_path: str | None = arg(None, "a sequence classifier with one label, added to the reward functions")
+    # GRPO
+    num_generations: int = arg(8, "completions per prompt, G ≥ 2: the group whose mean is the baseline")
+    scale_rewards: Literal["group", "batch", "none"] = arg("group", "A / the std of the group or the batch, or none")
+    loss_type: Literal["grpo", "bnpo", "dr_grpo", "dapo"] = arg("dapo", "the loss's token weights (see above)")
+    beta: float = arg(0.0, "coefficient β of the k3 KL term in the loss; 0 loads no reference model")
+    num_iterations: int = arg(1, "optimizer steps on each batch (> 1: the ratio and its clipping matter)")
     epsilon: float = arg(0.2, "lower clipping bound ε of the per-token ratio")
-    epsilon_high: float | None = arg(None, "upper clipping bound (default: epsilon; DAPO's clip-higher uses 0.28)")
-    mask_truncated_completions: bool = arg(False, "completions without EOS get no loss (they count in the advantages)")
-    dynamic_sampling: bool = arg(False, "DAPO: drop groups whose rewards are all equal and sample more prompts")
-    max_resample_rounds: int = arg(3, "--dynamic_sampling: extra generation rounds per step at most")
-    # this script's defaults of common.Args' flags
-    prompts_per_step: int = 8
-    max_steps: int = 100
-    learning_rate: float = 0.0001
-    output_dir: str = "outputs/grpo"
-    save_steps: int = 50
+    epsilon_high: float | None = arg(None, "upper clipping bound (default: epsilon; DAPO's clip-higher: 0.28)")
+    mask_truncated_completions: bool = arg(False, "completions without an end token get no loss (A still counts them)")
+    dynamic_sampling: bool = arg(False, "DAPO: groups whose rewards are all equal give way to newly sampled prompts")
+    max_resample_rounds: int = arg(3, "--dynamic_sampling: extra sampling rounds per step at most")
+    # generation
+    max_completion_length: int = arg(24, "tokens generated per completion at most")
+    temperature: float = arg(1.0, "sampling temperature τ; the log-probs are those of softmax(logits / τ)")
+    top_p: float = arg(1.0, "nucleus sampling (1.0: off; < 1 samples off-policy)")
+    top_k: int = arg(0, "top-k sampling (0: off; > 0 samples off-policy)")
+    chat_template_kwargs: dict | None = arg(None, "chat template arguments, e.g. '{\"enable_thinking\": false}'")
+    use_vllm: bool = arg(False, "sample with a colocated vLLM engine (vllm_colocate.py; needs a GPU)")
+    vllm_gpu_memory_utilization: float = arg(0.3, "fraction of GPU memory the vLLM engine may take")
+    vllm_max_model_length: int | None = arg(None, "vLLM's context length (default: the model's)")
+    vllm_importance_sampling_correction: bool = arg(True, "weight the loss by π_θ_old / π_vllm (TRL's correction)")
+    vllm_importance_sampling_mode: Literal["sequence_mask", "sequence_truncate", "token_mask", "token_truncate"] = arg(
+        "sequence_mask", "per completion or per token; 0 above C, or C"
+    )
+    vllm_importance_sampling_clip_max: float = arg(3.0, "the cap C of the importance-sampling ratio")
+    # optimization
+    prompts_per_step: int = arg(8, "prompts per step; the batch is prompts_per_step × num_generations completions")
+    micro_batch_size: int = arg(0, "completions per forward and backward, gradients accumulated (0: the batch)")
+    max_steps: int = arg(100, "training steps, one batch each")
+    learning_rate: float = arg(1e-4, "AdamW learning rate (the embedded model; ~1e-6 for a 0.5B model)")
+    lr_scheduler_type: SchedulerType = arg("cosine", "transformers' learning-rate schedule")
+    warmup_ratio: float = arg(0.03, "fraction of the optimizer steps spent warming up")
+    weight_decay: float = arg(0.0, "AdamW weight decay")
+    max_grad_norm: float = arg(1.0, "gradient clipping norm")
+    seed: int = arg(0, "random seed (sampling, data order)")
+    disable_dropout: bool = arg(True, "dropout off, so that sampling, π_θ_old and the loss see one policy")
+    # logging, evaluation, checkpoints
+    output_dir: str = arg("outputs/grpo", "where metrics.jsonl, the checkpoints and the final model go")
+    overwrite_output_dir: bool = arg(False, "start over in an output_dir that holds another run")
+    logging_steps: int = arg(5, "log metrics every this many steps")
+    log_completions: bool = arg(False, "print a few completions and their rewards at each log")
+    num_completions_to_print: int = arg(2, "how many completions --log_completions prints")
+    report_to: list[str] = arg(["none"], "trackers besides metrics.jsonl: tensorboard, wandb, trackio, all, ...")
+    eval_strategy: Literal["steps", "no"] = arg("steps", "steps: at the start, every eval_steps and at the end")
+    eval_steps: int = arg(50, "evaluate every this many steps (0: at the start and the end only)")
+    num_generations_eval: int = arg(4, "completions sampled per held-out prompt (and one greedy)")
+    per_device_eval_batch_size: int = arg(512, "completions per generate call of the evaluation")
+    save_steps: int = arg(50, "save a checkpoint every this many steps (0: never; a stop always saves)")
+    save_total_limit: int | None = arg(None, "keep only the newest N checkpoints")
+    resume_from_checkpoint: str | None = arg(None, "a checkpoint folder, or 'latest' in output_dir")
+    # efficiency
+    bf16: bool = arg(False, "bf16 autocast for the forward passes; master weights stay float32")
+    gradient_checkpointing: bool = arg(False, "recompute activations in the backward pass to save memory")
+    use_peft: bool = arg(False, "train a LoRA adapter; π_ref is then the policy with its adapter disabled")
+    lora_r: int = arg(16, "LoRA rank")
+    lora_alpha: int = arg(32, "LoRA alpha")
+    lora_dropout: float = arg(0.05, "LoRA dropout")
+    lora_target_modules: list[str] = arg(["all-linear"], "modules LoRA adapts, or all-linear")
+    load_in_4bit: bool = arg(False, "QLoRA: the frozen base in 4 bits (bitsandbytes); needs --use_peft")
+    bnb_4bit_quant_type: Literal["nf4", "fp4"] = arg("nf4", "4-bit data type")
 
 
 def check_args(args: Args):
-    common.check_shared_args(args)  # the flags every script shares: learning rate, steps, sampling, output_dir, ...
-    G = args.num_generations
-    require(G >= 2, f"--num_generations: the group-relative advantage needs at least 2 completions per prompt, got {G}")
-    require(
-        args.scale_rewards in ("group", "batch", "none"),
-        f"--scale_rewards: expected group, batch or none, got {args.scale_rewards!r}",
-    )
-    require(
-        args.loss_type in LOSS_TYPES, f"--loss_type: expected one of {', '.join(LOSS_TYPES)}, got {args.loss_type!r}"
-    )
+    """This script's flags in range, each said in one line; then the ones every RL script shares."""
+    require(args.num_generations >= 2, f"--num_generations: a group needs G ≥ 2, got {args.num_generations}")
     require(args.max_resample_rounds >= 0, f"--max_resample_rounds: must be ≥ 0, got {args.max_resample_rounds}")
+    check_shared_args(args)
 
 
-# ----------------------------------------------------------------------------------------------------------------------
-# The two quantities every equation above reads: the log-probs at the temperature, and where each completion ends.
-# The same text in rloo.py, grpo.py, reinforce.py and ppo.py.
-# ----------------------------------------------------------------------------------------------------------------------
+# ---- the log-probs at the temperature, which every equation above reads ----
 def completion_logprobs(model, input_ids, attention_mask, T: int, temperature: float, entropy=False, chunk=2**24):
-    """log π(y_t | x, y_<t) (B, T), in float32, of the last T tokens of `input_ids` (the completion) under
-    softmax(logits / temperature); with `entropy=True` also that softmax's detached entropy (B, T), else None.
-
-    Only the T completion positions get logits (`logits_to_keep`). The float32 log-softmax exists for `chunk` elements
-    at a time, never (B, T, V) whole, and the backward pass recomputes it (checkpointing). Position ids come from the
-    attention mask, as in generation (left padding)."""
+    """log π(y_t | x, y_<t) (B, T), float32, of the last T tokens of `input_ids` (the completion) under
+    softmax(logits / temperature); with `entropy`, also that softmax's detached entropy (B, T), else None. Only the
+    completion positions get logits, and the float32 log-softmax exists for `chunk` elements at a time (never
+    (B, T, V) whole), recomputed in the backward pass. Position ids come from the attention mask, as in generation."""
     position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
     # T + 1 positions: the last prompt position predicts the first completion token
     output = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, logits_to_keep=T + 1)
     logits = output.logits[:, :-1]  # (B, T, V): position t predicts completion token t
     positions = max(1, chunk // (logits.shape[0] * logits.shape[2]))
-    pieces = list(zip(logits.split(positions, 1), input_ids[:, -T:].split(positions, 1)))
+    pieces = list(zip(logits.split(positions, 1), input_ids[:, -T:].split(positions, 1)))  # (B, t, V), (B, t)
+    logprobs_of = lambda z, y: torch.log_softmax(z.float() / temperature, -1).gather(-1, y[..., None])[..., 0]
     recompute = torch.utils.checkpoint.checkpoint
-    logprobs = torch.cat([recompute(logprobs_of, z, y, temperature, use_reentrant=False) for z, y in pieces], 1)
+    logprobs = torch.cat([recompute(logprobs_of, z, y, use_reentrant=False) for z, y in pieces], 1)
     if not entropy:
         return logprobs, None
-    with torch.no_grad():
-        return logprobs, torch.cat([entropy_of(z, temperature) for z, _ in pieces], 1)
+    with torch.no_grad():  # H = logsumexp(z) − Σ softmax(z) z, with z = logits / temperature
+        scaled = [piece.float() / temperature for piece, _ in pieces]
+        return logprobs, torch.cat([z.logsumexp(-1) - (z.softmax(-1) * z).sum(-1) for z in scaled], 1)
 
 
-def logprobs_of(logits, targets, temperature: float):
-    """log softmax(logits / temperature) at the targets, in float32. (B, t, V), (B, t) -> (B, t)"""
-    return torch.log_softmax(logits.float() / temperature, -1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
-
-
-def entropy_of(logits, temperature: float):
-    """The entropy of softmax(logits / temperature), in float32. (B, t, V) -> (B, t)"""
-    logits = logits.float() / temperature
-    return logits.logsumexp(-1) - (torch.softmax(logits, -1) * logits).sum(-1)
-
-
-def end_of_completion(completion_ids: torch.Tensor, end_ids: int | list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-    """A completion ends at its first end token (kept). Returns its mask (B, T), 1 up to and including that token, and
-    is_truncated (B,): True where no end token came within max_completion_length."""
-    is_end = torch.isin(completion_ids, torch.tensor(end_ids, device=completion_ids.device))
-    first_end = torch.where(is_end.any(1), is_end.int().argmax(1), completion_ids.shape[1])
-    positions = torch.arange(completion_ids.shape[1], device=completion_ids.device)
-    return (positions[None] <= first_end[:, None]).long(), ~is_end.any(1)
-
-
-def importance_sampling_weights(old_logprobs, sampler_logprobs, completion_mask, *, mode: str, clip_max: float):
-    """TRL's importance-sampling correction for a sampler that is not π_θ (vLLM, the bf16 copy): the ratio
-    π_θ_old / π_sampler of each completion (sequence_*: the exp of its summed log-ratio, (B, 1)) or of each token
-    (token_*: (B, T)), capped at clip_max (*_truncate) or zeroed above it (*_mask)."""
-    log_ratio = (old_logprobs - sampler_logprobs) * completion_mask
-    if mode.startswith("sequence"):
-        log_ratio = log_ratio.sum(1, keepdim=True)
-    ratio = torch.exp(log_ratio)
-    return ratio.clamp(max=clip_max) if mode.endswith("truncate") else ratio.masked_fill(ratio > clip_max, 0.0)
+# ==== GRPO ====
+def group_relative_advantages(rewards: torch.Tensor, num_generations: int, scale_rewards: str) -> torch.Tensor:
+    """A_i = (r_i − mean of its group) / (std + 1e-4), the std of the group, of the batch, or none. (B,) -> (B,)
+    An unscorable completion (r_i = NaN: no reward function applies) is left out of the means and stds and gets A_i = 0,
+    as does every completion of a group with only one scorable (TRL's rule)."""
+    grouped = rewards.view(-1, num_generations)
+    advantages = grouped - grouped.nanmean(1, keepdim=True)
+    if scale_rewards == "group":  # the sample std (n − 1) of the scorable rewards, as TRL's nanstd
+        scorable = (~grouped.isnan()).sum(1, keepdim=True)
+        advantages = advantages / ((advantages.pow(2).nansum(1, keepdim=True) / (scorable - 1)).sqrt() + 1e-4)
+    elif scale_rewards == "batch":
+        advantages = advantages / (rewards[~rewards.isnan()].std() + 1e-4)
+    return advantages.flatten().nan_to_num(0.0)
 
 
 def per_token_kl(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
@@ -162,44 +195,31 @@ def per_token_kl(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Te
     return torch.exp(log_ratio) - log_ratio - 1
 
 
-def group_relative_advantages(rewards: torch.Tensor, num_generations: int, scale_rewards: str) -> torch.Tensor:
-    """A_i = (r_i − mean of its group) / (std + 1e-4), std of the group, of the batch, or none. (B,) -> (B,)
-
-    An unscorable completion (r_i = NaN: no reward function applies) is left out of the means and stds and gets
-    A_i = 0, as in TRL."""
-    grouped = rewards.view(-1, num_generations)
-    centered = grouped - grouped.nanmean(1, keepdim=True)
-    if scale_rewards == "group":
-        centered = centered / (common.nanstd(grouped, 1)[:, None] + 1e-4)
-    elif scale_rewards == "batch":
-        centered = centered / (common.nanstd(rewards) + 1e-4)
-    return centered.flatten().nan_to_num(0.0)
+def importance_sampling_weights(old_logprobs, sampler_logprobs, completion_mask, *, mode: str, clip_max: float):
+    """is = π_θ_old / π_sampler of each completion (sequence_*: the exp of its summed log-ratio, (B, 1)) or of each
+    token (token_*: (B, T)), capped at clip_max (*_truncate) or zeroed above it (*_mask)."""
+    log_ratio = (old_logprobs - sampler_logprobs) * completion_mask
+    ratio = torch.exp(log_ratio.sum(1, keepdim=True) if mode.startswith("sequence") else log_ratio)
+    return ratio.clamp(max=clip_max) if mode.endswith("truncate") else ratio.masked_fill(ratio > clip_max, 0.0)
 
 
-def loss_token_weights(
-    loss_mask: torch.Tensor, loss_type: str, max_completion_length: int, sum_over_processes=lambda count: count
-) -> torch.Tensor:
-    """w (B, T) of L = Σ_{i,t} w_{i,t} ℓ_{i,t}, normalized over the WHOLE batch; loss_mask (B, T) marks the tokens that
-    get a loss (completion tokens, after truncation masking). A micro-batch's loss is its rows' share of the sum. With
-    several processes loss_mask holds this process's rows, and sum_over_processes (accelerator.reduce) adds the other
-    processes' counts to the normalizer."""
+def loss_token_weights(loss_mask, loss_type: str, max_completion_length: int, total=lambda count: count):
+    """w (B, T) of L = Σ_{i,t} w_{i,t} ℓ_{i,t}, normalized over the WHOLE batch, so that a micro-batch's loss is its
+    rows' share of the one sum; loss_mask (B, T) marks the tokens with a loss. Under several processes loss_mask holds
+    this process's rows, and total (accelerator.reduce) adds the other processes' counts to each normalizer."""
     loss_mask = loss_mask.float()
     if loss_type == "grpo":  # each sequence's token mean, then the mean over the sequences that have a loss
         lengths = loss_mask.sum(1, keepdim=True)
-        return loss_mask / lengths.clamp(min=1) / sum_over_processes((lengths > 0).sum()).clamp(min=1)
+        return loss_mask / lengths.clamp(min=1) / total((lengths > 0).sum()).clamp(min=1)
     if loss_type == "dr_grpo":  # a constant: every token weighs the same, whatever the lengths in this batch
-        return loss_mask / sum_over_processes(loss_mask.new_tensor(loss_mask.shape[0] * max_completion_length))
-    # dapo and bnpo: every token of the batch weighs the same
-    return loss_mask / sum_over_processes(loss_mask.sum()).clamp(min=1)
+        return loss_mask / total(loss_mask.new_tensor(loss_mask.shape[0] * max_completion_length))
+    return loss_mask / total(loss_mask.sum()).clamp(min=1)  # dapo, bnpo: every token of the batch weighs the same
 
 
-def grpo_loss(
-    logprobs, old_logprobs, ref_logprobs, advantages, weights, is_weights=1.0, *, beta, epsilon, epsilon_high
-):
-    """Σ_{i,t} w_{i,t} (−is_{i,t} min(ρ_t A_i, clip(ρ_t, 1−ε, 1+ε_high) A_i) + β kl_t) over this micro-batch, ρ_t the
-    per-token ratio, is (B_mb, 1) or (B_mb, T) the importance-sampling weights (1 when π_θ sampled), as TRL applies
-    them (not to the KL). Returns the loss, its policy part (without the KL term), and ρ (B_mb, T)."""
-    ratio = torch.exp(logprobs - old_logprobs)  # ≡ 1 (with gradient ∇ log π) when old = logprobs.detach()
+def grpo_loss(logprobs, old_logprobs, ref_logprobs, advantages, weights, is_weights, *, beta, epsilon, epsilon_high):
+    """Σ_{i,t} w_{i,t} (−is_{i,t} min(ρ_{i,t} A_i, clip(ρ_{i,t}, 1−ε, 1+ε_high) A_i) + β kl_{i,t}) over a micro-batch,
+    is (B_mb, 1) or (B_mb, T) as TRL (not on the KL). Returns the loss, its policy part (no KL term) and ρ (B_mb, T)."""
+    ratio = torch.exp(logprobs - old_logprobs)  # ≡ 1 (but not its gradient) at first
     A = advantages[:, None]
     surrogate = torch.min(ratio * A, ratio.clamp(1 - epsilon, 1 + epsilon_high) * A)
     policy_loss = -(surrogate * is_weights * weights).sum()
@@ -209,221 +229,561 @@ def grpo_loss(
 
 
 def zero_std_groups(rewards: torch.Tensor, num_generations: int) -> torch.Tensor:
-    """(P,) True for the groups whose rewards are all equal (or with fewer than two scorable): their advantages are 0,
-    they carry no policy gradient."""
-    return ~(common.nanstd(rewards.view(-1, num_generations), 1) > 1e-6)
+    """(B / G,) True for the groups whose scorable rewards are all equal (or fewer than two): A = 0, no signal."""
+    grouped = rewards.view(-1, num_generations)
+    return ~((grouped - grouped.nanmean(1, keepdim=True)).pow(2).nanmean(1) > 1e-12)
 
 
-def concat_samples(samples: list[dict], pad_token_id: int) -> dict:
-    """Several generation rounds as one batch: lists joined, tensors concatenated, the (B, L) ones padded to the widest
-    (prompts on the left, completions on the right; ids with pad_token_id, masks and log-probs with 0)."""
+def dynamic_sampling(samples, num_prompts: int, num_generations: int, pad_token_id: int, all_done=lambda done: done):
+    """DAPO's dynamic sampling: rounds (the step's prompts, then newly drawn ones) are taken from `samples` until
+    num_prompts groups whose rewards differ are found or the rounds run out; equal-reward groups fill what is missing.
+    Returns the batch, in the rounds' order, and the fraction of the sampled groups whose rewards were all equal.
+    all_done(done) is True once every process is done: all sample the same rounds (ZeRO-3 generates collectively)."""
+    taken = []
+    for sample in samples:
+        taken.append(sample)
+        if all_done(sum((~zero_std_groups(s["rewards"], num_generations)).sum().item() for s in taken) >= num_prompts):
+            break
+    zero_std = zero_std_groups(torch.cat([sample["rewards"] for sample in taken]), num_generations)
+    groups = torch.cat([(~zero_std).nonzero(), zero_std.nonzero()])[:num_prompts, 0].sort().values  # differing first
+    rows = (groups[:, None] * num_generations + torch.arange(num_generations, device=groups.device)).flatten().tolist()
 
-    def cat(key, values):
+    def join(key, values):  # the rounds as one batch; (B, L) tensors padded: prompts on the left, the rest on the right
         if isinstance(values[0], list):
             return [v for value in values for v in value]
         width, fill = max(v.shape[-1] for v in values), pad_token_id if key.endswith("_ids") else 0
         side = lambda v: (width - v.shape[-1], 0) if key.startswith("prompt") else (0, width - v.shape[-1])
-        return torch.cat([F.pad(v, side(v), value=fill) if v.dim() == 2 else v for v in values])
+        return torch.cat([torch.nn.functional.pad(v, side(v) if v.dim() == 2 else (0, 0), value=fill) for v in values])
 
-    return {key: cat(key, [s[key] for s in samples]) for key in samples[0]}
-
-
-def select_groups(sample: dict, groups: list[int], num_generations: int) -> dict:
-    """The completions of the given groups (prompt indices) of a sample."""
-    rows = [g * num_generations + k for g in groups for k in range(num_generations)]
-    return {key: [value[i] for i in rows] if isinstance(value, list) else value[rows] for key, value in sample.items()}
+    batch = {key: join(key, [sample[key] for sample in taken]) for key in taken[0]}
+    pick = lambda value: [value[i] for i in rows] if isinstance(value, list) else value[rows]
+    return {key: pick(value) for key, value in batch.items()}, zero_std.float().mean().item()
 
 
-def dynamic_sampling(
-    sample_round, num_prompts, num_generations, max_resample_rounds, pad_token_id, all_done=lambda done: done
-):
-    """DAPO's dynamic sampling: keep the groups whose rewards differ, from sample_round(0) (the step's own prompts),
-    sample_round(1), ... until num_prompts groups are kept or max_resample_rounds extra rounds are spent; dropped groups
-    fill whatever is missing. Returns the batch and the fraction of dropped groups. all_done(done) is True once every
-    process is done, so that all run the same rounds (generation under ZeRO-3 or FSDP takes every process)."""
-    kept, dropped, num_sampled = [], [], 0
-    for round_index in range(1 + max_resample_rounds):
-        sample = sample_round(round_index)
-        zero_std = zero_std_groups(sample["rewards"], num_generations).tolist()
-        num_sampled += len(zero_std)
-        kept.append(select_groups(sample, [g for g, z in enumerate(zero_std) if not z], num_generations))
-        dropped.append(select_groups(sample, [g for g, z in enumerate(zero_std) if z], num_generations))
-        if all_done(sum(len(s["prompts"]) for s in kept) >= num_prompts * num_generations):
-            break
-    batch = concat_samples(kept + dropped, pad_token_id)
-    batch = select_groups(batch, list(range(num_prompts)), num_generations)
-    return batch, sum(len(s["prompts"]) for s in dropped) / (num_sampled * num_generations)
+# ---- plumbing: the command line ----
+class BadInput(Exception):
+    """Bad input (a flag, a data file or column, the output folder): one line, exit status 2, nothing written."""
+
+
+def require(condition: bool, message: str):
+    if not condition:
+        raise BadInput(message)
+
+
+def fail(message: str):
+    tqdm.write(f"error: {message}", file=sys.stderr)  # on a line of its own, below the progress bar
+    sys.exit(2)
+
+
+def parse_args(args_class):
+    """The flags from the command line, over those of a --config YAML file (TRL's recipes, or a run's args.json)."""
+    parser = HfArgumentParser(args_class, allow_abbrev=False)
+    parser.add_argument("--config", help="a YAML file of flag: value; flags on the command line override it")
+    parser.error = lambda message: fail(message.replace("argument ", ""))
+    for action in parser._actions:  # --chat_template_kwargs '{"enable_thinking": false}'
+        action.type = json.loads if action.type is dict else action.type
+    namespace = parser.parse_args()
+    if namespace.config:
+        try:
+            config = yaml.safe_load(Path(namespace.config).read_text())
+        except (OSError, yaml.YAMLError) as error:
+            raise BadInput(f"--config: {str(error).splitlines()[0]}") from None
+        require(isinstance(config, dict), f"--config {namespace.config}: expected a mapping of flag: value")
+        unknown = sorted(set(config) - set(vars(namespace)))
+        require(not unknown, f"--config {namespace.config}: unknown flags {unknown}")
+        parser.set_defaults(**config)
+        namespace = parser.parse_args()
+    del namespace.config
+    return args_class(**vars(namespace))
+
+
+# ---- plumbing: the flags every RL script shares ----
+def check_shared_args(args):
+    """The flags every RL script shares, in range."""
+    positive = "max_steps prompts_per_step learning_rate max_completion_length temperature num_iterations epsilon"
+    for name in (positive + " logging_steps num_generations_eval per_device_eval_batch_size").split():
+        require(getattr(args, name) > 0, f"--{name}: must be positive, got {getattr(args, name)}")
+    for name in "beta micro_batch_size top_k eval_steps save_steps weight_decay max_grad_norm".split():
+        require(getattr(args, name) >= 0, f"--{name}: must be ≥ 0, got {getattr(args, name)}")
+    require(args.epsilon_high is None or args.epsilon_high > 0, "--epsilon_high: must be positive")
+    require(0 < args.top_p <= 1, f"--top_p: must be in (0, 1], got {args.top_p}")
+    require(0 <= args.warmup_ratio <= 1, f"--warmup_ratio: must be in [0, 1], got {args.warmup_ratio}")
+    require(0 <= args.seed < 2**32, f"--seed: must be in [0, 2**32), got {args.seed}")  # numpy's range
+    require(args.save_total_limit is None or args.save_total_limit > 0, "--save_total_limit: must be positive")
+    require(args.use_peft or not args.load_in_4bit, "--load_in_4bit: only a LoRA adapter trains on it: add --use_peft")
+    require(args.dataset_train_split != args.dataset_test_split, "--dataset_test_split: that is the training split")
+
+
+# ---- plumbing: data ----
+def load_split(args, split: str):
+    """A split of --dataset_name (a hub dataset, a folder, or a json, csv or parquet file: its train split), or None."""
+    path = Path(args.dataset_name)
+    try:
+        if path.is_file():
+            builder = {".csv": "csv", ".parquet": "parquet"}.get(path.suffixes[0], "json")
+            splits = load_dataset(builder, data_files={"train": str(path)})
+        else:
+            splits = load_dataset(args.dataset_name, args.dataset_config)
+    except Exception as error:  # no such dataset, file or configuration, or a file that does not parse
+        raise BadInput(f"--dataset_name: cannot load {args.dataset_name!r}: {str(error).splitlines()[0]}") from None
+    require(split in splits or split != args.dataset_train_split, f"--dataset_train_split: no {split!r} split")
+    return splits.get(split)
+
+
+# ---- plumbing: prompts ----
+def prompt_texts(tokenizer, dataset, args, split: str) -> list[str]:
+    """Every prompt of a split as the model reads it; one that cannot be rendered is one line that quotes it."""
+    require("prompt" in dataset.column_names, f"--dataset_name: the {split} split has no 'prompt' column")
+    try:
+        return [common.prompt_text(tokenizer, prompt, args.chat_template_kwargs) for prompt in dataset["prompt"]]
+    except Exception as error:
+        raise BadInput(f"--dataset_name: a prompt of the {split} split: {error}") from None
+
+
+# ---- plumbing: models ----
+def load_trained(args, path: str, model_class=AutoModelForCausalLM, task_type="CAUSAL_LM", **options):
+    """A model to train: float32 master weights whatever the checkpoint's dtype (a frozen base is bf16 under --use_peft
+    --bf16, 4-bit under --load_in_4bit), --use_peft's LoRA adapter, dropout off, --gradient_checkpointing."""
+    from peft import LoraConfig, cast_mixed_precision_params, get_peft_model
+
+    compute = torch.bfloat16 if args.bf16 else torch.float32
+    quantization = transformers.BitsAndBytesConfig(
+        load_in_4bit=True, bnb_4bit_quant_type=args.bnb_4bit_quant_type, bnb_4bit_compute_dtype=compute
+    ) if args.load_in_4bit else None  # fmt: skip
+    dtype = torch.bfloat16 if args.use_peft and args.bf16 else torch.float32
+    attention = args.attn_implementation
+    model = model_class.from_pretrained(
+        path, dtype=dtype, quantization_config=quantization, attn_implementation=attention, **options
+    )
+    if args.use_peft:
+        targets = "all-linear" if args.lora_target_modules == ["all-linear"] else args.lora_target_modules
+        lora = dict(r=args.lora_r, lora_alpha=args.lora_alpha, lora_dropout=args.lora_dropout, target_modules=targets)
+        model = get_peft_model(model, LoraConfig(task_type=task_type, **lora))
+        cast_mixed_precision_params(model, dtype)  # what trains in float32 (a score head too), the rest in dtype
+    if args.disable_dropout:  # dropout layers, and the rates attention layers keep as floats (Llama's, GPT-2's)
+        for module in model.modules():
+            rates = [n for n, v in vars(module).items() if isinstance(v, float) and "drop" in n]
+            for name in rates + (["p"] if isinstance(module, torch.nn.Dropout) else []):
+                setattr(module, name, 0.0)
+    if args.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    return model.train()
+
+
+# ---- plumbing: frozen models ----
+def prepare_frozen(accelerator, model):
+    """A frozen model (π_ref, a reward model) on its device; under ZeRO-3 in an inference engine, as TRL does."""
+    model = model.eval().requires_grad_(False)
+    plugin = accelerator.state.deepspeed_plugin
+    if plugin is None or plugin.zero_stage != 3:
+        return model.to(accelerator.device)
+    import deepspeed
+
+    zero = {k: v for k, v in plugin.deepspeed_config["zero_optimization"].items() if v != "auto"}
+    engine = deepspeed.initialize(model=model, config={**plugin.deepspeed_config, "zero_optimization": zero})[0]
+    engine.eval()
+    return engine
+
+
+# ---- plumbing: sampling ----
+@contextlib.contextmanager
+def unwrapped_for_generation(accelerator, model):
+    """The plain policy, in eval mode, to sample from; under ZeRO-3 with its parameters gathered meanwhile (TRL's)."""
+    plugin, policy = accelerator.state.deepspeed_plugin, accelerator.unwrap_model(model)
+    gathered = contextlib.nullcontext()
+    if plugin is not None and plugin.zero_stage == 3:
+        import deepspeed
+
+        gathered = deepspeed.zero.GatheredParameters(list(model.parameters()))
+    with gathered, accelerator.autocast():
+        yield policy.eval()  # generate's cache: transformers turns it off in train mode with gradient checkpointing
+    policy.train()
+
+
+# ---- plumbing: evaluation ----
+@torch.no_grad()
+def evaluate(accelerator, model, tokenizer, eval_dataset, eval_texts, reward_funcs, weights, args) -> dict:
+    """eval/reward (the weighted sum) and eval/<function> on the held-out prompts, num_generations_eval samples each and
+    one greedy (`_greedy`), under an RNG of its own (training samples the same whether or not it evaluates)."""
+    if eval_dataset is None:
+        return {}
+    mine = range(accelerator.process_index, len(eval_dataset), accelerator.num_processes)
+    names = ["reward", *(name.removesuffix("_reward") for name in reward_funcs)]
+    metrics = {}
+    with torch.random.fork_rng(), unwrapped_for_generation(accelerator, model) as policy:
+        torch.manual_seed(args.seed)
+        for suffix, G, greedy in (("", args.num_generations_eval, False), ("_greedy", 1, True)):
+            config = common.sampling_config(policy, tokenizer, args, greedy=greedy)
+            scores, per_call = [], max(1, args.per_device_eval_batch_size // G)
+            for start in range(0, len(mine), per_call):
+                rows = eval_dataset.select(mine[start : start + per_call])
+                texts = [eval_texts[i] for i in mine[start : start + per_call] for _ in range(G)]
+                out = common.generate(policy, tokenizer, texts, config)
+                completion_mask, _ = common.end_of_completion(out["completion_ids"], config.eos_token_id)
+                completions, ids = common.decode(tokenizer, out["completion_ids"], completion_mask)
+                prompts = [p for p in rows["prompt"] for _ in range(G)]
+                row_columns = {c: [v for v in rows[c] for _ in range(G)] for c in rows.column_names if c != "prompt"}
+                rewards, per_func = compute_rewards(reward_funcs, weights, prompts, completions, ids, row_columns)
+                scores += torch.cat([rewards[:, None], per_func], 1).tolist()
+            means = torch.tensor(gather_object(scores)).nanmean(0)  # over every process's completions
+            metrics |= {f"eval/{name}{suffix}": mean for name, mean in zip(names, means.tolist())}
+    return metrics
+
+
+# ---- plumbing: the output folder, checkpoints and logging ----
+def claim_output_dir(args) -> Path | None:
+    """The checkpoint to resume from, whose later metrics are dropped; None for a fresh run, into a fresh folder."""
+    out, metrics = Path(args.output_dir), Path(args.output_dir) / "metrics.jsonl"
+    if args.resume_from_checkpoint:
+        latest = args.resume_from_checkpoint == "latest"
+        found = checkpoints(out)[-1:] if latest else [Path(args.resume_from_checkpoint)]
+        require(found and (found[0] / "trainer_state.json").is_file(), f"--resume_from_checkpoint: none in {found}")
+        out.mkdir(parents=True, exist_ok=True)
+        step = json.loads((found[0] / "trainer_state.json").read_text())["step"]
+        records = [json.loads(line) for line in metrics.read_text().splitlines()] if metrics.is_file() else []
+        metrics.write_text("".join(json.dumps(r) + "\n" for r in records if r["step"] <= step))
+        return found[0]
+    used = checkpoints(out) + ([metrics] if metrics.is_file() else [])
+    require(not used or args.overwrite_output_dir, f"--output_dir: {out} holds another run: continue it with "
+            "--resume_from_checkpoint latest, or start over with --overwrite_output_dir")  # fmt: skip
+    for path in used:
+        shutil.rmtree(path) if path.is_dir() else path.unlink()
+    out.mkdir(parents=True, exist_ok=True)
+    return None
+
+
+def checkpoints(output_dir) -> list[Path]:
+    """The checkpoint-N folders in output_dir, oldest first; each is complete (written under another name)."""
+    return sorted(Path(output_dir).glob("checkpoint-*"), key=lambda path: int(path.name.split("-")[1]))
+
+
+def save_model(accelerator, args, model, tokenizer, folder: Path, state: dict):
+    """The model as `save_pretrained` writes it (with --use_peft its adapter), the tokenizer, the step and the script's
+    own state (trainer_state.json) and the flags (args.json)."""
+    weights = accelerator.get_state_dict(model)  # every process: gathers sharded weights
+    if accelerator.is_main_process:
+        accelerator.unwrap_model(model).save_pretrained(folder, state_dict=weights)
+        tokenizer.save_pretrained(folder)
+        (folder / "trainer_state.json").write_text(json.dumps(state))
+        (folder / "args.json").write_text(json.dumps(asdict(args), indent=2))
+
+
+def save_checkpoint(accelerator, args, model, tokenizer, state: dict) -> Path:
+    """checkpoint-{step}: `save_model`, and accelerate's state (optimizer, scheduler, RNG; under DeepSpeed or FSDP the
+    sharded weights too). Renamed into place when complete."""
+    folder = Path(args.output_dir) / f"checkpoint-{state['step']}"
+    tmp = folder.with_name(f".{folder.name}.tmp")
+    save_model(accelerator, args, model, tokenizer, tmp, state)
+    hook = accelerator.register_save_state_pre_hook(lambda models, weights, _: weights.clear())  # saved just above
+    accelerator.save_state(tmp / "state")
+    hook.remove()
+    if accelerator.is_main_process:
+        shutil.rmtree(folder, ignore_errors=True)
+        tmp.rename(folder)
+        for old in checkpoints(args.output_dir)[: -args.save_total_limit] if args.save_total_limit else []:
+            shutil.rmtree(old)
+    accelerator.wait_for_everyone()
+    return folder
+
+
+def load_checkpoint(accelerator, args, model, checkpoint: Path) -> dict:
+    """Restore what `save_checkpoint` saved; flags that differ from its args.json are said, and the run goes on."""
+    from peft import set_peft_model_state_dict
+    from safetensors.torch import load_file, load_model
+
+    saved, skip = json.loads((checkpoint / "args.json").read_text()), ("resume_from_checkpoint", "overwrite_output_dir")
+    changed = [f"--{k} {v} (was {saved[k]})" for k, v in asdict(args).items() if k not in skip and saved.get(k, v) != v]
+    accelerator.print(f"resuming from {checkpoint}" + "".join(f"; {change}" for change in changed))
+    unwrapped = accelerator.unwrap_model(model)
+    if accelerator.distributed_type not in (DistributedType.DEEPSPEED, DistributedType.FSDP):  # else in state/
+        if hasattr(unwrapped, "peft_config"):
+            set_peft_model_state_dict(unwrapped, load_file(checkpoint / "adapter_model.safetensors"))
+        else:
+            load_model(unwrapped, checkpoint / "model.safetensors", device=str(accelerator.device))
+    hook = accelerator.register_load_state_pre_hook(lambda models, _: models.clear())  # loaded just above
+    accelerator.load_state(checkpoint / "state")
+    hook.remove()
+    return json.loads((checkpoint / "trainer_state.json").read_text())
+
+
+def log(accelerator, args, step: int, metrics: dict):
+    """One line of output_dir/metrics.jsonl, and the --report_to trackers."""
+    if metrics and accelerator.is_main_process:
+        with open(Path(args.output_dir) / "metrics.jsonl", "a") as f:
+            f.write(json.dumps({"step": step, **metrics}) + "\n")
+    accelerator.log(metrics, step=step)
 
 
 def main(args: Args):
+    # ---- plumbing: setup ----
     check_args(args)
-    accelerator = common.make_accelerator(args)  # one process, or N under `accelerate launch`
-    set_seed(args.seed, device_specific=True)  # seed + process index: each process samples its own completions
-    device = accelerator.device
-    G = args.num_generations
-    # this process's prompts, its completions (whole groups of G) and the completions per forward and backward
-    my_prompts, local_batch_size, micro_batch_size = common.process_share(accelerator, args, G)
-    my_rows = slice(my_prompts.start * G, my_prompts.stop * G)  # this process's completions, in the whole batch
-    epsilon_high = args.epsilon if args.epsilon_high is None else args.epsilon_high
-
-    # ---- plumbing: data, policy π_θ and reference π_ref (only when β > 0), reward functions, optimizer ----
-    datasets = train_dataset, eval_dataset = common.load_data(accelerator, args)
-    checkpoint = common.resolve_checkpoint(args.resume_from_checkpoint, args.output_dir, args)
-    tokenizer, model, ref_model, generation_config = common.load_policy_and_reference(
-        accelerator, args, datasets, args.beta > 0
+    precision, trackers = "bf16" if args.bf16 else "no", None if args.report_to == ["none"] else args.report_to
+    # the scheduler steps once per update (accelerate's default steps it once per process: for a split DataLoader)
+    accelerator = Accelerator(
+        mixed_precision=precision, log_with=trackers, project_dir=args.output_dir, step_scheduler_with_optimizer=False
     )
-    reward_funcs, weights = common.load_rewards(accelerator, args, datasets)
+    if accelerator.state.deepspeed_plugin is not None:  # no DataLoader is prepared: DeepSpeed's sizes come from here
+        accelerator.state.deepspeed_plugin.deepspeed_config.update(
+            train_micro_batch_size_per_gpu=1, gradient_accumulation_steps=1, train_batch_size=accelerator.num_processes,
+            gradient_clipping=args.max_grad_norm,
+        )  # fmt: skip
+    set_seed(args.seed, device_specific=True)  # seed + process index: each process samples its own completions
+    device, G, processes = accelerator.device, args.num_generations, accelerator.num_processes
+    require(args.prompts_per_step % processes == 0, f"--prompts_per_step: not divisible by the {processes} processes")
+    local_prompts = args.prompts_per_step // processes
+    my_prompts = slice(accelerator.process_index * local_prompts, (accelerator.process_index + 1) * local_prompts)
+    local_batch_size = local_prompts * G  # whole groups: a baseline never needs another process's rewards
+    micro_batch_size = args.micro_batch_size or local_batch_size
+    require(local_batch_size % micro_batch_size == 0, f"--micro_batch_size: must divide {local_batch_size} completions")
+
+    # ---- plumbing: the splits and their prompts ----
+    tokenizer = common.load_tokenizer(args.model_name_or_path)
+    train_dataset, eval_dataset = load_split(args, args.dataset_train_split), load_split(args, args.dataset_test_split)
+    require(len(train_dataset) >= args.prompts_per_step, f"--prompts_per_step: more than the {len(train_dataset)} rows")
+    eval_dataset = eval_dataset if args.eval_strategy == "steps" else None
+    train_texts = prompt_texts(tokenizer, train_dataset, args, args.dataset_train_split)
+    eval_texts = eval_dataset and prompt_texts(tokenizer, eval_dataset, args, args.dataset_test_split)
+
+    # ---- plumbing: reward functions ----
+    reward_funcs = load_reward_funcs(args, device, prepare=lambda model: prepare_frozen(accelerator, model))
+    weights = reward_weights(args.reward_weights, reward_funcs)
+    for split, dataset in ((args.dataset_train_split, train_dataset), (args.dataset_test_split, eval_dataset)):
+        check_columns(reward_funcs, dataset, split)
+
+    # ---- plumbing: the policy π_θ, the reference π_ref (β > 0; with LoRA: the policy without its adapter) ----
+    model, ref_model = load_trained(args, args.model_name_or_path), None
+    if args.beta > 0 and not args.use_peft:  # frozen: bf16 under --bf16
+        ref = dict(dtype=torch.bfloat16 if args.bf16 else torch.float32, attn_implementation=args.attn_implementation)
+        ref_model = prepare_frozen(accelerator, AutoModelForCausalLM.from_pretrained(args.model_name_or_path, **ref))
+    generation_config = common.sampling_config(model, tokenizer, args)
+    end_ids = generation_config.eos_token_id
+
+    # ---- plumbing: optimizer, scheduler, processes ----
     total_updates = args.max_steps * args.num_iterations
-    model, optimizer, scheduler = common.prepare_training(accelerator, args, total_updates, model)  # AdamW, DDP, ...
-    columns = [c for c in train_dataset.column_names if c != "prompt"]
+    trained = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(trained, lr=args.learning_rate, weight_decay=args.weight_decay)
+    warmup = int(args.warmup_ratio * total_updates)
+    scheduler = transformers.get_scheduler(args.lr_scheduler_type, optimizer, warmup, total_updates)
+    model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
+    accelerator.unwrap_model(model, keep_fp32_wrapper=False)  # autocast is entered below: no float32 copy of logits
+
+    # ---- plumbing: resume, the first evaluation, the loop's stop ----
+    checkpoint = gather_object([claim_output_dir(args) if accelerator.is_main_process else None])[0]
+    state = load_checkpoint(accelerator, args, model, checkpoint) if checkpoint else {"step": 0, "num_tokens": 0}
+    vllm = None
+    if args.use_vllm:  # a colocated engine, sent the policy's weights now and after every update
+        from vllm_colocate import VLLMGenerator
+
+        vllm = VLLMGenerator(accelerator, args, tokenizer, model, end_ids)
+    accelerator.init_trackers("huggingface", {k: str(v) for k, v in asdict(args).items()})
+    evaluation = lambda: evaluate(accelerator, model, tokenizer, eval_dataset, eval_texts, reward_funcs, weights, args)
+    first_eval = evaluation() if state["step"] == 0 else {}
+    log(accelerator, args, 0, first_eval)
+    stop = []  # Ctrl-C, or SIGTERM from a scheduler: the loop ends after its step, with a checkpoint
+    handlers = {s: signal.signal(s, lambda signum, _: stop.append(signum)) for s in (signal.SIGINT, signal.SIGTERM)}
+    steps = range(state["step"] + 1, args.max_steps + 1)
+    progress = tqdm(steps, initial=state["step"], total=args.max_steps, disable=not accelerator.is_main_process)
+    epsilon_high = args.epsilon if args.epsilon_high is None else args.epsilon_high
 
     def reference_logprobs(input_ids, attention_mask, T):
         policy = accelerator.unwrap_model(model)
-        with torch.no_grad(), accelerator.autocast(), policy.disable_adapter() if args.use_peft else nullcontext():
+        no_adapter = policy.disable_adapter() if args.use_peft else contextlib.nullcontext()
+        with torch.no_grad(), accelerator.autocast(), no_adapter:
             return completion_logprobs(ref_model or policy, input_ids, attention_mask, T, args.temperature)[0]
 
-    def rollout_and_score(rows) -> dict:
-        """Phases 1 and 2 for this process's prompts `rows`: the tensors and texts of the rollout, and the rewards."""
-        # ==== 1. rollout: G completions per prompt, each ended at its first end token ====
-        prompts = [p for p in rows["prompt"] for _ in range(G)]  # each prompt's G completions are contiguous
-        rollout = run.sample(prompts)  # chat prompts through the tokenizer's chat template
-        completion_mask, is_truncated = end_of_completion(rollout["completion_ids"], generation_config.eos_token_id)
-        completion_ids = rollout["completion_ids"].masked_fill(completion_mask == 0, tokenizer.pad_token_id)  # (B, T)
+    for step in progress:
+        step_start = time.perf_counter()
+        logging_step = step % args.logging_steps == 0 or step == args.max_steps
 
-        # ==== 2. score: r(x, y_i), the weighted sum of the reward functions ====
-        completion_texts = tokenizer.batch_decode(completion_ids, skip_special_tokens=True)
-        completion_id_lists = [ids[mask.bool()].tolist() for ids, mask in zip(completion_ids, completion_mask)]
-        row_columns = {c: [v for v in rows[c] for _ in range(G)] for c in columns}
-        rewards, rewards_per_func = compute_rewards(
-            reward_funcs, weights, prompts, completion_texts, completion_id_lists, row_columns
-        )
-        return {
-            **rollout,
-            "prompts": prompts,
-            "completion_ids": completion_ids,
-            "completion_mask": completion_mask,
-            "is_truncated": is_truncated,
-            "completion_texts": completion_texts,
-            "rewards": rewards,
-            "rewards_per_func": rewards_per_func,
-        }
-
-    # ==== the training loop: the algorithm (1-6), the log (7); common.Run resumes, evaluates, saves and stops ====
-    with common.Run(
-        accelerator, args, "grpo", model, tokenizer, scheduler, checkpoint, generation_config, reward_funcs, weights,
-        eval_dataset,
-    ) as run:  # fmt: skip
-        for step in run.steps():
-            logging_step = step % args.logging_steps == 0 or step == args.max_steps  # entropy then
-
-            # ==== 1-2. rollout and score (rollout_and_score, above) ====
-            rows = common.rows_of_step(train_dataset, step, args.prompts_per_step, args.seed, my_prompts)
-            batch = rollout_and_score(rows)
-            if args.dynamic_sampling:
-                # Drop the groups whose rewards are all equal and draw more prompts at random, seeded by (seed, step,
-                # round) so that a resumed run draws the same; each process refills its own share.
-                def sample_round(round_index, batch=batch, step=step):
-                    if round_index == 0:
-                        return batch
-                    generator = torch.Generator().manual_seed(hash((args.seed, step, round_index)) % 2**63)
-                    drawn = torch.randperm(len(train_dataset), generator=generator)[: args.prompts_per_step]
-                    return rollout_and_score(train_dataset.select(drawn[my_prompts].tolist()))
-
-                all_done = lambda done: bool(accelerator.gather(torch.tensor([float(done)], device=device)).all())
-                batch, dropped_frac = dynamic_sampling(
-                    sample_round, local_batch_size // G, G, args.max_resample_rounds, tokenizer.pad_token_id, all_done
-                )
-                # every process ran the same rounds, so the mean of the fractions is the fraction
-                dropped_frac = accelerator.reduce(torch.tensor(dropped_frac, device=device), "mean").item()
-            completion_ids, completion_mask = batch["completion_ids"], batch["completion_mask"]  # (B, T)
-            input_ids = torch.cat([batch["prompt_ids"], completion_ids], 1)
-            attention_mask = torch.cat([batch["prompt_mask"], completion_mask], 1)
-            T = completion_ids.shape[1]
-            rewards = batch["rewards"].to(device)
-
-            # ==== 3. advantage: group-relative, from the rewards only (the KL is a loss term) ====
-            # Over the whole batch, gathered from every process, of which this process keeps its rows; and the token
-            # weights, normalized over the whole batch (DDP averages the N processes' gradients: N × this share).
-            all_rewards = accelerator.gather(rewards)  # (B,), in the order of the one-process batch
-            advantages = group_relative_advantages(all_rewards, G, args.scale_rewards)[my_rows]
-            loss_mask = completion_mask  # (B, T): the tokens that get a loss
-            if args.mask_truncated_completions:  # DAPO's overlong filtering: none in a completion without EOS
-                loss_mask = completion_mask * ~batch["is_truncated"][:, None]
-            all_sum = lambda count: accelerator.reduce(count, "sum")
-            token_weights = loss_token_weights(loss_mask, args.loss_type, args.max_completion_length, all_sum)
-            token_weights = token_weights * accelerator.num_processes
-
-            # ==== 4-6. per micro-batch: log-probs → per-token clipped surrogate + β·KL → loss; update ====
-            # vLLM or the bf16 copy sampled, not π_θ: importance-sampling weights; else they stay 1
-            off_policy = args.vllm_importance_sampling_correction and "sampler_logprobs" in batch
-            is_weights = torch.ones(
-                local_batch_size, T if args.vllm_importance_sampling_mode.startswith("token") else 1, device=device
+        # ==== 1-2. rollout and score: G completions per prompt, each ended at its first end token; their rewards ====
+        def rollout_and_score(round_index: int, step=step) -> dict:
+            """Round 0: the step's prompts, which depend on the step alone (a fresh permutation each epoch), so that a
+            resumed run sees the same; --dynamic_sampling's further rounds: drawn at random, seeded by the round."""
+            epoch, position = divmod(step - 1, len(train_dataset) // args.prompts_per_step)
+            if round_index > 0:
+                epoch, position = hash((step, round_index)) % 2**62, 0
+            order = torch.randperm(len(train_dataset), generator=torch.Generator().manual_seed(args.seed + epoch))
+            start = position * args.prompts_per_step
+            indices = order[start : start + args.prompts_per_step][my_prompts].tolist()
+            rows = train_dataset.select(indices)
+            texts = [train_texts[i] for i in indices for _ in range(G)]  # each prompt's G completions contiguous
+            if vllm is not None:
+                rollout = vllm.generate(texts, device)
+            else:
+                with unwrapped_for_generation(accelerator, model) as policy:
+                    rollout = common.generate(policy, tokenizer, texts, generation_config)
+            completion_mask, is_truncated = common.end_of_completion(rollout["completion_ids"], end_ids)  # (B, T), (B,)
+            completion_ids = rollout["completion_ids"].masked_fill(completion_mask == 0, tokenizer.pad_token_id)
+            # r(x, y_i): the weighted sum of the reward functions
+            completions, completion_id_lists = common.decode(tokenizer, completion_ids, completion_mask)
+            prompts = [p for p in rows["prompt"] for _ in range(G)]
+            row_columns = {c: [v for v in rows[c] for _ in range(G)] for c in rows.column_names if c != "prompt"}
+            rewards, rewards_per_func = compute_rewards(
+                reward_funcs, weights, prompts, completions, completion_id_lists, row_columns
             )
-            old_logprobs, ref_logprobs, kl, entropy = torch.zeros(4, local_batch_size, T, device=device)
-            clip_low, clip_high, losses, policy_losses, grad_norms = [], [], [], [], []
-            micro_batches = torch.arange(local_batch_size, device=device).split(micro_batch_size)
-            for iteration in range(args.num_iterations):
-                loss_sum, policy_loss_sum = 0.0, 0.0
-                entropy_now = logging_step and iteration == 0  # a diagnostic, logged from the first pass
-                for mb in run.accumulate(micro_batches):  # gradients all-reduced once per update
-                    # the reference pass first, so that its activations never coexist with the policy's
-                    if iteration == 0 and args.beta > 0:
-                        ref_logprobs[mb] = reference_logprobs(input_ids[mb], attention_mask[mb], T)
-                    with accelerator.autocast():
-                        logprobs, token_entropy = completion_logprobs(
-                            model, input_ids[mb], attention_mask[mb], T, args.temperature, entropy=entropy_now
-                        )
-                    mask = completion_mask[mb]
-                    if iteration == 0:
-                        old_logprobs[mb] = logprobs.detach()  # π_θ_old: π_θ before this batch's first update
-                        if off_policy:  # w = π_θ_old / π_sampler, capped or masked at C
-                            is_weights[mb] = importance_sampling_weights(
-                                old_logprobs[mb], batch["sampler_logprobs"][mb], mask,
-                                mode=args.vllm_importance_sampling_mode, clip_max=args.vllm_importance_sampling_clip_max
-                            )  # fmt: skip
-                        entropy[mb] = token_entropy if entropy_now else 0.0
-                        if args.beta > 0:
-                            kl[mb] = per_token_kl(old_logprobs[mb], ref_logprobs[mb]) * mask
-                    A = advantages[mb]
+            return rollout | dict(
+                completion_ids=completion_ids, completion_mask=completion_mask, is_truncated=is_truncated, texts=texts,
+                completions=completions, rewards=rewards.to(device), rewards_per_func=rewards_per_func.to(device),
+            )  # fmt: skip
+
+        if not args.dynamic_sampling:
+            batch = rollout_and_score(0)
+        else:  # every process samples the same rounds (generation under ZeRO-3 or FSDP needs all of them)
+            all_done = lambda done: bool(accelerator.gather(torch.tensor([float(done)], device=device)).all())
+            rounds = map(rollout_and_score, range(1 + args.max_resample_rounds))
+            batch, dropped_frac = dynamic_sampling(rounds, local_prompts, G, tokenizer.pad_token_id, all_done)
+            dropped_frac = accelerator.reduce(torch.tensor(dropped_frac, device=device), "mean").item()
+        texts, completions, rewards = batch["texts"], batch["completions"], batch["rewards"]
+        completion_mask, is_truncated = batch["completion_mask"], batch["is_truncated"]  # (B, T), (B,)
+        input_ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], 1)
+        attention_mask = torch.cat([batch["prompt_mask"], completion_mask], 1)
+        T = completion_mask.shape[1]
+
+        # ==== 3. log-probs before any update: π_θ_old (the policy that sampled) and π_ref ====
+        # One micro-batch (the default): this forward keeps its graph for the first update; several: no gradient
+        micro_batches = torch.arange(local_batch_size, device=device).split(micro_batch_size)
+        one_pass = len(micro_batches) == 1
+        old_logprobs, ref_logprobs, entropy = torch.zeros(3, local_batch_size, T, device=device)
+        for mb in micro_batches:
+            with torch.set_grad_enabled(one_pass), accelerator.autocast():
+                logprobs, token_entropy = completion_logprobs(
+                    model, input_ids[mb], attention_mask[mb], T, args.temperature, entropy=logging_step
+                )
+            old_logprobs[mb] = logprobs.detach()  # π_θ_old = π_θ before the update
+            entropy[mb] = token_entropy if logging_step else 0.0
+            if args.beta > 0:
+                ref_logprobs[mb] = reference_logprobs(input_ids[mb], attention_mask[mb], T)
+            else:  # no reference model: kl = 0
+                ref_logprobs[mb] = old_logprobs[mb]
+        kl = per_token_kl(old_logprobs, ref_logprobs) * completion_mask  # (B, T), logged
+
+        # ==== 4. advantages: group-relative, from the rewards alone (the KL is a loss term) ====
+        all_rewards = accelerator.gather(rewards)  # (B,) of every process, in the order of the one-process batch
+        my_rows = slice(my_prompts.start * G, my_prompts.stop * G)
+        advantages = group_relative_advantages(all_rewards, G, args.scale_rewards)[my_rows]
+
+        # ==== 5. token weights w_{i,t} (the loss_type's, over every process) and is, when vLLM sampled, not π_θ ====
+        loss_mask = completion_mask * ~(is_truncated & args.mask_truncated_completions)[:, None]  # overlong filtering
+        total = lambda count: accelerator.reduce(count, "sum")  # DDP averages the gradients: N × this process's share
+        token_weights = processes * loss_token_weights(loss_mask, args.loss_type, args.max_completion_length, total)
+        off_policy = args.vllm_importance_sampling_correction and "sampler_logprobs" in batch
+        is_weights = torch.ones(local_batch_size, 1, device=device)
+        if off_policy:
+            is_weights = importance_sampling_weights(
+                old_logprobs, batch["sampler_logprobs"], completion_mask,
+                mode=args.vllm_importance_sampling_mode, clip_max=args.vllm_importance_sampling_clip_max,
+            )  # fmt: skip
+
+        # ==== 6. loss and update: num_iterations passes over the batch, micro-batches accumulated ====
+        clip_low, clip_high, losses, policy_losses, grad_norms = [], [], [], [], []
+        for iteration in range(args.num_iterations):
+            loss_sum, policy_loss_sum = 0.0, 0.0
+            for k, mb in enumerate(micro_batches):
+                all_reduce = k == len(micro_batches) - 1  # DDP all-reduces the accumulated gradients once per update
+                with contextlib.nullcontext() if all_reduce else accelerator.no_sync(model):
+                    if not (one_pass and iteration == 0):  # else phase 3's forward, graph and all
+                        with accelerator.autocast():
+                            logprobs = completion_logprobs(
+                                model, input_ids[mb], attention_mask[mb], T, args.temperature
+                            )[0]
                     loss, policy_loss, ratio = grpo_loss(
-                        logprobs, old_logprobs[mb], ref_logprobs[mb], A, token_weights[mb], is_weights[mb],
-                        beta=args.beta, epsilon=args.epsilon, epsilon_high=epsilon_high
+                        logprobs, old_logprobs[mb], ref_logprobs[mb], advantages[mb], token_weights[mb],
+                        is_weights[mb], beta=args.beta, epsilon=args.epsilon, epsilon_high=epsilon_high,
                     )  # fmt: skip
                     accelerator.backward(loss)
-                    loss_sum += loss.item()
-                    policy_loss_sum += policy_loss.item()
-                    is_low = (ratio < 1 - args.epsilon) & (A[:, None] < 0)
-                    is_high = (ratio > 1 + epsilon_high) & (A[:, None] > 0)
-                    clip_low.append(((is_low * mask).sum() / mask.sum().clamp(min=1)).item())  # over the tokens
-                    clip_high.append(((is_high * mask).sum() / mask.sum().clamp(min=1)).item())
-                grad_norms.append(float(accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)))
-                # before the update: a NaN reward marks an unscorable completion, anything else not finite stops here
-                scorable = ~batch["rewards_per_func"].isnan().all(1)
-                run.check_finite(reward=rewards[scorable], loss=loss_sum, grad_norm=grad_norms[-1])
-                optimizer.step()
-                scheduler.step()
-                optimizer.zero_grad(set_to_none=True)
-                losses.append(loss_sum)
-                policy_losses.append(policy_loss_sum)
-            run.reward_signal(not zero_std_groups(all_rewards, G).all())
-            run.count_tokens(attention_mask)
+                loss_sum += loss.item()
+                policy_loss_sum += policy_loss.item()
+                A, mask = advantages[mb, None], completion_mask[mb]
+                mask = mask / mask.sum().clamp(min=1)  # the clipped fractions are over the completion tokens
+                clip_low.append((((ratio < 1 - args.epsilon) & (A < 0)) * mask).sum().item())
+                clip_high.append((((ratio > 1 + epsilon_high) & (A > 0)) * mask).sum().item())
+            grad_norms.append(float(accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)))
+            if not (math.isfinite(loss_sum) and math.isfinite(grad_norms[-1])):  # before the update: nothing saved
+                fail(f"step {step}: the loss or the gradient norm is not finite; the newest checkpoint is kept")
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+            losses.append(loss_sum)
+            policy_losses.append(policy_loss_sum)
 
-            # ==== 7. log: statistics over the whole batch, from every process ====
-            if logging_step:
-                logged_kl = kl if args.beta > 0 else None  # β = 0: no reference, no KL
-                metrics = common.rollout_metrics(accelerator, batch, rewards, reward_funcs, G, logged_kl, entropy)
-                if args.dynamic_sampling:
-                    metrics |= {"dynamic_sampling/dropped_frac": dropped_frac}
-                # loss: each process logs N × its share of the batch loss; their mean is the batch loss
-                metrics |= common.update_metrics(
-                    accelerator, losses, grad_norms, clip_low, clip_high, policy_loss=policy_losses
-                )
-                if off_policy:
-                    metrics |= common.sampling_metrics(
-                        accelerator, old_logprobs, batch["sampler_logprobs"], is_weights, completion_mask
-                    )
-                run.log(step, metrics, (batch["prompts"], batch["completion_texts"], rewards))
+        # ==== 7. log: statistics over the whole batch, from every process (TRL's names) ====
+        state["num_tokens"] += accelerator.reduce(attention_mask.sum(), "sum").item()
+        if logging_step:
+            lengths = completion_mask.sum(1).float()
+            gathered = [accelerator.gather(torch.as_tensor(x, device=device)) for x in (
+                batch["rewards_per_func"], lengths, is_truncated, clip_low, clip_high,
+            )]  # fmt: skip
+            per_func, lengths, truncated, low, high = gathered
+            token_sums = accelerator.reduce(torch.stack([(x * completion_mask).sum() for x in (kl, entropy)]), "sum")
+            kl_mean, entropy_mean = (token_sums / lengths.sum().clamp(min=1)).tolist()  # over the completion tokens
+            metrics = {
+                "reward": all_rewards.nanmean().item(),
+                "reward_std": all_rewards[~all_rewards.isnan()].std().item(),
+                "frac_reward_zero_std": zero_std_groups(all_rewards, G).float().mean().item(),
+                **{f"rewards/{name}/mean": per_func[:, j].nanmean().item() for j, name in enumerate(reward_funcs)},
+                "completions/mean_length": lengths.mean().item(),
+                "completions/clipped_ratio": truncated.float().mean().item(),
+                **({"kl": kl_mean} if args.beta > 0 else {}),
+                "entropy": entropy_mean,
+                "loss": accelerator.reduce(torch.tensor(losses, device=device).mean(), "mean").item(),
+                "policy_loss": accelerator.reduce(torch.tensor(policy_losses, device=device).mean(), "mean").item(),
+                "grad_norm": sum(grad_norms) / len(grad_norms),
+                "clip_ratio/low_mean": low.mean().item(),
+                "clip_ratio/low_min": low.min().item(),
+                "clip_ratio/high_mean": high.mean().item(),
+                "clip_ratio/high_max": high.max().item(),
+                "clip_ratio/region_mean": (low + high).mean().item(),
+                **({"dynamic_sampling/dropped_frac": dropped_frac} if args.dynamic_sampling else {}),
+            }
+            if off_policy:  # |log π_θ_old − log π_vllm| of the completion tokens, and is (per completion or token)
+                mask = completion_mask.bool()
+                gap = torch.tensor(gather_object((old_logprobs - batch["sampler_logprobs"]).abs()[mask].tolist()))
+                mine = is_weights.flatten() if is_weights.shape[1] == 1 else is_weights[mask]
+                is_all = torch.tensor(gather_object(mine.tolist()))
+                metrics |= {f"sampling/sampling_logp_difference/{k}": getattr(gap, k)().item() for k in ("mean", "max")}
+                metrics |= {
+                    f"sampling/importance_sampling_ratio/{k}": getattr(is_all, k)().item()
+                    for k in ("min", "mean", "max")
+                }
+
+        # ---- plumbing: log, evaluate, save, stop ----
+        state["step"] = step
+        if logging_step:
+            metrics |= {"learning_rate": scheduler.get_last_lr()[0], "num_tokens": state["num_tokens"]}
+            log(accelerator, args, step, metrics | {"step_time": time.perf_counter() - step_start})
+            progress.set_postfix(reward=f"{metrics['reward']:.3f}")
+            shown = args.num_completions_to_print if args.log_completions and accelerator.is_main_process else 0
+            for text, completion, reward in list(zip(texts, completions, rewards.tolist()))[:shown]:
+                tqdm.write(f"[step {step}] {text!r} → {completion!r}  reward {reward:.3f}")
+        if vllm is not None:  # the next step samples from the updated policy
+            vllm.sync_weights(accelerator, model)
+        if args.eval_steps and step % args.eval_steps == 0 and step < args.max_steps:
+            log(accelerator, args, step, evaluation())
+        stopping = accelerator.reduce(torch.tensor(float(bool(stop)), device=device), "sum").item() > 0
+        if (args.save_steps and step % args.save_steps == 0) or stopping:
+            folder = save_checkpoint(accelerator, args, model, tokenizer, state)
+        if stopping:
+            accelerator.print(f"interrupted at step {step}: saved {folder}; continue: --resume_from_checkpoint latest")
+            accelerator.end_training()
+            sys.exit(128 + (stop[0] if stop else signal.SIGTERM))
+
+    # ---- plumbing: the final model and evaluation ----
+    for signum, handler in handlers.items():  # from here on, a signal stops at once
+        signal.signal(signum, handler)
+    progress.close()
+    save_model(accelerator, args, model, tokenizer, Path(args.output_dir), state)
+    last_eval = evaluation()
+    log(accelerator, args, args.max_steps, last_eval)
+    if first_eval and last_eval:
+        key = "eval/accuracy" if "eval/accuracy" in last_eval else "eval/reward"
+        before, after = (f"{first_eval[k]:.3f} → {last_eval[k]:.3f}" for k in (key, key + "_greedy"))
+        accelerator.print(f"held-out {key}: {before} sampled, {after} greedy")
+    accelerator.end_training()
+    accelerator.print(f"saved the model to {args.output_dir}")
 
 
 if __name__ == "__main__":
-    common.cli(main, Args)
+    try:
+        main(parse_args(Args))
+    except (BadInput, RewardError) as error:
+        fail(str(error))

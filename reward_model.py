@@ -1,432 +1,494 @@
-"""Reward model: a scalar score r_φ(x, y), trained on preference pairs with the Bradley–Terry loss (InstructGPT,
-Ouyang et al. 2022, Eq. 1), as TRL's RewardTrainer does:
+"""Reward model: a scalar score r_φ(x, y) trained on preference pairs with the Bradley–Terry loss (InstructGPT,
+Ouyang et al. 2022, Eq. 1), as TRL's RewardTrainer trains it:
 
-    L(φ) = −log σ(r_φ(x, y_c) − r_φ(x, y_r) − m)  +  c · (r_φ(x, y_c) + r_φ(x, y_r))²,     averaged over the pairs
+    L(φ) = mean over the pairs of  −log σ(r_φ(x, y_c) − r_φ(x, y_r) − m)  +  c · (r_φ(x, y_c) + r_φ(x, y_r))²
 
-y_c is the chosen completion, y_r the rejected one; m is the row's `margin` column when the dataset has one (Llama 2,
-Eq. 2; 0 otherwise); c is --center_rewards_coefficient (Eisenstein et al. 2023; off by default), which pulls the
-scores towards zero mean. eval/accuracy is the fraction of held-out pairs scored r_c > r_r (a tie counts one half).
+y_c is the chosen completion and y_r the rejected one. m is the row's `margin` when the data has that column (Llama 2,
+Touvron et al. 2023, Eq. 2), else 0; c is --center_rewards_coefficient (Eisenstein et al. 2023; off by default), which
+pulls the scores towards a zero mean. Worked example: scores r_c = 2, r_r = 0 give −log σ(2) = 0.127; with m = 2 the
+pair costs −log σ(0) = ln 2 = 0.693; and with c = 0.01 centering adds 0.01 · (2 + 0)² = 0.04. accuracy is the
+fraction of pairs scored r_c > r_r (a tie counts one half), margin the mean of r_c − r_r.
 
-The model is AutoModelForSequenceClassification with one label, built from any causal-LM checkpoint (the backbone is
-kept, the scalar head `score` is new) and read at the last token that is not padding: the tokenizer's pad id is
-written into the saved config (where a tokenizer pads with its EOS, the head reads the token before a trailing EOS, in
-training and in scoring alike). A pair is rendered exactly as
-`rewards.reward_model_function` renders what it scores: prompt + completion through the chat template for
-conversational data, concatenated strings for standard data. The saved folder is what `--reward_model_path` of the RL
-scripts loads (and ppo.py initializes its value model from).
+The model is a sequence classifier with one label, built from any causal-LM checkpoint (its backbone, and a new scalar
+head `score`) or from a reward model, and read at the last token that is not padding (the tokenizer's pad id is written
+into its config). A pair is rendered as rewards.reward_model_function renders what it scores: prompt and completion
+through the chat template for conversations, joined for strings. The saved folder is what --reward_model_path of the
+RL scripts loads.
 
-Data: `--dataset_name arithmetic` (built in) or any HF dataset / local json, jsonl, csv or parquet file with `chosen`
-and `rejected` columns, standard or conversational, with an optional `prompt` column (without it, chosen and rejected
-hold the whole text or conversation) and an optional `margin` column. The built-in pairs come from the arithmetic task
-and sft.py's noisy demonstrator: chosen is its right answer, which shows its work (`7 × 8 = 56 <answer>56</answer>`);
-rejected is its guess, off by ±1 or ±2 (`<answer>54</answer>`, half the pairs), another number (a quarter), or a
-broken format (a quarter). It trains on the RL training problems and evaluates on the held-out ones.
+The built-in pairs, data/arithmetic_preferences (tools/make_data.py), come from sft.py's noisy demonstrator: chosen is
+its worked right answer (`7 × 8 = 56 <answer>56</answer>`), rejected its guess off by ±1 or ±2 (`<answer>54</answer>`,
+half the pairs), another number (a quarter) or a broken format (a quarter). Form separates them, and form is what so
+small a model learns: a worked wrong answer would fool it. data/arithmetic_preferences_number holds pairs that only
+arithmetic separates (the same form, another number). Both train on the RL training problems and hold out the others.
 
-What the built-in reward model learns is the demonstrator's style as much as arithmetic: shown work and the answer
-format tell chosen from rejected, and a model this small does not learn to check the arithmetic of problems it never
-trained on (a right and an off-by-one bare answer to a held-out problem score alike). On this task that shortcut is
-aligned with correctness, which is why PPO on it raises accuracy; a completion that shows wrong work would fool it, the
-classic reward-model failure that eval/accuracy (the exact-answer check) exposes. `--arithmetic_pairs number` makes
-pairs that only arithmetic separates: chosen and rejected in the same form, bare or worked, differing only in the
-number.
-On those the embedded model reaches held-out pair accuracy 0.654 after 400 steps (0.858 on its training problems), but
-a near miss (±1 or ±2) on a held-out problem still scores at chance (docs/sft-and-reward-model.md, compare.py's second
-comparison).
+    python reward_model.py                      # the embedded tiny model, offline, about 30 s on a CPU
+    python reward_model.py --dataset_name data/arithmetic_preferences_number --max_steps 400
+    accelerate launch --config_file configs/multi_gpu.yaml reward_model.py --model_name_or_path Qwen/Qwen2.5-0.5B \\
+        --dataset_name trl-lib/ultrafeedback_binarized --learning_rate 1e-5 --max_length 1024 --bf16
 
-Under `accelerate launch --num_processes N`, each step's batch is the one a single process would take, in the same
-order, split into N equal shares of pairs, one per process: the mean over a share, averaged over the processes by DDP,
-is the mean over the whole batch. The logged loss, accuracy and margin are over the whole batch, and evaluation scores
-every held-out pair once, each process an equal share.
+Data: a hub dataset, a folder, or a json, jsonl, csv or parquet file with `chosen` and `rejected` columns, strings or
+conversations, an optional `prompt` column (without it, chosen and rejected hold the whole text or conversation), and
+an optional numeric `margin` column (a missing value, None, is 0).
 
-    python reward_model.py                              # the embedded tiny model, offline, ~30 s on an idle 2-core CPU
+Copy reward_model.py with common.py (text ↔ tokens) and rewards.py (the text a reward model reads).
 """
 
-import random
+import json
+import math
+import shutil
+import signal
+import sys
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Literal
 
 import torch
 import transformers
-from accelerate.utils import set_seed
+import yaml
+from accelerate import Accelerator, DistributedType
+from accelerate.utils import gather_object, set_seed
+from datasets import load_dataset
 from tqdm.auto import tqdm
+from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, HfArgumentParser, SchedulerType
 
 import common
-from common import arg, require
 from rewards import reward_model_text
 
-ARITHMETIC_PAIRS = ("demonstrator", "number")
-# checked row by row as they load (common.usable_rows): a pair with an empty side, or chosen equal to rejected, is
-# skipped; without a prompt column, chosen and rejected hold the whole text or conversation (TRL's implicit prompt)
-TEXT_COLUMNS = ("prompt", "chosen", "rejected")
+HERE = Path(__file__).resolve().parent
+
+
+def arg(default, help: str):
+    kind = {"default_factory": lambda: list(default)} if isinstance(default, list) else {"default": default}
+    return field(**kind, metadata={"help": help})
 
 
 @dataclass
 class Args:
-    model_name_or_path: str = arg(
-        common.EMBEDDED_MODEL, "model to start from: a causal LM (a fresh scalar head is added) or a reward model"
-    )
-    model_revision: str = arg("main", "branch, tag or commit of --model_name_or_path on the hub")
-    trust_remote_code: bool = arg(False, "let a hub model or tokenizer run its own code (its modeling files)")
-    attn_implementation: str | None = arg(
-        None, "attention kernel: eager, sdpa, flash_attention_2, ... (None: transformers' choice)"
-    )
-    dataset_name: str = arg(
-        "arithmetic",
-        "'arithmetic' (built in), a hub dataset, or a local data file/folder with chosen and rejected columns",
-    )
-    dataset_config: str | None = arg(
-        None, "configuration name of a hub dataset or dataset folder with several (load_dataset's `name`)"
-    )
-    dataset_train_split: str = arg("train", "split to train on")
-    dataset_test_split: str = arg("test", "held-out split for eval/accuracy; skipped when absent")
-    arithmetic_pairs: str = arg(
-        "demonstrator",
-        "arithmetic: 'demonstrator' (worked right answer vs guess or broken format: form separates them) or 'number' "
-        "(same form, only the number differs)",
-    )
-    pairs_per_problem: int = arg(8, "arithmetic: preference pairs per problem")
-    center_rewards_coefficient: float | None = arg(
-        None, "weight c of the (r_c + r_r)² term that centers the scores (None = off)"
-    )
-    learning_rate: float = arg(5e-4, "AdamW learning rate (the embedded model; use ~1e-5 for a full 0.5B model)")
-    lr_scheduler_type: str = arg("cosine", "transformers scheduler name: constant, linear, cosine, ...")
-    warmup_ratio: float = arg(0.05, "fraction of steps spent warming the learning rate up")
+    # model and data
+    model_name_or_path: str = arg(str(HERE / "models/tiny-arith"), "a causal LM (a new scalar head) or a reward model")
+    attn_implementation: str | None = arg(None, "eager, sdpa, flash_attention_2, ... (default: transformers' choice)")
+    dataset_name: str = arg(str(HERE / "data/arithmetic_preferences"), "a hub dataset, or a data folder or file")
+    dataset_config: str | None = arg(None, "the configuration of a dataset that has several")
+    dataset_train_split: str = arg("train", "split to train on: 'chosen' and 'rejected' columns")
+    dataset_test_split: str = arg("test", "held-out split (skipped when absent)")
+    max_length: int = arg(128, "pairs with a text longer than this many tokens are dropped (as TRL does)")
+    # Bradley-Terry
+    center_rewards_coefficient: float | None = arg(None, "weight c of the (r_c + r_r)² term (None: off)")
+    # optimization
+    train_batch_size: int = arg(32, "pairs per step, over all processes (each takes an equal share)")
+    max_steps: int = arg(100, "training steps, one batch each")
+    learning_rate: float = arg(5e-4, "AdamW learning rate (the embedded model; ~1e-5 for a 0.5B model)")
+    lr_scheduler_type: SchedulerType = arg("cosine", "transformers' learning-rate schedule")
+    warmup_ratio: float = arg(0.05, "fraction of the steps spent warming up")
     weight_decay: float = arg(0.0, "AdamW weight decay")
     max_grad_norm: float = arg(1.0, "gradient clipping norm")
-    train_batch_size: int = arg(
-        32,
-        "preference pairs per optimizer step over all processes, each taking an equal share (TRL: per_device × "
-        "processes)",
-    )
-    max_steps: int = arg(100, "optimizer steps")
-    max_length: int = arg(128, "pairs with a text longer than this many tokens are dropped (as TRL does)")
-    seed: int = arg(0, "random seed")
-    logging_steps: int = arg(25, "log every this many steps")
-    eval_strategy: str = arg("steps", "'steps': evaluate every eval_steps and at the start and the end; 'no': never")
-    eval_steps: int = arg(50, "evaluate every this many steps (and at the start and end)")
-    per_device_eval_batch_size: int = arg(256, "pairs per forward pass during evaluation")
-    output_dir: str = arg("outputs/reward_model", "where metrics, checkpoints and the final model go")
-    save_steps: int = arg(50, "save a checkpoint every this many steps (0 = never; Ctrl-C, SIGTERM always save)")
-    save_total_limit: int | None = arg(
-        None, "keep only the newest N checkpoints (None: all); never deletes the one the run resumed from"
-    )
-    resume_from_checkpoint: str | None = arg(None, "a checkpoint folder, or 'latest' (newest complete in output_dir)")
-    overwrite_output_dir: bool = arg(False, "start over in an output_dir of another run (deletes its checkpoints)")
-    use_peft: bool = arg(
-        False, "train a LoRA adapter (task type SEQ_CLS; the score head is trained fully) instead of all weights"
-    )
+    seed: int = arg(0, "random seed (data order, the new head)")
+    disable_dropout: bool = arg(True, "dropout off (LoRA's too), as TRL's RewardTrainer does")
+    # logging, evaluation, checkpoints
+    output_dir: str = arg("outputs/reward_model", "where metrics.jsonl, the checkpoints and the final model go")
+    overwrite_output_dir: bool = arg(False, "start over in an output_dir that holds another run")
+    logging_steps: int = arg(25, "log metrics every this many steps")
+    report_to: list[str] = arg(["none"], "trackers besides metrics.jsonl: tensorboard, wandb, trackio, all, ...")
+    eval_strategy: Literal["steps", "no"] = arg("steps", "steps: at the start, every eval_steps and at the end")
+    eval_steps: int = arg(50, "evaluate every this many steps (0: at the start and the end only)")
+    per_device_eval_batch_size: int = arg(256, "pairs per forward pass of the evaluation")
+    save_steps: int = arg(50, "save a checkpoint every this many steps (0: never; a stop always saves)")
+    save_total_limit: int | None = arg(None, "keep only the newest N checkpoints")
+    resume_from_checkpoint: str | None = arg(None, "a checkpoint folder, or 'latest' in output_dir")
+    # efficiency
+    bf16: bool = arg(False, "bf16 autocast for the forward passes; master weights stay float32")
+    gradient_checkpointing: bool = arg(False, "recompute activations in the backward pass to save memory")
+    use_peft: bool = arg(False, "train a LoRA adapter (and the whole head) instead of all weights")
     lora_r: int = arg(16, "LoRA rank")
     lora_alpha: int = arg(32, "LoRA alpha")
-    disable_dropout: bool = arg(True, "turn dropout off (LoRA's too), as TRL's RewardTrainer does by default")
     lora_dropout: float = arg(0.05, "LoRA dropout")
-    lora_target_modules: list[str] = arg(["all-linear"], "module names (q_proj v_proj or q_proj,v_proj) or all-linear")
-    save_merged_model: bool = arg(False, "with --use_peft, also save the merged model in output_dir/merged")
-    gradient_checkpointing: bool = arg(False, "recompute activations in the backward pass to save memory")
-    bf16: bool = arg(False, "bfloat16 autocast for forward passes")
-    report_to: list[str] = arg(
-        ["none"], "trackers besides metrics.jsonl: none, all, or accelerate's (tensorboard, wandb, trackio, ...)"
-    )
+    lora_target_modules: list[str] = arg(["all-linear"], "modules LoRA adapts, or all-linear")
+    save_merged_model: bool = arg(False, "with --use_peft, also save the merged model (output_dir/merged)")
+    load_in_4bit: bool = arg(False, "QLoRA: the frozen base in 4 bits (bitsandbytes); needs --use_peft")
+    bnb_4bit_quant_type: Literal["nf4", "fp4"] = arg("nf4", "4-bit data type")
 
 
-def arithmetic_preference_dataset(split: str, pairs_per_problem: int, seed: int, pairs: str = "demonstrator"):
-    """Conversational pairs on the split's problems (the RL training problems, or the held-out ones).
-
-    pairs="demonstrator": sft.py's noisy demonstrator: its right answers, which show their work, are chosen over a guess
-    off by ±1 or ±2 (half the pairs), another number (a quarter), or a broken format (a quarter). Form alone separates
-    them. pairs="number": chosen and rejected have the same form, bare (`<answer>56</answer>`) or worked
-    (`7 × 8 = 56 <answer>56</answer>`), half each, and differ only in the number: the rejected one is off by ±1 or ±2
-    (half the pairs) or another number (half). Only arithmetic separates them."""
-    from datasets import Dataset
-
-    require(
-        pairs in ARITHMETIC_PAIRS, f"--arithmetic_pairs: expected one of {', '.join(ARITHMETIC_PAIRS)}, got {pairs!r}"
-    )
-    rng = random.Random(f"{seed}-{split}")
-    rows = []
-    for a, op, b, answer in common.arithmetic_split(split):
-        prompt = [{"role": "user", "content": common.arithmetic_question(a, op, b)}]
-        for _ in range(pairs_per_problem):
-            if pairs == "number":
-                wrong = (
-                    answer + rng.choice([-2, -1, 1, 2])
-                    if rng.random() < 0.5
-                    else rng.choice([n for n in range(-9, 82) if n != answer])
-                )
-                shape = rng.choice(["<answer>{n}</answer>", f"{a} {op} {b} = {{n}} <answer>{{n}}</answer>"])
-                chosen, rejected = shape.format(n=answer), shape.format(n=wrong)
-            else:
-                chosen = f"{a} {op} {b} = {answer} <answer>{answer}</answer>"
-                kind = rng.random()
-                if kind < 0.5:
-                    rejected = f"<answer>{answer + rng.choice([-2, -1, 1, 2])}</answer>"
-                elif kind < 0.75:
-                    rejected = f"<answer>{rng.choice([n for n in range(-9, 82) if n != answer])}</answer>"
-                else:
-                    rejected = rng.choice(
-                        [f"{a} {op} {b} = {answer}", f"<answer>{answer}", f"answer: {answer}", "<answer></answer>"]
-                    )
-            rows.append(
-                {
-                    "prompt": prompt,
-                    "chosen": [{"role": "assistant", "content": chosen}],
-                    "rejected": [{"role": "assistant", "content": rejected}],
-                }
-            )
-    return Dataset.from_list(rows)
+def check_args(args: Args):
+    """The flags in range, each said in one line."""
+    positive = "max_steps train_batch_size learning_rate max_length logging_steps per_device_eval_batch_size"
+    for name in positive.split():
+        require(getattr(args, name) > 0, f"--{name}: must be positive, got {getattr(args, name)}")
+    for name in "eval_steps save_steps weight_decay max_grad_norm".split():
+        require(getattr(args, name) >= 0, f"--{name}: must be ≥ 0, got {getattr(args, name)}")
+    c = args.center_rewards_coefficient
+    require(c is None or c >= 0, f"--center_rewards_coefficient: must be ≥ 0, got {c}")
+    require(0 <= args.warmup_ratio <= 1, f"--warmup_ratio: must be in [0, 1], got {args.warmup_ratio}")
+    require(0 <= args.seed < 2**32, f"--seed: must be in [0, 2**32), got {args.seed}")  # numpy's range
+    require(args.save_total_limit is None or args.save_total_limit > 0, "--save_total_limit: must be positive")
+    require(args.use_peft or not args.load_in_4bit, "--load_in_4bit: only a LoRA adapter trains on it: add --use_peft")
+    require(args.dataset_train_split != args.dataset_test_split, "--dataset_test_split: that is the training split")
 
 
-def scored_text(tokenizer, prompt, completion) -> str:
-    """The text the reward model reads: exactly what rewards.reward_model_function will score."""
-    require(
-        isinstance(completion, str) or common.is_conversational(completion),
-        f"--dataset_name: expected a string or a list of messages, got {type(completion).__name__}",
-    )
-    return reward_model_text(tokenizer, prompt, completion)
+# ==== Bradley-Terry ====
+def bradley_terry_loss(chosen_rewards, rejected_rewards, margins, *, center_rewards_coefficient: float | None):
+    """Each pair's −log σ(r_c − r_r − m), plus c · (r_c + r_r)² when centering. (B,) -> (B,)"""
+    loss = -torch.nn.functional.logsigmoid(chosen_rewards - rejected_rewards - margins)
+    if center_rewards_coefficient:
+        loss = loss + center_rewards_coefficient * (chosen_rewards + rejected_rewards) ** 2
+    return loss
 
 
-def tokenize_pairs(tokenizer, dataset, max_length: int) -> list[dict]:
-    """chosen_ids, rejected_ids and margin per pair, tokenized as the scorer tokenizes; over-long pairs are dropped."""
+def pair_accuracy(chosen_rewards, rejected_rewards) -> torch.Tensor:
+    """1 for each pair scored r_c > r_r, 1/2 for a tie, else 0. (B,) -> (B,)"""
+    return (chosen_rewards > rejected_rewards).float() + 0.5 * (chosen_rewards == rejected_rewards).float()
+
+
+def tokenize_pairs(tokenizer, dataset, args, split: str) -> list[dict]:
+    """chosen_ids, rejected_ids and margin of each pair, as the reward model reads them (`reward_model_text`, then the
+    tokenizer with its special tokens, as rewards.reward_model_function scores); pairs over --max_length are dropped."""
+    for column in ("chosen", "rejected"):
+        require(column in dataset.column_names, f"--dataset_name: the {split} split has no {column!r} column")
     prompts = dataset["prompt"] if "prompt" in dataset.column_names else [None] * len(dataset)
     margins = dataset["margin"] if "margin" in dataset.column_names else [0.0] * len(dataset)
-    chosen = tokenizer([scored_text(tokenizer, p, c) for p, c in zip(prompts, dataset["chosen"])]).input_ids
-    rejected = tokenizer([scored_text(tokenizer, p, r) for p, r in zip(prompts, dataset["rejected"])]).input_ids
-    rows = [
-        {"chosen_ids": c, "rejected_ids": r, "margin": float(m)}
-        for c, r, m in zip(chosen, rejected, margins)
-        if max(len(c), len(r)) <= max_length
-    ]
-    if len(rows) < len(dataset):
-        print(f"dropped {len(dataset) - len(rows)} of {len(dataset)} pairs longer than --max_length {max_length}")
+    try:  # a margin that is not a number, a pair that cannot be rendered
+        margins = [0.0 if m is None else float(m) for m in margins]
+        chosen = [reward_model_text(tokenizer, p, c) for p, c in zip(prompts, dataset["chosen"])]
+        rejected = [reward_model_text(tokenizer, p, r) for p, r in zip(prompts, dataset["rejected"])]
+    except Exception as error:
+        raise BadInput(f"--dataset_name: a pair of the {split} split: {error!r}") from None
+    chosen, rejected = tokenizer(chosen).input_ids, tokenizer(rejected).input_ids
+    rows = [{"chosen_ids": c, "rejected_ids": r, "margin": m} for c, r, m in zip(chosen, rejected, margins)
+            if max(len(c), len(r)) <= args.max_length]  # fmt: skip
+    if len(rows) < len(chosen):
+        print(f"the {split} split: dropped {len(chosen) - len(rows)} of {len(chosen)} pairs over --max_length")
     return rows
 
 
-def pair_rewards(model, rows: list[dict], pad_token_id: int, device):
-    """(r_chosen, r_rejected), each (B,): one forward pass over the 2B texts, right-padded like the scorer."""
-    sequences = [r["chosen_ids"] for r in rows] + [r["rejected_ids"] for r in rows]
-    length = max(len(s) for s in sequences)
-    input_ids = torch.tensor([s + [pad_token_id] * (length - len(s)) for s in sequences], device=device)
-    attention_mask = torch.tensor([[1] * len(s) + [0] * (length - len(s)) for s in sequences], device=device)
+def pair_rewards(model, rows: list[dict], pad_token_id: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """r_φ(x, y_c) and r_φ(x, y_r) (B,) each, float32: one forward pass over the 2B texts, padded on the right."""
+    sequences = [row["chosen_ids"] for row in rows] + [row["rejected_ids"] for row in rows]
+    L = max(map(len, sequences))
+    input_ids = torch.tensor([s + [pad_token_id] * (L - len(s)) for s in sequences], device=device)
+    lengths = torch.tensor([len(s) for s in sequences], device=device)
+    attention_mask = (torch.arange(L, device=device) < lengths[:, None]).long()
     rewards = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, 0].float()
     return rewards[: len(rows)], rewards[len(rows) :]
 
 
-def bradley_terry_loss(chosen_rewards, rejected_rewards, margins=None, center_rewards_coefficient: float | None = None):
-    """mean of −log σ(r_c − r_r − m), plus c · mean((r_c + r_r)²) when centering."""
-    difference = chosen_rewards - rejected_rewards - (0.0 if margins is None else margins)
-    loss = -torch.nn.functional.logsigmoid(difference).mean()
-    if center_rewards_coefficient:
-        loss = loss + center_rewards_coefficient * ((chosen_rewards + rejected_rewards) ** 2).mean()
-    return loss
+@torch.no_grad()
+def evaluate_pairs(accelerator, model, rows: list[dict], pad_token_id: int, args) -> dict:
+    """eval/loss, eval/accuracy and eval/margin over every held-out pair. Each process takes as many pairs as the
+    others, the last ones repeated and not counted: under ZeRO-3 or FSDP a forward is collective."""
+    if not rows:
+        return {}
+    share = -(-len(rows) // accelerator.num_processes)
+    indices = torch.arange(share) + accelerator.process_index * share
+    sums = torch.zeros(4, device=accelerator.device)  # loss, accuracy, margin, pairs
+    for batch in indices.split(args.per_device_eval_batch_size):
+        batch_rows = [rows[i] for i in batch.clamp(max=len(rows) - 1)]
+        with accelerator.autocast():
+            chosen, rejected = pair_rewards(model, batch_rows, pad_token_id, accelerator.device)
+        margins = torch.tensor([row["margin"] for row in batch_rows], device=accelerator.device)
+        loss = bradley_terry_loss(chosen, rejected, margins, center_rewards_coefficient=args.center_rewards_coefficient)
+        counted = (batch < len(rows)).float().to(accelerator.device)
+        sums += torch.stack([x @ counted for x in (loss, pair_accuracy(chosen, rejected), chosen - rejected, counted)])
+    loss, accuracy, margin, pairs = accelerator.reduce(sums, "sum").tolist()
+    return {"eval/loss": loss / pairs, "eval/accuracy": accuracy / pairs, "eval/margin": margin / pairs}
 
 
-def pair_accuracy(chosen_rewards, rejected_rewards) -> float:
-    """Fraction of pairs with r_c > r_r; a tie counts one half."""
-    return (
-        ((chosen_rewards > rejected_rewards).float() + 0.5 * (chosen_rewards == rejected_rewards).float()).mean().item()
+# ---- plumbing: the command line ----
+class BadInput(Exception):
+    """Bad input (a flag, a data file or column, the output folder): one line, exit status 2, nothing written."""
+
+
+def require(condition: bool, message: str):
+    if not condition:
+        raise BadInput(message)
+
+
+def fail(message: str):
+    tqdm.write(f"error: {message}", file=sys.stderr)  # on a line of its own, below the progress bar
+    sys.exit(2)
+
+
+def parse_args(args_class):
+    """The flags from the command line, over those of a --config YAML file (TRL's recipes, or a run's args.json)."""
+    parser = HfArgumentParser(args_class, allow_abbrev=False)
+    parser.add_argument("--config", help="a YAML file of flag: value; flags on the command line override it")
+    parser.error = lambda message: fail(message.replace("argument ", ""))
+    for action in parser._actions:  # --chat_template_kwargs '{"enable_thinking": false}'
+        action.type = json.loads if action.type is dict else action.type
+    namespace = parser.parse_args()
+    if namespace.config:
+        try:
+            config = yaml.safe_load(Path(namespace.config).read_text())
+        except (OSError, yaml.YAMLError) as error:
+            raise BadInput(f"--config: {str(error).splitlines()[0]}") from None
+        require(isinstance(config, dict), f"--config {namespace.config}: expected a mapping of flag: value")
+        unknown = sorted(set(config) - set(vars(namespace)))
+        require(not unknown, f"--config {namespace.config}: unknown flags {unknown}")
+        parser.set_defaults(**config)
+        namespace = parser.parse_args()
+    del namespace.config
+    return args_class(**vars(namespace))
+
+
+# ---- plumbing: data ----
+def load_split(args, split: str):
+    """A split of --dataset_name (a hub dataset, a folder, or a json, csv or parquet file: its train split), or None."""
+    path = Path(args.dataset_name)
+    try:
+        if path.is_file():
+            builder = {".csv": "csv", ".parquet": "parquet"}.get(path.suffixes[0], "json")
+            splits = load_dataset(builder, data_files={"train": str(path)})
+        else:
+            splits = load_dataset(args.dataset_name, args.dataset_config)
+    except Exception as error:  # no such dataset, file or configuration, or a file that does not parse
+        raise BadInput(f"--dataset_name: cannot load {args.dataset_name!r}: {str(error).splitlines()[0]}") from None
+    require(split in splits or split != args.dataset_train_split, f"--dataset_train_split: no {split!r} split")
+    return splits.get(split)
+
+
+# ---- plumbing: models ----
+def load_trained(args, path: str, model_class=AutoModelForCausalLM, task_type="CAUSAL_LM", **options):
+    """A model to train: float32 master weights whatever the checkpoint's dtype (a frozen base is bf16 under --use_peft
+    --bf16, 4-bit under --load_in_4bit), --use_peft's LoRA adapter, dropout off, --gradient_checkpointing."""
+    from peft import LoraConfig, cast_mixed_precision_params, get_peft_model
+
+    compute = torch.bfloat16 if args.bf16 else torch.float32
+    quantization = transformers.BitsAndBytesConfig(
+        load_in_4bit=True, bnb_4bit_quant_type=args.bnb_4bit_quant_type, bnb_4bit_compute_dtype=compute
+    ) if args.load_in_4bit else None  # fmt: skip
+    dtype = torch.bfloat16 if args.use_peft and args.bf16 else torch.float32
+    attention = args.attn_implementation
+    model = model_class.from_pretrained(
+        path, dtype=dtype, quantization_config=quantization, attn_implementation=attention, **options
     )
+    if args.use_peft:
+        targets = "all-linear" if args.lora_target_modules == ["all-linear"] else args.lora_target_modules
+        lora = dict(r=args.lora_r, lora_alpha=args.lora_alpha, lora_dropout=args.lora_dropout, target_modules=targets)
+        model = get_peft_model(model, LoraConfig(task_type=task_type, **lora))
+        cast_mixed_precision_params(model, dtype)  # what trains in float32 (a score head too), the rest in dtype
+    if args.disable_dropout:  # dropout layers, and the rates attention layers keep as floats (Llama's, GPT-2's)
+        for module in model.modules():
+            rates = [n for n, v in vars(module).items() if isinstance(v, float) and "drop" in n]
+            for name in rates + (["p"] if isinstance(module, torch.nn.Dropout) else []):
+                setattr(module, name, 0.0)
+    if args.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    return model.train()
 
 
-def check_args(args: Args):
-    common.check_shared_args(args)  # the flags every script shares: learning rate, steps, sampling, output_dir, ...
-    require(args.train_batch_size > 0, f"--train_batch_size: must be positive, got {args.train_batch_size}")
-    require(args.max_length > 0, f"--max_length: must be positive, got {args.max_length}")
-    require(args.pairs_per_problem > 0, f"--pairs_per_problem: must be positive, got {args.pairs_per_problem}")
-    require(
-        args.arithmetic_pairs in ARITHMETIC_PAIRS,
-        f"--arithmetic_pairs: expected one of {', '.join(ARITHMETIC_PAIRS)}, got {args.arithmetic_pairs!r}",
-    )
-    require(
-        args.center_rewards_coefficient is None or args.center_rewards_coefficient >= 0,
-        f"--center_rewards_coefficient: must be ≥ 0, got {args.center_rewards_coefficient}",
-    )
+# ---- plumbing: the output folder, checkpoints and logging ----
+def claim_output_dir(args) -> Path | None:
+    """The checkpoint to resume from, whose later metrics are dropped; None for a fresh run, into a fresh folder."""
+    out, metrics = Path(args.output_dir), Path(args.output_dir) / "metrics.jsonl"
+    if args.resume_from_checkpoint:
+        latest = args.resume_from_checkpoint == "latest"
+        found = checkpoints(out)[-1:] if latest else [Path(args.resume_from_checkpoint)]
+        require(found and (found[0] / "trainer_state.json").is_file(), f"--resume_from_checkpoint: none in {found}")
+        out.mkdir(parents=True, exist_ok=True)
+        step = json.loads((found[0] / "trainer_state.json").read_text())["step"]
+        records = [json.loads(line) for line in metrics.read_text().splitlines()] if metrics.is_file() else []
+        metrics.write_text("".join(json.dumps(r) + "\n" for r in records if r["step"] <= step))
+        return found[0]
+    used = checkpoints(out) + ([metrics] if metrics.is_file() else [])
+    require(not used or args.overwrite_output_dir, f"--output_dir: {out} holds another run: continue it with "
+            "--resume_from_checkpoint latest, or start over with --overwrite_output_dir")  # fmt: skip
+    for path in used:
+        shutil.rmtree(path) if path.is_dir() else path.unlink()
+    out.mkdir(parents=True, exist_ok=True)
+    return None
+
+
+def checkpoints(output_dir) -> list[Path]:
+    """The checkpoint-N folders in output_dir, oldest first; each is complete (written under another name)."""
+    return sorted(Path(output_dir).glob("checkpoint-*"), key=lambda path: int(path.name.split("-")[1]))
+
+
+def save_model(accelerator, args, model, tokenizer, folder: Path, state: dict):
+    """The model as `save_pretrained` writes it (with --use_peft its adapter), the tokenizer, the step and the script's
+    own state (trainer_state.json) and the flags (args.json)."""
+    weights = accelerator.get_state_dict(model)  # every process: gathers sharded weights
+    if accelerator.is_main_process:
+        accelerator.unwrap_model(model).save_pretrained(folder, state_dict=weights)
+        tokenizer.save_pretrained(folder)
+        (folder / "trainer_state.json").write_text(json.dumps(state))
+        (folder / "args.json").write_text(json.dumps(asdict(args), indent=2))
+
+
+def save_checkpoint(accelerator, args, model, tokenizer, state: dict) -> Path:
+    """checkpoint-{step}: `save_model`, and accelerate's state (optimizer, scheduler, RNG; under DeepSpeed or FSDP the
+    sharded weights too). Renamed into place when complete."""
+    folder = Path(args.output_dir) / f"checkpoint-{state['step']}"
+    tmp = folder.with_name(f".{folder.name}.tmp")
+    save_model(accelerator, args, model, tokenizer, tmp, state)
+    hook = accelerator.register_save_state_pre_hook(lambda models, weights, _: weights.clear())  # saved just above
+    accelerator.save_state(tmp / "state")
+    hook.remove()
+    if accelerator.is_main_process:
+        shutil.rmtree(folder, ignore_errors=True)
+        tmp.rename(folder)
+        for old in checkpoints(args.output_dir)[: -args.save_total_limit] if args.save_total_limit else []:
+            shutil.rmtree(old)
+    accelerator.wait_for_everyone()
+    return folder
+
+
+def load_checkpoint(accelerator, args, model, checkpoint: Path) -> dict:
+    """Restore what `save_checkpoint` saved; flags that differ from its args.json are said, and the run goes on."""
+    from peft import set_peft_model_state_dict
+    from safetensors.torch import load_file, load_model
+
+    saved, skip = json.loads((checkpoint / "args.json").read_text()), ("resume_from_checkpoint", "overwrite_output_dir")
+    changed = [f"--{k} {v} (was {saved[k]})" for k, v in asdict(args).items() if k not in skip and saved.get(k, v) != v]
+    accelerator.print(f"resuming from {checkpoint}" + "".join(f"; {change}" for change in changed))
+    unwrapped = accelerator.unwrap_model(model)
+    if accelerator.distributed_type not in (DistributedType.DEEPSPEED, DistributedType.FSDP):  # else in state/
+        if hasattr(unwrapped, "peft_config"):
+            set_peft_model_state_dict(unwrapped, load_file(checkpoint / "adapter_model.safetensors"))
+        else:
+            load_model(unwrapped, checkpoint / "model.safetensors", device=str(accelerator.device))
+    hook = accelerator.register_load_state_pre_hook(lambda models, _: models.clear())  # loaded just above
+    accelerator.load_state(checkpoint / "state")
+    hook.remove()
+    return json.loads((checkpoint / "trainer_state.json").read_text())
+
+
+def log(accelerator, args, step: int, metrics: dict):
+    """One line of output_dir/metrics.jsonl, and the --report_to trackers."""
+    if metrics and accelerator.is_main_process:
+        with open(Path(args.output_dir) / "metrics.jsonl", "a") as f:
+            f.write(json.dumps({"step": step, **metrics}) + "\n")
+    accelerator.log(metrics, step=step)
 
 
 def main(args: Args):
+    # ---- plumbing: setup, a batch of rows a step ----
     check_args(args)
-    accelerator = common.make_accelerator(args)  # one process, or N under `accelerate launch`
-    # the same on every process: training samples nothing, and the new head starts alike
-    set_seed(args.seed)
-    device = accelerator.device
-    my_pairs = common.shard(accelerator, args.train_batch_size, "--train_batch_size")  # this process's share of a batch
-    common.check_backend(accelerator, one_backward_per_update=True)
+    precision, trackers = "bf16" if args.bf16 else "no", None if args.report_to == ["none"] else args.report_to
+    accelerator = Accelerator(
+        mixed_precision=precision, log_with=trackers, project_dir=args.output_dir, step_scheduler_with_optimizer=False
+    )  # the scheduler steps once per update, however many processes
+    if accelerator.state.deepspeed_plugin is not None:  # no DataLoader is prepared: DeepSpeed's sizes come from here
+        accelerator.state.deepspeed_plugin.deepspeed_config.update(
+            train_micro_batch_size_per_gpu=1, gradient_accumulation_steps=1, train_batch_size=accelerator.num_processes,
+            gradient_clipping=args.max_grad_norm,
+        )  # fmt: skip
+    set_seed(args.seed)  # the same on every process: a new adapter or head starts alike
+    device, processes = accelerator.device, accelerator.num_processes
+    require(args.train_batch_size % processes == 0, f"--train_batch_size: not divisible by the {processes} processes")
+    local_batch_size = args.train_batch_size // processes
+    my_rows = slice(accelerator.process_index * local_batch_size, (accelerator.process_index + 1) * local_batch_size)
 
-    # ---- data ----
-    builtin = {
-        "arithmetic": lambda split: arithmetic_preference_dataset(
-            split, args.pairs_per_problem, args.seed, args.arithmetic_pairs
-        )
-    }
-    train_dataset = common.load_split(
-        args.dataset_name, args.dataset_train_split, builtin, columns=TEXT_COLUMNS, config=args.dataset_config
-    )
-    require(
-        train_dataset is not None,
-        f"--dataset_train_split: {args.dataset_name} has no split {args.dataset_train_split!r}",
-    )
-    eval_dataset = common.load_split(
-        args.dataset_name, args.dataset_test_split, builtin, columns=TEXT_COLUMNS, config=args.dataset_config
-    )
-    for dataset in (train_dataset, eval_dataset) if eval_dataset is not None else (train_dataset,):
-        for column in ("chosen", "rejected"):
-            require(
-                column in dataset.column_names,
-                f"--dataset_name: the dataset has no {column!r} column (columns: {dataset.column_names})",
-            )
+    # ---- reward model: data, the model ----
+    tokenizer = common.load_tokenizer(args.model_name_or_path)
+    train_dataset, eval_dataset = load_split(args, args.dataset_train_split), load_split(args, args.dataset_test_split)
+    rows = tokenize_pairs(tokenizer, train_dataset, args, args.dataset_train_split)
+    require(len(rows) >= args.train_batch_size, f"--train_batch_size: more than the {len(rows)} pairs")
+    eval_dataset = eval_dataset if args.eval_strategy == "steps" else None
+    eval_rows = tokenize_pairs(tokenizer, eval_dataset, args, args.dataset_test_split) if eval_dataset else []
+    # a sequence classifier with one label, whatever the checkpoint's config says (a causal LM's: 2)
+    model = load_trained(args, args.model_name_or_path, AutoModelForSequenceClassification, "SEQ_CLS", num_labels=1)
+    model.config.pad_token_id = tokenizer.pad_token_id  # the head reads each text's last token that is not padding
+    evaluation = lambda: evaluate_pairs(accelerator, model, eval_rows, tokenizer.pad_token_id, args)
 
-    # ---- model: the backbone of a causal LM (or a reward model) with a scalar head ----
-    checkpoint = common.resolve_checkpoint(args.resume_from_checkpoint, args.output_dir, args)
-    tokenizer = common.load_tokenizer(args.model_name_or_path, **common.loading_options(args))
-    # a causal LM gets a new score head; a resumed run gets its weights from the checkpoint below
-    model, missing_keys = common.load_sequence_classifier(
-        args.model_name_or_path,
-        "--model_name_or_path",
-        new_head=True,
-        dtype=common.master_dtype(args),  # float32 master weights (with --use_peft --bf16 the frozen base is bf16)
-        **common.loading_options(args),
-    )
-    common.warn_missing_weights(missing_keys, "--model_name_or_path")
-    common.check_max_length(model, args.max_length)
-    model.config.pad_token_id = tokenizer.pad_token_id  # the head reads the last token that is not padding
-    if args.use_peft:
-        from peft import cast_mixed_precision_params, get_peft_model
+    # ---- plumbing: optimizer, scheduler, processes: one update a step ----
+    trained = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(trained, lr=args.learning_rate, weight_decay=args.weight_decay)
+    warmup = int(args.warmup_ratio * args.max_steps)
+    scheduler = transformers.get_scheduler(args.lr_scheduler_type, optimizer, warmup, args.max_steps)
+    model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
+    accelerator.unwrap_model(model, keep_fp32_wrapper=False)  # autocast is entered below: no float32 copy of logits
 
-        model = get_peft_model(model, common.lora_config(args, model, "SEQ_CLS"))
-        # trained: peft's copy of the score head too, float32
-        cast_mixed_precision_params(model, common.master_dtype(args))
-    if args.disable_dropout:
-        common.disable_dropout(model)
-    if args.gradient_checkpointing:
-        common.checkpoint_activations(model)
-        if args.use_peft:
-            model.enable_input_require_grads()
-    model.train()
+    # ---- plumbing: resume, the first evaluation, the loop's stop: one update a step ----
+    checkpoint = gather_object([claim_output_dir(args) if accelerator.is_main_process else None])[0]
+    state = load_checkpoint(accelerator, args, model, checkpoint) if checkpoint else {"step": 0, "num_tokens": 0}
+    accelerator.init_trackers("huggingface", {k: str(v) for k, v in asdict(args).items()})
+    first_eval = evaluation() if state["step"] == 0 else {}
+    log(accelerator, args, 0, first_eval)
+    stop = []  # Ctrl-C, or SIGTERM from a scheduler: the loop ends after its step, with a checkpoint
+    handlers = {s: signal.signal(s, lambda signum, _: stop.append(signum)) for s in (signal.SIGINT, signal.SIGTERM)}
+    steps = range(state["step"] + 1, args.max_steps + 1)
+    progress = tqdm(steps, initial=state["step"], total=args.max_steps, disable=not accelerator.is_main_process)
 
-    rows = tokenize_pairs(tokenizer, train_dataset, args.max_length)
-    eval_rows = tokenize_pairs(tokenizer, eval_dataset, args.max_length) if eval_dataset is not None else []
-    batches_per_epoch = len(rows) // args.train_batch_size
-    require(
-        batches_per_epoch > 0, f"--train_batch_size: {args.train_batch_size} exceeds the {len(rows)} training pairs"
-    )
-    optimizer = torch.optim.AdamW(
-        [p for p in model.parameters() if p.requires_grad], lr=args.learning_rate, weight_decay=args.weight_decay
-    )
-    scheduler = transformers.get_scheduler(
-        args.lr_scheduler_type,
-        optimizer,
-        num_warmup_steps=int(args.warmup_ratio * args.max_steps),
-        num_training_steps=args.max_steps,
-    )
-    model, optimizer = accelerator.prepare(model, optimizer)  # DDP / DeepSpeed / FSDP wrapping, device placement
-    accelerator.register_for_checkpointing(scheduler)  # saved and restored, but stepped once per update by us
-    start_step = 0
-    if checkpoint is not None:
-        start_step = common.load_training_state(accelerator, checkpoint, model)["step"]
-    common.claim_output_dir(accelerator, args)  # every check is done: from here on, this run writes
-    logger = common.MetricsLogger(accelerator, args, resume_step=start_step)  # metrics.jsonl, --report_to
+    for step in progress:
+        step_start = time.perf_counter()
+        logging_step = step % args.logging_steps == 0 or step == args.max_steps
 
-    @torch.no_grad()
-    def run_eval(step: int) -> dict:
-        """Every held-out pair, each process scoring an equal share (the last pair repeated to pad, then dropped)."""
-        if not eval_rows or args.eval_strategy == "no":
-            return {}
-        model.eval()
-        chosen, rejected, scored = [], [], []
-        with accelerator.split_between_processes(list(range(len(eval_rows))), apply_padding=True) as indices:
-            for start in range(0, len(indices), args.per_device_eval_batch_size):
-                batch_indices = indices[start : start + args.per_device_eval_batch_size]
-                with accelerator.autocast():
-                    r_c, r_r = pair_rewards(
-                        model, [eval_rows[i] for i in batch_indices], tokenizer.pad_token_id, device
-                    )
-                chosen.append(r_c)
-                rejected.append(r_r)
-                scored += batch_indices
-        model.train()
-        # a padded duplicate lands where its original does
-        index = accelerator.gather(torch.tensor(scored, device=device))
-        chosen = torch.zeros(len(eval_rows), device=device).index_put_((index,), accelerator.gather(torch.cat(chosen)))
-        rejected = torch.zeros(len(eval_rows), device=device).index_put_(
-            (index,), accelerator.gather(torch.cat(rejected))
-        )
-        margins = torch.tensor([r["margin"] for r in eval_rows], device=device)
-        metrics = {
-            "eval/accuracy": pair_accuracy(chosen, rejected),
-            "eval/loss": bradley_terry_loss(chosen, rejected, margins, args.center_rewards_coefficient).item(),
-            "eval/margin": (chosen - rejected).mean().item(),
-        }
-        logger.log(step, metrics)
-        return metrics
+        # ==== 1. batch: this process's share of the step's pairs ====
+        # the step's pairs depend on the step alone (a fresh permutation each epoch): a resumed run sees the same
+        epoch, position = divmod(step - 1, len(rows) // args.train_batch_size)
+        order = torch.randperm(len(rows), generator=torch.Generator().manual_seed(args.seed + epoch))
+        indices = order[position * args.train_batch_size : (position + 1) * args.train_batch_size][my_rows].tolist()
+        pairs = [rows[i] for i in indices]
 
-    first_eval = run_eval(start_step) if start_step == 0 else {}
+        # ==== 2. scores: r_φ(x, y_c) and r_φ(x, y_r) ====
+        with accelerator.autocast():
+            chosen_rewards, rejected_rewards = pair_rewards(model, pairs, tokenizer.pad_token_id, device)  # (B,) each
 
-    # ---- training loop ----
-    step = start_step
-    progress = tqdm(
-        total=args.max_steps, initial=start_step, desc="reward model", disable=not accelerator.is_main_process
-    )
-    with common.graceful_interrupt() as interrupted:
-        while step < args.max_steps and not common.any_process(accelerator, interrupted.is_set()):
-            start = time.perf_counter()
-            epoch, position = divmod(step, batches_per_epoch)  # the data position is a function of the step
-            order = torch.randperm(len(rows), generator=torch.Generator().manual_seed(args.seed + epoch))
-            index = order[position * args.train_batch_size : (position + 1) * args.train_batch_size][my_pairs]
-            batch = [rows[i] for i in index.tolist()]
-            with accelerator.autocast():
-                chosen_rewards, rejected_rewards = pair_rewards(model, batch, tokenizer.pad_token_id, device)
-            margins = torch.tensor([r["margin"] for r in batch], device=device)
-            # A mean over this process's pairs; DDP averages the gradients over the processes, which is the mean over
-            # the
-            # whole batch because every process holds the same number of pairs.
-            loss = bradley_terry_loss(chosen_rewards, rejected_rewards, margins, args.center_rewards_coefficient)
-            accelerator.backward(loss)
-            grad_norm = float(accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm))
-            common.check_finite(  # before the update
-                accelerator,
-                step + 1,
-                score=torch.cat([chosen_rewards, rejected_rewards]),
-                loss=loss,
-                grad_norm=grad_norm,
-            )
-            optimizer.step()
-            scheduler.step()
-            optimizer.zero_grad(set_to_none=True)
-            step += 1
-            progress.update()
-            if step % args.logging_steps == 0 or step == args.max_steps:
-                all_chosen, all_rejected = (
-                    accelerator.gather(chosen_rewards.detach()),
-                    accelerator.gather(rejected_rewards.detach()),
-                )
-                metrics = {
-                    "loss": accelerator.reduce(loss.detach(), "mean").item(),
-                    "accuracy": pair_accuracy(all_chosen, all_rejected),
-                    "margin": (all_chosen - all_rejected).mean().item(),
-                    "grad_norm": grad_norm,
-                    "learning_rate": scheduler.get_last_lr()[0],
-                    "step_time": time.perf_counter() - start,
-                }
-                logger.log(step, metrics)
-                progress.set_postfix(loss=f"{metrics['loss']:.3f}", accuracy=f"{metrics['accuracy']:.2f}")
-            if args.eval_steps and step % args.eval_steps == 0 and step != args.max_steps:
-                run_eval(step)
-            if args.save_steps and step % args.save_steps == 0:
-                common.save_checkpoint(accelerator, args, step, model, tokenizer, resumed_from=checkpoint)
+        # ==== 3. loss: Bradley-Terry, the mean over this process's pairs (DDP's mean over processes: the batch's) ====
+        margins = torch.tensor([pair["margin"] for pair in pairs], device=device)
+        loss = bradley_terry_loss(
+            chosen_rewards, rejected_rewards, margins, center_rewards_coefficient=args.center_rewards_coefficient
+        ).mean()
+
+        # ==== 4. update ====
+        accelerator.backward(loss)
+        grad_norm = float(accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm))
+        if not (math.isfinite(loss.item()) and math.isfinite(grad_norm)):  # before the update: nothing saved
+            fail(f"step {step}: the loss or the gradient norm is not finite; the newest checkpoint is kept")
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+
+        # ==== 5. log: over the whole batch, from every process (TRL's names) ====
+        tokens = sum(len(pair["chosen_ids"]) + len(pair["rejected_ids"]) for pair in pairs)
+        state["num_tokens"] += accelerator.reduce(torch.tensor(tokens, device=device), "sum").item()
+        if logging_step:
+            chosen, rejected = accelerator.gather((chosen_rewards.detach(), rejected_rewards.detach()))
+            both = torch.cat([chosen, rejected])
+            metrics = {
+                "loss": accelerator.reduce(loss.detach(), "mean").item(),
+                "accuracy": pair_accuracy(chosen, rejected).mean().item(),
+                "margin": (chosen - rejected).mean().item(),
+                "min_reward": both.min().item(),
+                "mean_reward": both.mean().item(),
+                "max_reward": both.max().item(),
+                "grad_norm": grad_norm,
+            }
+
+        # ---- plumbing: log, evaluate, save, stop: one update a step ----
+        state["step"] = step
+        if logging_step:
+            metrics |= {"learning_rate": scheduler.get_last_lr()[0], "num_tokens": state["num_tokens"]}
+            log(accelerator, args, step, metrics | {"step_time": time.perf_counter() - step_start})
+            progress.set_postfix(loss=f"{metrics['loss']:.3f}")
+        if args.eval_steps and step % args.eval_steps == 0 and step < args.max_steps:
+            log(accelerator, args, step, evaluation())
+        stopping = accelerator.reduce(torch.tensor(float(bool(stop)), device=device), "sum").item() > 0
+        if (args.save_steps and step % args.save_steps == 0) or stopping:
+            folder = save_checkpoint(accelerator, args, model, tokenizer, state)
+        if stopping:
+            accelerator.print(f"interrupted at step {step}: saved {folder}; continue: --resume_from_checkpoint latest")
+            accelerator.end_training()
+            sys.exit(128 + (stop[0] if stop else signal.SIGTERM))
+
+    # ---- plumbing: the final model and evaluation: one update a step ----
+    for signum, handler in handlers.items():  # from here on, a signal stops at once
+        signal.signal(signum, handler)
     progress.close()
-    if step < args.max_steps or interrupted.error:  # stopped: Ctrl-C or SIGTERM on any process, or a log that failed
-        path = common.save_checkpoint(accelerator, args, step, model, tokenizer, resumed_from=checkpoint)
-        logger.close()
-        common.stop_early(accelerator, interrupted, step, path)
-
-    # the model first: a stop during the final evaluation then costs only its figures
-    common.save_final_model(accelerator, args.output_dir, model, tokenizer, args.save_merged_model)
-    last_eval = run_eval(step)
-    logger.close()
-    if first_eval and last_eval:
-        accelerator.print(
-            f"held-out pair accuracy {first_eval['eval/accuracy']:.3f} → {last_eval['eval/accuracy']:.3f}"
-        )
-    accelerator.print(f"saved the reward model to {args.output_dir}")
+    save_model(accelerator, args, model, tokenizer, Path(args.output_dir), state)
+    last_eval = evaluation()
+    log(accelerator, args, args.max_steps, last_eval)
+    changes = [f"{key} {first_eval[key]:.3f} → {value:.3f}" for key, value in last_eval.items() if key in first_eval]
+    if changes:
+        accelerator.print("held-out " + ", ".join(changes).replace("eval/", ""))
+    if args.use_peft and args.save_merged_model and accelerator.is_main_process:  # a model that loads without peft
+        accelerator.unwrap_model(model).merge_and_unload().save_pretrained(Path(args.output_dir) / "merged")
+        tokenizer.save_pretrained(Path(args.output_dir) / "merged")
+    accelerator.end_training()
+    accelerator.print(f"saved the model to {args.output_dir}")
 
 
 if __name__ == "__main__":
-    common.cli(main, Args)
+    try:
+        main(parse_args(Args))
+    except BadInput as error:
+        fail(str(error))

@@ -308,7 +308,7 @@ def load_trained(args, path: str, model_class=AutoModelForCausalLM, task_type="C
     return model.train()
 
 
-# ---- plumbing: frozen models and sampling ----
+# ---- plumbing: frozen models ----
 def prepare_frozen(accelerator, model):
     """A frozen model (π_ref, a reward model) on its device; under ZeRO-3 in an inference engine, as TRL does."""
     model = model.eval().requires_grad_(False)
@@ -323,6 +323,7 @@ def prepare_frozen(accelerator, model):
     return engine
 
 
+# ---- plumbing: sampling ----
 @contextlib.contextmanager
 def unwrapped_for_generation(accelerator, model):
     """The plain policy, in eval mode, to sample from; under ZeRO-3 with its parameters gathered meanwhile (TRL's)."""

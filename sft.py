@@ -1,420 +1,550 @@
-"""Supervised fine-tuning (SFT) of a causal LM on prompt/completion pairs: the warm start every RL script begins from.
+"""SFT: supervised fine-tuning of a causal LM on prompt/completion pairs, the warm start the RL scripts begin from.
 
-    L(θ) = − Σ_t m_t · log π_θ(y_t | x, y_<t) / Σ_t m_t,      m_t = 1 on completion tokens (and EOS), 0 on the prompt
+The language-modelling objective (Radford et al. 2018, Eq. 1) on the completion alone, as in InstructGPT's SFT step
+(Ouyang et al. 2022, §3.5) and TRL's SFTTrainer (completion_only_loss):
 
-Data: `--dataset_name arithmetic` (built in) or any HF dataset / local json, jsonl, csv or parquet file with `prompt`
-and `completion` columns, standard (strings) or conversational (message lists, rendered with the chat template).
+    L(θ) = − Σ_t m_t · log π_θ(y_t | x, y_<t)  /  Σ_t m_t
 
-The built-in arithmetic data comes from a *noisy demonstrator*. Half of the time (`--label_noise`) it answers at a
-glance and is off by ±1 or ±2 (`<answer>54</answer>` for 7 × 8); otherwise it shows its work first and is right
-(`7 × 8 = 56 <answer>56</answer>`). A model that imitates it knows the facts but often skips the work and guesses:
-its sampled accuracy is low, and RL has something general to fix on prompts it never trains on. The demonstrations
-cover every one-digit problem, the RL scripts' held-out ones too, as a pretrained model has seen the facts; the RL
-scripts never train on the held-out prompts.
+over the tokens of the whole batch: m_t = 1 on the completion's tokens and its end token, 0 on the prompt's (and on
+padding), so a batch's loss is the mean over its completion tokens. The prompt x is rendered as the RL scripts render it
+(the chat template with the assistant's turn opened), and the completion y follows it, ended by the tokenizer's EOS: the
+sequences SFT trains on are the ones the RL scripts sample. Worked example: a completion of three tokens and EOS that
+π_θ gives probabilities 1/2, 1/4, 1 and 1/2 has L = (ln 2 + ln 4 + 0 + ln 2) / 4 = ln 2 ≈ 0.693, whatever π_θ makes
+of its prompt. mean_token_accuracy is the fraction of completion tokens that π_θ ranks first.
 
-`--from_scratch` also builds the model: a byte-level BPE tokenizer trained with the `tokenizers` library on the task's
-own text (a Qwen2Tokenizer, so AutoTokenizer reloads it unchanged) and a small Qwen2 model. This is how the shipped
-`models/tiny-arith` was made:
+The held-out split is scored twice: eval/loss and eval/mean_token_accuracy as above, and, where it has a `solution` or
+`ground_truth` column, completions sampled from its prompts (num_generations_eval each, and one greedy) scored with the
+accuracy and format rewards (eval/accuracy, eval/format), as the RL scripts score theirs.
 
-    python sft.py --from_scratch --output_dir models/tiny-arith --overwrite_output_dir
+The built-in data, data/arithmetic_sft, comes from a noisy demonstrator (tools/make_data.py): half of the time it
+guesses and is off by ±1 or ±2 (`<answer>54</answer>` for 7 × 8), otherwise it shows its work and is right
+(`7 × 8 = 56 <answer>56</answer>`). A model that imitates it knows the facts but often skips the work and guesses, so
+RL has something general to fix on prompts it never trains on. models/tiny-arith is this script's default run on an
+untrained model:
 
-Under `accelerate launch --num_processes N`, each step's batch is the one a single process would take, in the same
-order, split into N equal shares, one per process; the loss is the mean over the whole batch's completion tokens (its
-token count summed over the processes), and the logged loss is reduced over the processes. Evaluation splits the
-held-out prompts between the processes and reports the mean over all of them.
+    python tools/make_tiny_model.py outputs/tiny-init      # models/tiny-arith's tokenizer, and random weights
+    python sft.py --model_name_or_path outputs/tiny-init --output_dir outputs/tiny-arith   # about 5 min on a CPU
+    accelerate launch --config_file configs/multi_gpu.yaml sft.py --model_name_or_path Qwen/Qwen2.5-0.5B \\
+        --dataset_name my_data --learning_rate 2e-5 --max_length 1024 --bf16
+
+Data: a hub dataset, a folder, or a json, jsonl, csv or parquet file with `prompt` and `completion` columns, both
+strings or both conversational (a list of messages; the completion's last message is the assistant's answer).
+
+Copy sft.py with common.py (text ↔ tokens) and rewards.py (the held-out accuracy and format rewards).
 """
 
+import contextlib
+import json
+import math
+import shutil
+import signal
+import sys
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Literal
 
 import torch
 import transformers
-from accelerate.utils import set_seed
+import yaml
+from accelerate import Accelerator, DistributedType
+from accelerate.utils import gather_object, set_seed
+from datasets import load_dataset
 from tqdm.auto import tqdm
+from transformers import AutoModelForCausalLM, HfArgumentParser, SchedulerType
 
 import common
-from common import arg, require
-from rewards import accuracy_reward, format_reward
+from rewards import accuracy_reward, compute_rewards, format_reward, text_of
+
+HERE = Path(__file__).resolve().parent
+
+
+def arg(default, help: str):
+    kind = {"default_factory": lambda: list(default)} if isinstance(default, list) else {"default": default}
+    return field(**kind, metadata={"help": help})
 
 
 @dataclass
 class Args:
-    model_name_or_path: str = arg(
-        common.EMBEDDED_MODEL, "model to fine-tune: a hub id or a local folder (ignored with --from_scratch)"
-    )
-    model_revision: str = arg("main", "branch, tag or commit of --model_name_or_path on the hub")
-    trust_remote_code: bool = arg(False, "let a hub model or tokenizer run its own code (its modeling files)")
-    attn_implementation: str | None = arg(
-        None, "attention kernel: eager, sdpa, flash_attention_2, ... (None: transformers' choice)"
-    )
-    from_scratch: bool = arg(False, "build a new tokenizer and a tiny Qwen2 model instead of loading one")
-    hidden_size: int = arg(128, "--from_scratch: hidden size")
-    num_hidden_layers: int = arg(4, "--from_scratch: transformer layers")
-    vocab_size: int = arg(384, "--from_scratch: BPE vocabulary size, special tokens included")
-    dataset_name: str = arg(
-        "arithmetic",
-        "'arithmetic' (built in), a hub dataset, or a local data file/folder with prompt and completion columns",
-    )
-    dataset_config: str | None = arg(
-        None, "configuration name of a hub dataset or dataset folder with several (load_dataset's `name`)"
-    )
-    dataset_train_split: str = arg("train", "split to train on")
-    dataset_test_split: str = arg(
-        "test", "split to evaluate on (needs a solution or ground_truth column); skipped when absent"
-    )
-    label_noise: float = arg(
-        0.5, "arithmetic: probability that the demonstrator guesses (off by ±1 or ±2) instead of working it out"
-    )
-    samples_per_problem: int = arg(200, "arithmetic: demonstrations per training problem")
-    learning_rate: float = arg(3e-3, "AdamW learning rate")
-    lr_scheduler_type: str = arg("cosine", "transformers scheduler name: constant, linear, cosine, ...")
-    warmup_ratio: float = arg(0.05, "fraction of steps spent warming the learning rate up")
+    # model and data
+    model_name_or_path: str = arg(str(HERE / "models/tiny-arith"), "model to fine-tune: a hub id or a folder")
+    attn_implementation: str | None = arg(None, "eager, sdpa, flash_attention_2, ... (default: transformers' choice)")
+    dataset_name: str = arg(str(HERE / "data/arithmetic_sft"), "a hub dataset, or a data folder or file")
+    dataset_config: str | None = arg(None, "the configuration of a dataset that has several")
+    dataset_train_split: str = arg("train", "split to train on: 'prompt' and 'completion' columns")
+    dataset_test_split: str = arg("test", "held-out split (skipped when absent)")
+    max_length: int = arg(128, "tokens of prompt and completion kept, the first ones")
+    chat_template_kwargs: dict | None = arg(None, "chat template arguments, e.g. '{\"enable_thinking\": false}'")
+    # optimization
+    train_batch_size: int = arg(64, "sequences per step, over all processes (each takes an equal share)")
+    max_steps: int = arg(1500, "training steps, one batch each")
+    learning_rate: float = arg(3e-3, "AdamW learning rate (an untrained tiny model; ~2e-5 for a 0.5B model)")
+    lr_scheduler_type: SchedulerType = arg("cosine", "transformers' learning-rate schedule")
+    warmup_ratio: float = arg(0.05, "fraction of the steps spent warming up")
     weight_decay: float = arg(0.0, "AdamW weight decay")
     max_grad_norm: float = arg(1.0, "gradient clipping norm")
-    train_batch_size: int = arg(
-        64, "sequences per optimizer step over all processes, each taking an equal share (TRL: per_device × processes)"
-    )
-    max_steps: int = arg(1500, "optimizer steps")
-    max_length: int = arg(128, "sequences are truncated to this many tokens")
-    seed: int = arg(0, "random seed")
-    logging_steps: int = arg(25, "log every this many steps")
-    eval_strategy: str = arg("steps", "'steps': evaluate every eval_steps and at the start and the end; 'no': never")
-    eval_steps: int = arg(500, "evaluate every this many steps (and at the start and end)")
-    num_generations_eval: int = arg(4, "completions sampled per held-out prompt for eval/accuracy")
-    per_device_eval_batch_size: int = arg(512, "completions per generate call during evaluation")
-    temperature: float = arg(1.0, "evaluation sampling temperature")
-    top_p: float = arg(1.0, "evaluation nucleus sampling (1.0 = off)")
-    top_k: int = arg(0, "evaluation top-k sampling (0 = off)")
-    max_completion_length: int = arg(24, "evaluation: max generated tokens")
-    chat_template_kwargs: dict | None = arg(
-        None, "extra arguments of the chat template, a JSON object such as '{\"enable_thinking\": false}'"
-    )
-    output_dir: str = arg("outputs/sft", "where metrics, checkpoints and the final model go")
-    save_steps: int = arg(500, "save a checkpoint every this many steps (0 = never; Ctrl-C, SIGTERM always save)")
-    save_total_limit: int | None = arg(
-        None, "keep only the newest N checkpoints (None: all); never deletes the one the run resumed from"
-    )
-    resume_from_checkpoint: str | None = arg(None, "a checkpoint folder, or 'latest' (newest complete in output_dir)")
-    overwrite_output_dir: bool = arg(False, "start over in an output_dir of another run (deletes its checkpoints)")
+    seed: int = arg(0, "random seed (data order, evaluation sampling, a LoRA adapter's start)")
+    disable_dropout: bool = arg(True, "dropout off (LoRA's too)")
+    # evaluation: sampling from the held-out prompts
+    eval_strategy: Literal["steps", "no"] = arg("steps", "steps: at the start, every eval_steps and at the end")
+    eval_steps: int = arg(500, "evaluate every this many steps (0: at the start and the end only)")
+    num_generations_eval: int = arg(4, "completions sampled per held-out prompt (and one greedy)")
+    per_device_eval_batch_size: int = arg(512, "sequences per forward pass, or completions per generate call")
+    max_completion_length: int = arg(24, "tokens generated per completion at most")
+    temperature: float = arg(1.0, "sampling temperature")
+    top_p: float = arg(1.0, "nucleus sampling (1.0: off)")
+    top_k: int = arg(0, "top-k sampling (0: off)")
+    # logging, checkpoints
+    output_dir: str = arg("outputs/sft", "where metrics.jsonl, the checkpoints and the final model go")
+    overwrite_output_dir: bool = arg(False, "start over in an output_dir that holds another run")
+    logging_steps: int = arg(25, "log metrics every this many steps")
+    report_to: list[str] = arg(["none"], "trackers besides metrics.jsonl: tensorboard, wandb, trackio, all, ...")
+    save_steps: int = arg(500, "save a checkpoint every this many steps (0: never; a stop always saves)")
+    save_total_limit: int | None = arg(None, "keep only the newest N checkpoints")
+    resume_from_checkpoint: str | None = arg(None, "a checkpoint folder, or 'latest' in output_dir")
+    # efficiency
+    bf16: bool = arg(False, "bf16 autocast for the forward passes; master weights stay float32")
+    gradient_checkpointing: bool = arg(False, "recompute activations in the backward pass to save memory")
     use_peft: bool = arg(False, "train a LoRA adapter instead of all weights")
     lora_r: int = arg(16, "LoRA rank")
     lora_alpha: int = arg(32, "LoRA alpha")
     lora_dropout: float = arg(0.05, "LoRA dropout")
-    lora_target_modules: list[str] = arg(["all-linear"], "module names (q_proj v_proj or q_proj,v_proj) or all-linear")
-    save_merged_model: bool = arg(False, "with --use_peft, also save the merged model in output_dir/merged")
-    load_in_4bit: bool = arg(False, "QLoRA: the frozen base in 4 bits (bitsandbytes), the LoRA adapter in float32")
-    bnb_4bit_quant_type: str = arg("nf4", "4-bit data type of --load_in_4bit: nf4 or fp4")
-    use_bnb_nested_quant: bool = arg(False, "with --load_in_4bit, also quantize the quantization constants")
-    gradient_checkpointing: bool = arg(False, "recompute activations in the backward pass to save memory")
-    bf16: bool = arg(False, "bfloat16 autocast for forward passes")
-    report_to: list[str] = arg(
-        ["none"], "trackers besides metrics.jsonl: none, all, or accelerate's (tensorboard, wandb, trackio, ...)"
-    )
-
-
-TEXT_COLUMNS = ("prompt", "completion")  # checked row by row as they load (common.usable_rows)
-CHATML = (
-    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
-
-
-def arithmetic_sft_dataset(split: str, label_noise: float, samples_per_problem: int, seed: int):
-    """Demonstrations from the noisy demonstrator: prompt, completion, and the true answer as ground_truth."""
-    import random
-
-    from datasets import Dataset
-
-    rng = random.Random(seed)
-    rows = []
-    # The demonstrations cover every problem, the RL held-out ones included: the warm start plays the part of a
-    # pretrained model that has seen the facts. The RL scripts never train on the held-out prompts.
-    problems = common.arithmetic_problems() if split == "train" else common.arithmetic_split("test")
-    for a, op, b, answer in problems:
-        prompt = [{"role": "user", "content": common.arithmetic_question(a, op, b)}]
-        for _ in range(samples_per_problem if split == "train" else 1):
-            if rng.random() < label_noise:  # a guess at a glance, off by one or two
-                content = f"<answer>{answer + rng.choice([-2, -1, 1, 2])}</answer>"
-            else:  # shows its work, and is right
-                content = f"{a} {op} {b} = {answer} <answer>{answer}</answer>"
-            rows.append(
-                {
-                    "prompt": prompt,
-                    "completion": [{"role": "assistant", "content": content}],
-                    "ground_truth": str(answer),
-                }
-            )
-    return Dataset.from_list(rows)
-
-
-def build_tiny_model(args, dataset):
-    """A byte-level BPE Qwen2Tokenizer trained on the task's text, and a small Qwen2 model around it."""
-    from transformers import AutoModelForCausalLM, Qwen2Config, Qwen2Tokenizer
-
-    renderer = Qwen2Tokenizer()
-    renderer.chat_template = CHATML
-    corpus = [
-        renderer.apply_chat_template(row["prompt"] + row["completion"], tokenize=False)
-        for row in dataset.select(range(min(len(dataset), 5000)))
-    ]
-    corpus += [str(n) for n in range(-100, 100)] + [" +-×÷=<>/.,:;?!()[]{}'\"\n\t abcdefghijklmnopqrstuvwxyz"]
-    tokenizer = renderer.train_new_from_iterator(
-        corpus, vocab_size=args.vocab_size, new_special_tokens=["<|im_start|>", "<|im_end|>"]
-    )
-    tokenizer.eos_token = "<|im_end|>"
-    tokenizer.pad_token = "<|endoftext|>"
-    tokenizer.chat_template = CHATML
-    tokenizer.padding_side = "left"
-    config = Qwen2Config(
-        vocab_size=len(tokenizer),
-        hidden_size=args.hidden_size,
-        intermediate_size=3 * args.hidden_size,
-        num_hidden_layers=args.num_hidden_layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=args.max_length,
-        tie_word_embeddings=True,
-        bos_token_id=None,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-    )
-    return tokenizer, AutoModelForCausalLM.from_config(config)
-
-
-def tokenize(tokenizer, dataset, max_length: int, chat_template_kwargs: dict | None = None) -> list[dict]:
-    """input_ids and labels (-100 on prompt tokens) per prompt/completion pair, the prompt rendered as the RL scripts
-    render it (`common.prompt_text`); each completion ends with EOS. A sequence longer than max_length keeps its first
-    max_length tokens (said once, with how many were cut); a row whose prompt alone takes max_length tokens has nothing
-    left to train on and is skipped (said once, with how many)."""
-    for i, completion in enumerate(dataset["completion"]):
-        require(
-            isinstance(completion, str) or len(completion) == 1,
-            f"--dataset_name: 'completion' of training row {i}: expected one assistant message, got "
-            f"{len(completion)} messages",
-        )
-    prompt_texts = [common.prompt_text(tokenizer, p, chat_template_kwargs) for p in dataset["prompt"]]
-    completion_texts = [c if isinstance(c, str) else c[-1]["content"] for c in dataset["completion"]]
-    prompt_ids = tokenizer(prompt_texts, add_special_tokens=False).input_ids
-    completion_ids = tokenizer(completion_texts, add_special_tokens=False).input_ids
-    rows, cut = [], 0
-    for prompt, completion in zip(prompt_ids, completion_ids):
-        if len(prompt) >= max_length:
-            continue
-        completion = completion + [tokenizer.eos_token_id]
-        cut += len(prompt) + len(completion) > max_length
-        rows.append(
-            {
-                "input_ids": (prompt + completion)[:max_length],
-                "labels": ([-100] * len(prompt) + completion)[:max_length],
-            }
-        )
-    if len(rows) < len(prompt_ids):
-        print(
-            f"--max_length {max_length}: skipping {len(prompt_ids) - len(rows)} of {len(prompt_ids)} training rows "
-            "whose prompt alone is that long (no completion token would be trained on)"
-        )
-    if cut:
-        print(
-            f"warning: --max_length {max_length}: cut {cut} of {len(rows)} training sequences to their first "
-            f"{max_length} tokens (the rest of each completion, its EOS included, is not trained on)"
-        )
-    return rows
-
-
-def collate(rows: list[dict], pad_token_id: int, device) -> dict:
-    length = max(len(r["input_ids"]) for r in rows)
-    pad = lambda seq, value: seq + [value] * (length - len(seq))
-    return {
-        "input_ids": torch.tensor([pad(r["input_ids"], pad_token_id) for r in rows], device=device),
-        "attention_mask": torch.tensor([pad([1] * len(r["input_ids"]), 0) for r in rows], device=device),
-        "labels": torch.tensor([pad(r["labels"], -100) for r in rows], device=device),
-    }
+    lora_target_modules: list[str] = arg(["all-linear"], "modules LoRA adapts, or all-linear")
+    save_merged_model: bool = arg(False, "with --use_peft, also save the merged model (output_dir/merged)")
+    load_in_4bit: bool = arg(False, "QLoRA: the frozen base in 4 bits (bitsandbytes); needs --use_peft")
+    bnb_4bit_quant_type: Literal["nf4", "fp4"] = arg("nf4", "4-bit data type")
 
 
 def check_args(args: Args):
-    common.check_shared_args(args)  # the flags every script shares: learning rate, steps, sampling, output_dir, ...
-    require(args.train_batch_size > 0, f"--train_batch_size: must be positive, got {args.train_batch_size}")
-    require(args.max_length > 0, f"--max_length: must be positive, got {args.max_length}")
-    require(0.0 <= args.label_noise <= 1.0, f"--label_noise: must be in [0, 1], got {args.label_noise}")
-    require(args.samples_per_problem > 0, f"--samples_per_problem: must be positive, got {args.samples_per_problem}")
-    if args.from_scratch:
-        require(
-            args.hidden_size > 0 and args.hidden_size % 8 == 0,
-            f"--hidden_size: must be a multiple of 8 (4 attention heads of even size), got {args.hidden_size}",
-        )
-        require(args.num_hidden_layers > 0, f"--num_hidden_layers: must be positive, got {args.num_hidden_layers}")
-        require(args.vocab_size > 0, f"--vocab_size: must be positive, got {args.vocab_size}")
-        require(not args.load_in_4bit, "--load_in_4bit: quantizes a pretrained base, not a model --from_scratch builds")
+    """The flags in range, each said in one line."""
+    positive = "max_steps train_batch_size learning_rate max_length logging_steps num_generations_eval"
+    for name in (positive + " per_device_eval_batch_size max_completion_length temperature").split():
+        require(getattr(args, name) > 0, f"--{name}: must be positive, got {getattr(args, name)}")
+    for name in "eval_steps save_steps weight_decay max_grad_norm top_k".split():
+        require(getattr(args, name) >= 0, f"--{name}: must be ≥ 0, got {getattr(args, name)}")
+    require(0 < args.top_p <= 1, f"--top_p: must be in (0, 1], got {args.top_p}")
+    require(0 <= args.warmup_ratio <= 1, f"--warmup_ratio: must be in [0, 1], got {args.warmup_ratio}")
+    require(0 <= args.seed < 2**32, f"--seed: must be in [0, 2**32), got {args.seed}")  # numpy's range
+    require(args.save_total_limit is None or args.save_total_limit > 0, "--save_total_limit: must be positive")
+    require(args.use_peft or not args.load_in_4bit, "--load_in_4bit: only a LoRA adapter trains on it: add --use_peft")
+    require(args.dataset_train_split != args.dataset_test_split, "--dataset_test_split: that is the training split")
+
+
+# ==== SFT ====
+def tokenize(tokenizer, dataset, args, split: str) -> list[dict]:
+    """Each prompt/completion pair as `input_ids` (the prompt's tokens, the completion's and EOS, the first
+    --max_length of them) and `labels`: the same ids, with −100 (no loss) on the prompt's. The prompt is rendered by
+    `prompt_texts`, as the RL scripts render it; prompt and completion are tokenized apart, as a model samples them."""
+    require("completion" in dataset.column_names, f"--dataset_name: the {split} split has no 'completion' column")
+    try:
+        completions = [text_of(completion) for completion in dataset["completion"]]
+    except Exception as error:
+        raise BadInput(f"--dataset_name: a completion of the {split} split: {error!r}") from None
+    prompt_ids = token_ids(tokenizer, prompt_texts(tokenizer, dataset, args, split))
+    completion_ids = token_ids(tokenizer, completions)
+    rows = []
+    for prompt, completion in zip(prompt_ids, completion_ids):
+        completion = completion + [tokenizer.eos_token_id]
+        labels = [-100] * len(prompt) + completion
+        rows.append({"input_ids": (prompt + completion)[: args.max_length], "labels": labels[: args.max_length]})
+    return rows
+
+
+def token_ids(tokenizer, texts: list[str]) -> list[list[int]]:
+    """The token ids of each text, without special tokens (the chat template wrote them); each distinct text is
+    tokenized once (the built-in data repeats 390 prompts in 78,000 rows)."""
+    distinct = list(dict.fromkeys(texts))
+    ids = dict(zip(distinct, tokenizer(distinct, add_special_tokens=False).input_ids))
+    return [ids[text] for text in texts]
+
+
+def collate(rows: list[dict], pad_token_id: int, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """input_ids, attention_mask and labels (B, L), padded on the right (positions then count from 0 in each row)."""
+    L = max(len(row["input_ids"]) for row in rows)
+    pad = lambda key, value: [row[key] + [value] * (L - len(row[key])) for row in rows]
+    input_ids, labels = torch.tensor(pad("input_ids", pad_token_id)), torch.tensor(pad("labels", -100))
+    attention_mask = (torch.arange(L) < torch.tensor([len(row["input_ids"]) for row in rows])[:, None]).long()
+    return input_ids.to(device), attention_mask.to(device), labels.to(device)
+
+
+def token_losses(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """−m_t log π_θ(y_t | x, y_<t) at each position (B, L−1), float32: the logits at position t predict token t + 1;
+    m (B, L−1), 1 where that token is trained on (its label is not −100); and whether π_θ ranks it first (B, L−1)."""
+    logits, labels = logits[:, :-1].float(), labels[:, 1:]
+    mask = labels != -100
+    nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), labels.clamp(min=0), reduction="none")
+    return nll * mask, mask, (logits.argmax(-1) == labels) & mask
+
+
+@torch.no_grad()
+def evaluate_loss(accelerator, model, rows: list[dict], pad_token_id: int, args) -> dict:
+    """eval/loss and eval/mean_token_accuracy over every completion token of the held-out rows. Each process takes as
+    many rows as the others, the last ones repeated and not counted: under ZeRO-3 or FSDP a forward is collective."""
+    if not rows:
+        return {}
+    share = -(-len(rows) // accelerator.num_processes)
+    indices = torch.arange(share) + accelerator.process_index * share
+    sums = torch.zeros(3, device=accelerator.device)  # −log-probs, tokens ranked first, tokens
+    for batch in indices.split(args.per_device_eval_batch_size):
+        input_ids, attention_mask, labels = collate([rows[i] for i in batch.clamp(max=len(rows) - 1)], pad_token_id,
+                                                    accelerator.device)  # fmt: skip
+        labels[batch >= len(rows)] = -100  # a repeated row counts no token
+        with accelerator.autocast():
+            logits = model(input_ids=input_ids, attention_mask=attention_mask).logits
+        nll, mask, correct = token_losses(logits, labels)
+        sums += torch.stack([nll.sum(), correct.sum(), mask.sum()])
+    nll, correct, tokens = accelerator.reduce(sums, "sum").tolist()
+    return {"eval/loss": nll / max(tokens, 1), "eval/mean_token_accuracy": correct / max(tokens, 1)}
+
+
+# ---- plumbing: the command line ----
+class BadInput(Exception):
+    """Bad input (a flag, a data file or column, the output folder): one line, exit status 2, nothing written."""
+
+
+def require(condition: bool, message: str):
+    if not condition:
+        raise BadInput(message)
+
+
+def fail(message: str):
+    tqdm.write(f"error: {message}", file=sys.stderr)  # on a line of its own, below the progress bar
+    sys.exit(2)
+
+
+def parse_args(args_class):
+    """The flags from the command line, over those of a --config YAML file (TRL's recipes, or a run's args.json)."""
+    parser = HfArgumentParser(args_class, allow_abbrev=False)
+    parser.add_argument("--config", help="a YAML file of flag: value; flags on the command line override it")
+    parser.error = lambda message: fail(message.replace("argument ", ""))
+    for action in parser._actions:  # --chat_template_kwargs '{"enable_thinking": false}'
+        action.type = json.loads if action.type is dict else action.type
+    namespace = parser.parse_args()
+    if namespace.config:
+        try:
+            config = yaml.safe_load(Path(namespace.config).read_text())
+        except (OSError, yaml.YAMLError) as error:
+            raise BadInput(f"--config: {str(error).splitlines()[0]}") from None
+        require(isinstance(config, dict), f"--config {namespace.config}: expected a mapping of flag: value")
+        unknown = sorted(set(config) - set(vars(namespace)))
+        require(not unknown, f"--config {namespace.config}: unknown flags {unknown}")
+        parser.set_defaults(**config)
+        namespace = parser.parse_args()
+    del namespace.config
+    return args_class(**vars(namespace))
+
+
+# ---- plumbing: data ----
+def load_split(args, split: str):
+    """A split of --dataset_name (a hub dataset, a folder, or a json, csv or parquet file: its train split), or None."""
+    path = Path(args.dataset_name)
+    try:
+        if path.is_file():
+            builder = {".csv": "csv", ".parquet": "parquet"}.get(path.suffixes[0], "json")
+            splits = load_dataset(builder, data_files={"train": str(path)})
+        else:
+            splits = load_dataset(args.dataset_name, args.dataset_config)
+    except Exception as error:  # no such dataset, file or configuration, or a file that does not parse
+        raise BadInput(f"--dataset_name: cannot load {args.dataset_name!r}: {str(error).splitlines()[0]}") from None
+    require(split in splits or split != args.dataset_train_split, f"--dataset_train_split: no {split!r} split")
+    return splits.get(split)
+
+
+# ---- plumbing: prompts ----
+def prompt_texts(tokenizer, dataset, args, split: str) -> list[str]:
+    """Every prompt of a split as the model reads it; one that cannot be rendered is one line that quotes it."""
+    require("prompt" in dataset.column_names, f"--dataset_name: the {split} split has no 'prompt' column")
+    try:
+        return [common.prompt_text(tokenizer, prompt, args.chat_template_kwargs) for prompt in dataset["prompt"]]
+    except Exception as error:
+        raise BadInput(f"--dataset_name: a prompt of the {split} split: {error}") from None
+
+
+# ---- plumbing: models ----
+def load_trained(args, path: str, model_class=AutoModelForCausalLM, task_type="CAUSAL_LM", **options):
+    """A model to train: float32 master weights whatever the checkpoint's dtype (a frozen base is bf16 under --use_peft
+    --bf16, 4-bit under --load_in_4bit), --use_peft's LoRA adapter, dropout off, --gradient_checkpointing."""
+    from peft import LoraConfig, cast_mixed_precision_params, get_peft_model
+
+    compute = torch.bfloat16 if args.bf16 else torch.float32
+    quantization = transformers.BitsAndBytesConfig(
+        load_in_4bit=True, bnb_4bit_quant_type=args.bnb_4bit_quant_type, bnb_4bit_compute_dtype=compute
+    ) if args.load_in_4bit else None  # fmt: skip
+    dtype = torch.bfloat16 if args.use_peft and args.bf16 else torch.float32
+    attention = args.attn_implementation
+    model = model_class.from_pretrained(
+        path, dtype=dtype, quantization_config=quantization, attn_implementation=attention, **options
+    )
+    if args.use_peft:
+        targets = "all-linear" if args.lora_target_modules == ["all-linear"] else args.lora_target_modules
+        lora = dict(r=args.lora_r, lora_alpha=args.lora_alpha, lora_dropout=args.lora_dropout, target_modules=targets)
+        model = get_peft_model(model, LoraConfig(task_type=task_type, **lora))
+        cast_mixed_precision_params(model, dtype)  # what trains in float32 (a score head too), the rest in dtype
+    if args.disable_dropout:  # dropout layers, and the rates attention layers keep as floats (Llama's, GPT-2's)
+        for module in model.modules():
+            rates = [n for n, v in vars(module).items() if isinstance(v, float) and "drop" in n]
+            for name in rates + (["p"] if isinstance(module, torch.nn.Dropout) else []):
+                setattr(module, name, 0.0)
+    if args.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    return model.train()
+
+
+# ---- plumbing: sampling ----
+@contextlib.contextmanager
+def unwrapped_for_generation(accelerator, model):
+    """The plain policy, in eval mode, to sample from; under ZeRO-3 with its parameters gathered meanwhile (TRL's)."""
+    plugin, policy = accelerator.state.deepspeed_plugin, accelerator.unwrap_model(model)
+    gathered = contextlib.nullcontext()
+    if plugin is not None and plugin.zero_stage == 3:
+        import deepspeed
+
+        gathered = deepspeed.zero.GatheredParameters(list(model.parameters()))
+    with gathered, accelerator.autocast():
+        yield policy.eval()  # generate's cache: transformers turns it off in train mode with gradient checkpointing
+    policy.train()
+
+
+# ---- plumbing: evaluation ----
+@torch.no_grad()
+def evaluate(accelerator, model, tokenizer, eval_dataset, eval_texts, reward_funcs, weights, args) -> dict:
+    """eval/reward (the weighted sum) and eval/<function> on the held-out prompts, num_generations_eval samples each and
+    one greedy (`_greedy`), under an RNG of its own (training samples the same whether or not it evaluates)."""
+    if eval_dataset is None:
+        return {}
+    mine = range(accelerator.process_index, len(eval_dataset), accelerator.num_processes)
+    names = ["reward", *(name.removesuffix("_reward") for name in reward_funcs)]
+    metrics = {}
+    with torch.random.fork_rng(), unwrapped_for_generation(accelerator, model) as policy:
+        torch.manual_seed(args.seed)
+        for suffix, G, greedy in (("", args.num_generations_eval, False), ("_greedy", 1, True)):
+            config = common.sampling_config(policy, tokenizer, args, greedy=greedy)
+            scores, per_call = [], max(1, args.per_device_eval_batch_size // G)
+            for start in range(0, len(mine), per_call):
+                rows = eval_dataset.select(mine[start : start + per_call])
+                texts = [eval_texts[i] for i in mine[start : start + per_call] for _ in range(G)]
+                out = common.generate(policy, tokenizer, texts, config)
+                completion_mask, _ = common.end_of_completion(out["completion_ids"], config.eos_token_id)
+                completions, ids = common.decode(tokenizer, out["completion_ids"], completion_mask)
+                prompts = [p for p in rows["prompt"] for _ in range(G)]
+                row_columns = {c: [v for v in rows[c] for _ in range(G)] for c in rows.column_names if c != "prompt"}
+                rewards, per_func = compute_rewards(reward_funcs, weights, prompts, completions, ids, row_columns)
+                scores += torch.cat([rewards[:, None], per_func], 1).tolist()
+            means = torch.tensor(gather_object(scores)).nanmean(0)  # over every process's completions
+            metrics |= {f"eval/{name}{suffix}": mean for name, mean in zip(names, means.tolist())}
+    return metrics
+
+
+# ---- plumbing: the output folder, checkpoints and logging ----
+def claim_output_dir(args) -> Path | None:
+    """The checkpoint to resume from, whose later metrics are dropped; None for a fresh run, into a fresh folder."""
+    out, metrics = Path(args.output_dir), Path(args.output_dir) / "metrics.jsonl"
+    if args.resume_from_checkpoint:
+        latest = args.resume_from_checkpoint == "latest"
+        found = checkpoints(out)[-1:] if latest else [Path(args.resume_from_checkpoint)]
+        require(found and (found[0] / "trainer_state.json").is_file(), f"--resume_from_checkpoint: none in {found}")
+        out.mkdir(parents=True, exist_ok=True)
+        step = json.loads((found[0] / "trainer_state.json").read_text())["step"]
+        records = [json.loads(line) for line in metrics.read_text().splitlines()] if metrics.is_file() else []
+        metrics.write_text("".join(json.dumps(r) + "\n" for r in records if r["step"] <= step))
+        return found[0]
+    used = checkpoints(out) + ([metrics] if metrics.is_file() else [])
+    require(not used or args.overwrite_output_dir, f"--output_dir: {out} holds another run: continue it with "
+            "--resume_from_checkpoint latest, or start over with --overwrite_output_dir")  # fmt: skip
+    for path in used:
+        shutil.rmtree(path) if path.is_dir() else path.unlink()
+    out.mkdir(parents=True, exist_ok=True)
+    return None
+
+
+def checkpoints(output_dir) -> list[Path]:
+    """The checkpoint-N folders in output_dir, oldest first; each is complete (written under another name)."""
+    return sorted(Path(output_dir).glob("checkpoint-*"), key=lambda path: int(path.name.split("-")[1]))
+
+
+def save_model(accelerator, args, model, tokenizer, folder: Path, state: dict):
+    """The model as `save_pretrained` writes it (with --use_peft its adapter), the tokenizer, the step and the script's
+    own state (trainer_state.json) and the flags (args.json)."""
+    weights = accelerator.get_state_dict(model)  # every process: gathers sharded weights
+    if accelerator.is_main_process:
+        accelerator.unwrap_model(model).save_pretrained(folder, state_dict=weights)
+        tokenizer.save_pretrained(folder)
+        (folder / "trainer_state.json").write_text(json.dumps(state))
+        (folder / "args.json").write_text(json.dumps(asdict(args), indent=2))
+
+
+def save_checkpoint(accelerator, args, model, tokenizer, state: dict) -> Path:
+    """checkpoint-{step}: `save_model`, and accelerate's state (optimizer, scheduler, RNG; under DeepSpeed or FSDP the
+    sharded weights too). Renamed into place when complete."""
+    folder = Path(args.output_dir) / f"checkpoint-{state['step']}"
+    tmp = folder.with_name(f".{folder.name}.tmp")
+    save_model(accelerator, args, model, tokenizer, tmp, state)
+    hook = accelerator.register_save_state_pre_hook(lambda models, weights, _: weights.clear())  # saved just above
+    accelerator.save_state(tmp / "state")
+    hook.remove()
+    if accelerator.is_main_process:
+        shutil.rmtree(folder, ignore_errors=True)
+        tmp.rename(folder)
+        for old in checkpoints(args.output_dir)[: -args.save_total_limit] if args.save_total_limit else []:
+            shutil.rmtree(old)
+    accelerator.wait_for_everyone()
+    return folder
+
+
+def load_checkpoint(accelerator, args, model, checkpoint: Path) -> dict:
+    """Restore what `save_checkpoint` saved; flags that differ from its args.json are said, and the run goes on."""
+    from peft import set_peft_model_state_dict
+    from safetensors.torch import load_file, load_model
+
+    saved, skip = json.loads((checkpoint / "args.json").read_text()), ("resume_from_checkpoint", "overwrite_output_dir")
+    changed = [f"--{k} {v} (was {saved[k]})" for k, v in asdict(args).items() if k not in skip and saved.get(k, v) != v]
+    accelerator.print(f"resuming from {checkpoint}" + "".join(f"; {change}" for change in changed))
+    unwrapped = accelerator.unwrap_model(model)
+    if accelerator.distributed_type not in (DistributedType.DEEPSPEED, DistributedType.FSDP):  # else in state/
+        if hasattr(unwrapped, "peft_config"):
+            set_peft_model_state_dict(unwrapped, load_file(checkpoint / "adapter_model.safetensors"))
+        else:
+            load_model(unwrapped, checkpoint / "model.safetensors", device=str(accelerator.device))
+    hook = accelerator.register_load_state_pre_hook(lambda models, _: models.clear())  # loaded just above
+    accelerator.load_state(checkpoint / "state")
+    hook.remove()
+    return json.loads((checkpoint / "trainer_state.json").read_text())
+
+
+def log(accelerator, args, step: int, metrics: dict):
+    """One line of output_dir/metrics.jsonl, and the --report_to trackers."""
+    if metrics and accelerator.is_main_process:
+        with open(Path(args.output_dir) / "metrics.jsonl", "a") as f:
+            f.write(json.dumps({"step": step, **metrics}) + "\n")
+    accelerator.log(metrics, step=step)
 
 
 def main(args: Args):
+    # ---- plumbing: setup, a batch of rows a step ----
     check_args(args)
-    accelerator = common.make_accelerator(args)  # one process, or N under `accelerate launch`
-    # the same on every process: training samples nothing, and a new model starts alike
-    set_seed(args.seed)
-    device = accelerator.device
-    my_rows = common.shard(accelerator, args.train_batch_size, "--train_batch_size")  # this process's share of a batch
-    common.check_backend(accelerator, one_backward_per_update=True)
+    precision, trackers = "bf16" if args.bf16 else "no", None if args.report_to == ["none"] else args.report_to
+    accelerator = Accelerator(
+        mixed_precision=precision, log_with=trackers, project_dir=args.output_dir, step_scheduler_with_optimizer=False
+    )  # the scheduler steps once per update, however many processes
+    if accelerator.state.deepspeed_plugin is not None:  # no DataLoader is prepared: DeepSpeed's sizes come from here
+        accelerator.state.deepspeed_plugin.deepspeed_config.update(
+            train_micro_batch_size_per_gpu=1, gradient_accumulation_steps=1, train_batch_size=accelerator.num_processes,
+            gradient_clipping=args.max_grad_norm,
+        )  # fmt: skip
+    set_seed(args.seed)  # the same on every process: a new adapter or head starts alike
+    device, processes = accelerator.device, accelerator.num_processes
+    require(args.train_batch_size % processes == 0, f"--train_batch_size: not divisible by the {processes} processes")
+    local_batch_size = args.train_batch_size // processes
+    my_rows = slice(accelerator.process_index * local_batch_size, (accelerator.process_index + 1) * local_batch_size)
 
-    # ---- data ----
-    builtin = {
-        "arithmetic": lambda split: arithmetic_sft_dataset(split, args.label_noise, args.samples_per_problem, args.seed)
-    }
-    train_dataset = common.load_split(
-        args.dataset_name, args.dataset_train_split, builtin, columns=TEXT_COLUMNS, config=args.dataset_config
-    )
-    require(
-        train_dataset is not None,
-        f"--dataset_train_split: {args.dataset_name} has no split {args.dataset_train_split!r}",
-    )
-    for column in ("prompt", "completion"):
-        require(
-            column in train_dataset.column_names,
-            f"--dataset_name: the dataset has no {column!r} column (columns: {train_dataset.column_names})",
-        )
-    eval_dataset = common.load_split(
-        args.dataset_name, args.dataset_test_split, builtin, columns=TEXT_COLUMNS, config=args.dataset_config
-    )
-    kept = ("prompt", "solution", "ground_truth")  # what its evaluation reads: prompts, and answers to check
-    if eval_dataset is not None and not set(kept[1:]) & set(eval_dataset.column_names):
-        eval_dataset = None
-    if eval_dataset is not None:
-        eval_dataset = eval_dataset.remove_columns([c for c in eval_dataset.column_names if c not in kept])
+    # ---- sft: data, the model ----
+    tokenizer = common.load_tokenizer(args.model_name_or_path)
+    train_dataset, eval_dataset = load_split(args, args.dataset_train_split), load_split(args, args.dataset_test_split)
+    eval_dataset = eval_dataset if args.eval_strategy == "steps" else None
+    rows = tokenize(tokenizer, train_dataset, args, args.dataset_train_split)
+    require(len(rows) >= args.train_batch_size, f"--train_batch_size: more than the {len(rows)} rows")
+    eval_rows = tokenize(tokenizer, eval_dataset, args, args.dataset_test_split) if eval_dataset else []
+    answered = eval_dataset if eval_dataset and {"solution", "ground_truth"} & set(eval_dataset.column_names) else None
+    eval_texts = answered and prompt_texts(tokenizer, answered, args, args.dataset_test_split)
+    reward_funcs, weights = {"accuracy_reward": accuracy_reward, "format_reward": format_reward}, torch.tensor([1.0, 0])
+    model = load_trained(args, args.model_name_or_path)
 
-    # ---- model ----
-    checkpoint = common.resolve_checkpoint(args.resume_from_checkpoint, args.output_dir, args)
-    if args.from_scratch:
-        tokenizer, model = build_tiny_model(args, train_dataset)
-        if checkpoint is not None:
-            tokenizer = common.load_tokenizer(str(checkpoint), "--resume_from_checkpoint")
-            model = common.load_causal_lm(str(checkpoint), "--resume_from_checkpoint")
-    else:
-        tokenizer = common.load_tokenizer(args.model_name_or_path, **common.loading_options(args))
-        # float32 master weights (`common.master_dtype`); a resumed run gets its weights from the checkpoint below
-        model = common.load_causal_lm(
-            args.model_name_or_path,
-            dtype=common.master_dtype(args),
-            **common.loading_options(args),
-            **common.quantization(args),
-        )
-    if args.use_peft:
-        from peft import get_peft_model
+    # ---- plumbing: optimizer, scheduler, processes: one update a step ----
+    trained = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(trained, lr=args.learning_rate, weight_decay=args.weight_decay)
+    warmup = int(args.warmup_ratio * args.max_steps)
+    scheduler = transformers.get_scheduler(args.lr_scheduler_type, optimizer, warmup, args.max_steps)
+    model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
+    accelerator.unwrap_model(model, keep_fp32_wrapper=False)  # autocast is entered below: no float32 copy of logits
 
-        model = get_peft_model(model, common.lora_config(args, model))
-    if args.gradient_checkpointing:
-        common.checkpoint_activations(model)
-        model.config.use_cache = False
-    model.train()
-    common.check_max_length(model, args.max_length)
-    common.check_prompt_lengths(
-        tokenizer,
-        model,
-        args.max_completion_length,
-        {args.dataset_test_split: eval_dataset},
-        chat_template_kwargs=args.chat_template_kwargs,
-    )
-    n_params = sum(p.numel() for p in model.parameters())
-    accelerator.print(f"model: {n_params / 1e6:.2f}M parameters, vocabulary {len(tokenizer)}")
+    # ---- sft: the evaluation (eval/reward is eval/accuracy) ----
+    def evaluation():
+        loss = evaluate_loss(accelerator, model, eval_rows, tokenizer.pad_token_id, args)
+        return loss | evaluate(accelerator, model, tokenizer, answered, eval_texts, reward_funcs, weights, args)
 
-    rows = tokenize(tokenizer, train_dataset, args.max_length, args.chat_template_kwargs)
-    batches_per_epoch = len(rows) // args.train_batch_size
-    require(batches_per_epoch > 0, f"--train_batch_size: {args.train_batch_size} exceeds the {len(rows)} training rows")
-    optimizer = torch.optim.AdamW(
-        [p for p in model.parameters() if p.requires_grad], lr=args.learning_rate, weight_decay=args.weight_decay
-    )
-    scheduler = transformers.get_scheduler(
-        args.lr_scheduler_type,
-        optimizer,
-        num_warmup_steps=int(args.warmup_ratio * args.max_steps),
-        num_training_steps=args.max_steps,
-    )
-    model, optimizer = accelerator.prepare(model, optimizer)  # DDP / DeepSpeed / FSDP wrapping, device placement
-    accelerator.register_for_checkpointing(scheduler)  # saved and restored, but stepped once per update by us
-    start_step = 0
-    if checkpoint is not None:
-        start_step = common.load_training_state(accelerator, checkpoint, model)["step"]
-    common.claim_output_dir(accelerator, args)  # every check is done: from here on, this run writes
-    logger = common.MetricsLogger(accelerator, args, resume_step=start_step)  # metrics.jsonl, --report_to
-    eval_rewards = {"accuracy": accuracy_reward, "format": format_reward}
+    # ---- plumbing: resume, the first evaluation, the loop's stop: one update a step ----
+    checkpoint = gather_object([claim_output_dir(args) if accelerator.is_main_process else None])[0]
+    state = load_checkpoint(accelerator, args, model, checkpoint) if checkpoint else {"step": 0, "num_tokens": 0}
+    accelerator.init_trackers("huggingface", {k: str(v) for k, v in asdict(args).items()})
+    first_eval = evaluation() if state["step"] == 0 else {}
+    log(accelerator, args, 0, first_eval)
+    stop = []  # Ctrl-C, or SIGTERM from a scheduler: the loop ends after its step, with a checkpoint
+    handlers = {s: signal.signal(s, lambda signum, _: stop.append(signum)) for s in (signal.SIGINT, signal.SIGTERM)}
+    steps = range(state["step"] + 1, args.max_steps + 1)
+    progress = tqdm(steps, initial=state["step"], total=args.max_steps, disable=not accelerator.is_main_process)
 
-    def run_eval(step):
-        if eval_dataset is None or args.eval_strategy == "no":
-            return {}
-        with common.generation_model(accelerator, model) as policy:
-            metrics = common.evaluate(policy, tokenizer, eval_dataset, args, eval_rewards, seed=args.seed + step)
-        logger.log(step, metrics)
-        return metrics
+    for step in progress:
+        step_start = time.perf_counter()
+        logging_step = step % args.logging_steps == 0 or step == args.max_steps
 
-    first_eval = run_eval(start_step) if start_step == 0 else {}
+        # ==== 1. batch: this process's share of the step's rows ====
+        # the step's rows depend on the step alone (a fresh permutation each epoch): a resumed run sees the same
+        epoch, position = divmod(step - 1, len(rows) // args.train_batch_size)
+        order = torch.randperm(len(rows), generator=torch.Generator().manual_seed(args.seed + epoch))
+        indices = order[position * args.train_batch_size : (position + 1) * args.train_batch_size][my_rows].tolist()
+        input_ids, attention_mask, labels = collate([rows[i] for i in indices], tokenizer.pad_token_id, device)
 
-    # ---- training loop ----
-    step = start_step
-    progress = tqdm(total=args.max_steps, initial=start_step, desc="sft", disable=not accelerator.is_main_process)
-    with common.graceful_interrupt() as interrupted:
-        while step < args.max_steps and not common.any_process(accelerator, interrupted.is_set()):
-            start = time.perf_counter()
-            epoch, position = divmod(step, batches_per_epoch)  # the data position is a function of the step
-            order = torch.randperm(len(rows), generator=torch.Generator().manual_seed(args.seed + epoch))
-            index = order[position * args.train_batch_size : (position + 1) * args.train_batch_size][my_rows]
-            batch = collate([rows[i] for i in index.tolist()], tokenizer.pad_token_id, device)
-            with accelerator.autocast():
-                logits = (
-                    model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits[:, :-1].float()
-                )
-            labels = batch["labels"][:, 1:]
-            # The mean over the completion tokens of the whole batch. DDP averages the gradients over the P
-            # processes, so
-            # each process divides its token sum by N / P, N the batch's completion tokens summed over the processes.
-            num_label_tokens = accelerator.reduce((labels != -100).sum(), "sum").clamp(min=1)  # N
-            token_loss_sum = torch.nn.functional.cross_entropy(
-                logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=-100, reduction="sum"
-            )
-            loss = token_loss_sum / num_label_tokens * accelerator.num_processes
-            accelerator.backward(loss)
-            grad_norm = float(accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm))
-            common.check_finite(accelerator, step + 1, loss=loss, grad_norm=grad_norm)  # before the update
-            optimizer.step()
-            scheduler.step()
-            optimizer.zero_grad(set_to_none=True)
-            step += 1
-            progress.update()
-            if step % args.logging_steps == 0 or step == args.max_steps:
-                metrics = {
-                    "loss": accelerator.reduce(loss.detach(), "mean").item(),  # the mean over the whole batch's tokens
-                    "grad_norm": grad_norm,
-                    "learning_rate": scheduler.get_last_lr()[0],
-                    "step_time": time.perf_counter() - start,
-                }
-                logger.log(step, metrics)
-                progress.set_postfix(loss=f"{metrics['loss']:.3f}")
-            if args.eval_steps and step % args.eval_steps == 0 and step != args.max_steps:
-                run_eval(step)
-            if args.save_steps and step % args.save_steps == 0:
-                common.save_checkpoint(accelerator, args, step, model, tokenizer, resumed_from=checkpoint)
+        # ==== 2. loss: the mean of −log π_θ(y_t | x, y_<t) over the completion tokens of the whole batch ====
+        with accelerator.autocast():
+            logits = model(input_ids=input_ids, attention_mask=attention_mask).logits  # (B, L, V)
+        nll, mask, correct = token_losses(logits, labels)
+        num_completion_tokens = accelerator.reduce(mask.sum(), "sum").clamp(min=1)  # over every process's rows
+        loss = nll.sum() / num_completion_tokens * processes  # DDP averages the processes' gradients: × processes
+
+        # ==== 3. update ====
+        accelerator.backward(loss)
+        grad_norm = float(accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm))
+        if not (math.isfinite(loss.item()) and math.isfinite(grad_norm)):  # before the update: nothing saved
+            fail(f"step {step}: the loss or the gradient norm is not finite; the newest checkpoint is kept")
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+
+        # ==== 4. log: over the whole batch, from every process (TRL's names) ====
+        state["num_tokens"] += accelerator.reduce(attention_mask.sum(), "sum").item()
+        if logging_step:
+            with torch.no_grad():  # H = logsumexp(z) − Σ softmax(z) z at the completion tokens
+                z = logits[:, :-1][mask].float()
+                entropy = (z.logsumexp(-1) - (z.softmax(-1) * z).sum(-1)).sum()
+            sums = accelerator.reduce(torch.stack([nll.sum().detach(), correct.sum(), entropy]), "sum")
+            names = ("loss", "mean_token_accuracy", "entropy")
+            metrics = dict(zip(names, (sums / num_completion_tokens).tolist()), grad_norm=grad_norm)
+
+        # ---- plumbing: log, evaluate, save, stop: one update a step ----
+        state["step"] = step
+        if logging_step:
+            metrics |= {"learning_rate": scheduler.get_last_lr()[0], "num_tokens": state["num_tokens"]}
+            log(accelerator, args, step, metrics | {"step_time": time.perf_counter() - step_start})
+            progress.set_postfix(loss=f"{metrics['loss']:.3f}")
+        if args.eval_steps and step % args.eval_steps == 0 and step < args.max_steps:
+            log(accelerator, args, step, evaluation())
+        stopping = accelerator.reduce(torch.tensor(float(bool(stop)), device=device), "sum").item() > 0
+        if (args.save_steps and step % args.save_steps == 0) or stopping:
+            folder = save_checkpoint(accelerator, args, model, tokenizer, state)
+        if stopping:
+            accelerator.print(f"interrupted at step {step}: saved {folder}; continue: --resume_from_checkpoint latest")
+            accelerator.end_training()
+            sys.exit(128 + (stop[0] if stop else signal.SIGTERM))
+
+    # ---- plumbing: the final model and evaluation: one update a step ----
+    for signum, handler in handlers.items():  # from here on, a signal stops at once
+        signal.signal(signum, handler)
     progress.close()
-    if step < args.max_steps or interrupted.error:  # stopped: Ctrl-C or SIGTERM on any process, or a log that failed
-        path = common.save_checkpoint(accelerator, args, step, model, tokenizer, resumed_from=checkpoint)
-        logger.close()
-        common.stop_early(accelerator, interrupted, step, path)
-
-    # the model first: a stop during the final evaluation then costs only its figures
-    common.save_final_model(accelerator, args.output_dir, model, tokenizer, args.save_merged_model)
-    last_eval = run_eval(step)
-    logger.close()
-    if first_eval and last_eval:
-        accelerator.print(
-            f"held-out accuracy (sampled, T={args.temperature}) {first_eval['eval/accuracy']:.3f} → "
-            f"{last_eval['eval/accuracy']:.3f}; "
-            f"greedy {first_eval['eval/accuracy_greedy']:.3f} → {last_eval['eval/accuracy_greedy']:.3f}; format "
-            f"{last_eval['eval/format']:.3f}"
-        )
-    elif last_eval:
-        accelerator.print(
-            f"held-out accuracy (sampled) {last_eval['eval/accuracy']:.3f}, greedy "
-            f"{last_eval['eval/accuracy_greedy']:.3f}, format {last_eval['eval/format']:.3f}"
-        )
+    save_model(accelerator, args, model, tokenizer, Path(args.output_dir), state)
+    last_eval = evaluation()
+    log(accelerator, args, args.max_steps, last_eval)
+    changes = [f"{key} {first_eval[key]:.3f} → {value:.3f}" for key, value in last_eval.items() if key in first_eval]
+    if changes:
+        accelerator.print("held-out " + ", ".join(changes).replace("eval/", ""))
+    if args.use_peft and args.save_merged_model and accelerator.is_main_process:  # a model that loads without peft
+        accelerator.unwrap_model(model).merge_and_unload().save_pretrained(Path(args.output_dir) / "merged")
+        tokenizer.save_pretrained(Path(args.output_dir) / "merged")
+    accelerator.end_training()
     accelerator.print(f"saved the model to {args.output_dir}")
 
 
 if __name__ == "__main__":
-    common.cli(main, Args)
+    try:
+        main(parse_args(Args))
+    except BadInput as error:
+        fail(str(error))

@@ -19,6 +19,8 @@ class VLLMGenerator:
     def __init__(self, accelerator: Accelerator, args, tokenizer, model, end_ids: list[int]):
         import vllm  # pip install vllm
 
+        if args.load_in_4bit:
+            raise ValueError("--use_vllm: vLLM is sent the policy's full weights, which a 4-bit base does not have")
         # vLLM's "external_launcher" joins the process group that `accelerate launch` (or a single process) describes
         for key, value in {
             "RANK": accelerator.process_index,
@@ -32,8 +34,6 @@ class VLLMGenerator:
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         self.llm = vllm.LLM(
             model=args.model_name_or_path,
-            revision=args.model_revision,
-            trust_remote_code=args.trust_remote_code,
             gpu_memory_utilization=args.vllm_gpu_memory_utilization,
             distributed_executor_backend="external_launcher",
             seed=args.seed + accelerator.process_index,

@@ -1,211 +1,214 @@
-"""reward_model.py: the Bradley–Terry loss and pair accuracy on toy numbers, the built-in pairs, that the saved model
-scores what rewards.reward_model_function scores, bad inputs, resume, LoRA, and a run that reaches the accuracy
-target."""
+"""reward_model.py: the Bradley–Terry loss and pair accuracy on known values (the docstring's worked example), the
+shipped pairs, a saved model that rewards.py scores as training did, margins (None among them), resume, a stop, LoRA,
+bad input, and a default run that reaches the held-out accuracy target."""
 
 import dataclasses
 import json
 import math
 import re
+import signal
+import subprocess
+import sys
+import time
 
 import pytest
 import torch
 from safetensors.torch import load_file
+from transformers import AutoModelForSequenceClassification
 
 import common
 import reward_model
-from common import ConfigError
+from conftest import ROOT, one_line_error, read_metrics
+from hub_like import make_bf16_checkpoint
 from reward_model import bradley_terry_loss, pair_accuracy
-from rewards import accuracy_reward, extract_answer, format_reward, reward_model_function
+from rewards import accuracy_reward, as_completion, extract_answer, format_reward, reward_model_function
 
-FAST = dict(max_steps=3, train_batch_size=8, pairs_per_problem=1, logging_steps=1, eval_steps=0)
+
+def rows(path: str) -> list[dict]:
+    return [json.loads(line) for line in (ROOT / "data" / path).read_text().splitlines()]
+
+
+def small_data(tmp_path) -> str:
+    """A folder of 64 built-in pairs to train on and 16 held-out ones."""
+    folder = tmp_path / "data"
+    folder.mkdir(exist_ok=True)
+    for split, n in (("train", 64), ("test", 16)):
+        pairs = rows(f"arithmetic_preferences/{split}.jsonl")[::8][:n]  # one pair per problem
+        (folder / f"{split}.jsonl").write_text("".join(json.dumps(pair, ensure_ascii=False) + "\n" for pair in pairs))
+    return str(folder)
 
 
 def args(tmp_path, **overrides) -> reward_model.Args:
-    return reward_model.Args(**{"output_dir": str(tmp_path / "out"), **FAST, **overrides})
+    """A run of a second or two: 3 steps of 8 pairs, no evaluation, no checkpoint."""
+    small = dict(max_steps=3, train_batch_size=8, logging_steps=1, eval_strategy="no", save_steps=0,
+                 dataset_name=small_data(tmp_path))  # fmt: skip
+    return reward_model.Args(**{**small, "output_dir": str(tmp_path / "out"), **overrides})
 
 
-def training_records(output_dir):
-    return [{k: v for k, v in r.items() if k != "step_time"} for r in common.read_metrics(output_dir) if "loss" in r]
+def training(output_dir) -> list[dict]:
+    return [{k: v for k, v in r.items() if k != "step_time"} for r in read_metrics(output_dir) if "loss" in r]
 
 
-def test_bradley_terry_loss_on_a_toy_batch():
-    chosen, rejected = torch.tensor([2.0, 0.0, -1.0]), torch.tensor([0.0, 0.0, 1.0])
-    # −log σ(2), −log σ(0) = log 2, −log σ(−2)
-    expected = (math.log1p(math.exp(-2)) + math.log(2) + math.log1p(math.exp(2))) / 3
-    assert bradley_terry_loss(chosen, rejected).item() == pytest.approx(expected)
-    # a margin m asks for r_c − r_r > m: −log σ(2 − 2) = log 2 for the first pair
-    margins = torch.tensor([2.0, 0.0, 0.0])
-    assert bradley_terry_loss(chosen, rejected, margins).item() == pytest.approx(
-        (math.log(2) * 2 + math.log1p(math.exp(2))) / 3
-    )
-    # centering adds c · mean((r_c + r_r)²) = 0.01 · (4 + 0 + 0) / 3
-    assert bradley_terry_loss(chosen, rejected, center_rewards_coefficient=0.01).item() == pytest.approx(
-        expected + 0.04 / 3
-    )
+def test_the_bradley_terry_loss_of_the_worked_example():
+    """r_c = 2, r_r = 0: −log σ(2) = 0.127; with the margin m = 2: ln 2; with c = 0.01: + 0.01 · (2 + 0)²."""
+    loss = lambda m=0.0, c=None: bradley_terry_loss(
+        torch.tensor([2.0]), torch.tensor([0.0]), torch.tensor([m]), center_rewards_coefficient=c
+    ).item()
+    assert loss() == pytest.approx(math.log1p(math.exp(-2))) and round(loss(), 3) == 0.127
+    assert loss(m=2.0) == pytest.approx(math.log(2))
+    assert loss(c=0.01) == pytest.approx(math.log1p(math.exp(-2)) + 0.04)
 
 
-def test_bradley_terry_gradient_pushes_chosen_up_and_rejected_down():
-    chosen, rejected = torch.zeros(2, requires_grad=True), torch.zeros(2, requires_grad=True)
-    bradley_terry_loss(chosen, rejected).backward()
-    assert chosen.grad.tolist() == [-0.25, -0.25] and rejected.grad.tolist() == [0.25, 0.25]  # −σ(0)/B, +σ(0)/B
+def test_the_loss_and_its_gradient_on_a_batch():
+    chosen, rejected = torch.tensor([2.0, 0.0, -1.0], requires_grad=True), torch.tensor([0.0, 0.0, 1.0])
+    loss = bradley_terry_loss(chosen, rejected, torch.zeros(3), center_rewards_coefficient=None)
+    assert loss.tolist() == pytest.approx([math.log1p(math.exp(-2)), math.log(2), math.log1p(math.exp(2))])
+    loss.mean().backward()
+    assert chosen.grad.tolist() == pytest.approx([-torch.sigmoid(-d).item() / 3 for d in torch.tensor([2, 0, -2.0])])
+    assert pair_accuracy(torch.tensor([1.0, 0, 2, 3]), torch.tensor([0.0, 1, 2, 1])).tolist() == [1, 0, 0.5, 1]
 
 
-def test_pair_accuracy_counts_ties_as_half():
-    assert pair_accuracy(torch.tensor([1.0, 0.0, 2.0, 3.0]), torch.tensor([0.0, 1.0, 2.0, 1.0])) == pytest.approx(
-        (1 + 0 + 0.5 + 1) / 4
-    )
+def test_the_shipped_pairs_prefer_the_right_answer_and_hold_out_the_test_problems():
+    truth = {row["prompt"][0]["content"]: row["ground_truth"] for split in ("train", "test")
+             for row in rows(f"arithmetic/{split}.jsonl")}  # fmt: skip
+    prompts = {}
+    for folder in ("arithmetic_preferences", "arithmetic_preferences_number"):
+        for split in ("train", "test"):
+            pairs = rows(f"{folder}/{split}.jsonl")
+            questions = [pair["prompt"][0]["content"] for pair in pairs]
+            problems = [row["prompt"][0]["content"] for row in rows(f"arithmetic/{split}.jsonl")]
+            assert questions == [question for question in problems for _ in range(8)]  # 8 pairs per problem
+            prompts[folder, split] = set(questions)
+            answers = [truth[q] for q in questions]
+            chosen, rejected = [p["chosen"] for p in pairs], [p["rejected"] for p in pairs]
+            assert accuracy_reward(chosen, ground_truth=answers) == format_reward(chosen) == [1.0] * len(pairs)
+            assert accuracy_reward(rejected, ground_truth=answers) == [0.0] * len(pairs)
+            broken = 1 - sum(format_reward(rejected)) / len(pairs)
+            if folder == "arithmetic_preferences":  # form separates: a quarter have a broken format
+                assert 0.2 < broken < 0.3
+            else:  # the same form, bare or worked, and only the number differs
+                assert broken == 0
+                for c, r, answer in zip(chosen, rejected, answers):
+                    wrong = re.escape(extract_answer(r[0]["content"]))
+                    right = re.sub(rf"(= |<answer>){wrong}(?!\d)", rf"\g<1>{answer}", r[0]["content"])
+                    assert right == c[0]["content"]
+    assert not prompts["arithmetic_preferences", "train"] & prompts["arithmetic_preferences", "test"]
 
 
-def test_builtin_pairs_prefer_the_right_answer_and_hold_out_the_test_problems():
-    train = reward_model.arithmetic_preference_dataset("train", 4, seed=0)
-    test = reward_model.arithmetic_preference_dataset("test", 4, seed=0)
-    assert len(train) == 4 * len(common.arithmetic_split("train")) and len(test) == 4 * len(
-        common.arithmetic_split("test")
-    )
-    answers = {common.arithmetic_question(a, op, b): str(answer) for a, op, b, answer in common.arithmetic_problems()}
-    for dataset in (train, test):
-        correct = [answers[p[0]["content"]] for p in dataset["prompt"]]
-        assert accuracy_reward(dataset["chosen"], ground_truth=correct) == [1.0] * len(dataset)
-        assert format_reward(dataset["chosen"]) == [1.0] * len(dataset)
-        assert accuracy_reward(dataset["rejected"], ground_truth=correct) == [0.0] * len(dataset)
-        broken = 1 - sum(format_reward(dataset["rejected"])) / len(dataset)
-        assert 0.15 < broken < 0.35  # about a quarter have a broken format
-    assert not {p[0]["content"] for p in train["prompt"]} & {p[0]["content"] for p in test["prompt"]}
-
-
-def test_number_pairs_have_one_form_and_differ_only_in_the_number():
-    answers = {common.arithmetic_question(a, op, b): str(answer) for a, op, b, answer in common.arithmetic_problems()}
-    for split in ("train", "test"):
-        pairs = reward_model.arithmetic_preference_dataset(split, 4, seed=0, pairs="number")
-        assert len(pairs) == 4 * len(common.arithmetic_split(split))
-        correct = [answers[p[0]["content"]] for p in pairs["prompt"]]
-        chosen, rejected = [c[0]["content"] for c in pairs["chosen"]], [r[0]["content"] for r in pairs["rejected"]]
-        assert accuracy_reward(pairs["chosen"], ground_truth=correct) == [1.0] * len(pairs) and accuracy_reward(
-            pairs["rejected"], ground_truth=correct
-        ) == [0.0] * len(pairs)
-        assert format_reward(pairs["chosen"]) == format_reward(pairs["rejected"]) == [1.0] * len(pairs)
-        wrong = [extract_answer(r) for r in rejected]
-        same_but_the_number = [
-            re.sub(rf"(= |<answer>){re.escape(w)}(?!\d)", lambda m, a=a: m.group(1) + a, r)
-            for r, w, a in zip(rejected, wrong, correct)
-        ]
-        assert same_but_the_number == chosen
-        bare = sum(c.startswith("<answer>") for c in chosen) / len(pairs)
-        near = sum(abs(int(w) - int(a)) <= 2 for w, a in zip(wrong, correct)) / len(pairs)
-        assert 0.35 < bare < 0.65 and 0.35 < near < 0.65  # half bare, half worked; half off by ±1 or ±2
-    # the demonstrator's pairs are the default and did not change: form tells them apart
-    assert (
-        reward_model.arithmetic_preference_dataset("test", 2, seed=0).to_list()
-        == reward_model.arithmetic_preference_dataset("test", 2, seed=0, pairs="demonstrator").to_list()
-    )
-
-
-def test_short_run_on_number_pairs(tmp_path):
-    reward_model.main(args(tmp_path, arithmetic_pairs="number"))
-    assert [r["step"] for r in common.read_metrics(tmp_path / "out") if "eval/accuracy" in r] == [0, 3]
-
-
-def test_short_run_saves_a_model_that_the_rl_scripts_score_the_same_way(tmp_path):
-    from transformers import AutoModelForSequenceClassification
-
-    reward_model.main(args(tmp_path, eval_steps=2))
+def test_a_run_saves_a_model_that_rewards_py_scores_as_training_did(tmp_path):
+    reward_model.main(args(tmp_path, eval_strategy="steps", eval_steps=2, save_steps=2))
     out = tmp_path / "out"
-    records = common.read_metrics(out)
-    assert [r["step"] for r in records if "eval/accuracy" in r] == [0, 2, 3]
-    assert all(0.0 <= r["eval/accuracy"] <= 1.0 for r in records if "eval/accuracy" in r)
-    assert [r["step"] for r in training_records(out)] == [1, 2, 3]
+    evals = [r for r in read_metrics(out) if "eval/accuracy" in r]
+    assert [r["step"] for r in evals] == [0, 2, 3] and all(0 <= r["eval/accuracy"] <= 1 for r in evals)
+    assert all("eval/loss" in r and "eval/margin" in r for r in evals)
+    train = training(out)
+    assert [r["step"] for r in train] == [1, 2, 3]
+    for key in ("loss", "accuracy", "margin", "min_reward", "mean_reward", "max_reward", "grad_norm", "num_tokens"):
+        assert all(key in r for r in train), key
+    assert [p.name for p in reward_model.checkpoints(out)] == ["checkpoint-2"]
     model = AutoModelForSequenceClassification.from_pretrained(out)
     tokenizer = common.load_tokenizer(str(out))
     assert model.config.num_labels == 1 and model.config.pad_token_id == tokenizer.pad_token_id
+    assert all(p.dtype == torch.float32 for p in model.parameters())
 
-    pairs = reward_model.arithmetic_preference_dataset("test", 1, seed=0).select(range(5))
-    rows = reward_model.tokenize_pairs(tokenizer, pairs, 128)
+    pairs = rows("arithmetic_preferences/test.jsonl")[:5]
+    from datasets import Dataset
+
+    tokenized = reward_model.tokenize_pairs(tokenizer, Dataset.from_list(pairs), reward_model.Args(), "test")
     with torch.no_grad():
-        chosen, _ = reward_model.pair_rewards(model.eval(), rows, tokenizer.pad_token_id, "cpu")
-    completions = [c[0]["content"] for c in pairs["chosen"]]
-    score = reward_model_function(str(out), "cpu")
-    prompts = pairs["prompt"]
-    scored = score(prompts=prompts, completions=[common.as_completion(p, c) for p, c in zip(prompts, completions)])
+        chosen, _ = reward_model.pair_rewards(model.eval(), tokenized, tokenizer.pad_token_id, "cpu")
+    prompts, completions = zip(*(as_completion(p["prompt"], p["chosen"][0]["content"]) for p in pairs))
+    scored = reward_model_function(str(out), "cpu")(prompts=list(prompts), completions=list(completions))
     assert scored == pytest.approx(chosen.tolist(), abs=1e-5)
 
 
-def test_standard_pairs_without_prompt_and_with_a_margin_column(tmp_path):
-    data = tmp_path / "pairs.jsonl"
-    rows = [{"chosen": f"{a} + 1 = {a + 1}", "rejected": f"{a} + 1 = {a + 2}", "margin": 0.5} for a in range(16)]
-    data.write_text("\n".join(json.dumps(r) for r in rows))
-    reward_model.main(args(tmp_path, dataset_name=str(data)))
-    assert [r["step"] for r in training_records(tmp_path / "out")] == [1, 2, 3]
-    assert not [
-        r for r in common.read_metrics(tmp_path / "out") if "eval/accuracy" in r
-    ]  # a single file has no test split
+def test_string_pairs_without_a_prompt_with_margins_some_none(tmp_path, capsys):
+    """A None margin is 0; a file has one split (no evaluation); a pair over --max_length is dropped, as TRL does."""
+    pairs = [{"chosen": f"{a} + 1 = {a + 1}", "rejected": f"{a} + 1 = {a + 2}", "margin": None if a % 2 else 0.5}
+             for a in range(16)]  # fmt: skip
+    pairs[0]["chosen"] = "1 + 1 = 2" * 60
+    (tmp_path / "pairs.jsonl").write_text("".join(json.dumps(pair) + "\n" for pair in pairs))
+    reward_model.main(args(tmp_path, dataset_name=str(tmp_path / "pairs.jsonl"), eval_strategy="steps"))
+    assert "the train split: dropped 1 of 16 pairs over --max_length" in capsys.readouterr().out
+    assert [r["step"] for r in read_metrics(tmp_path / "out")] == [1, 2, 3]
 
 
-def test_over_long_pairs_are_dropped(tmp_path, capsys):
-    data = tmp_path / "pairs.jsonl"
-    rows = [{"prompt": "q", "chosen": "a" * (200 if i == 0 else 1), "rejected": "b"} for i in range(9)]
-    data.write_text("\n".join(json.dumps(r) for r in rows))
-    reward_model.main(args(tmp_path, dataset_name=str(data), max_steps=1))
-    assert "dropped 1 of 9 pairs longer than --max_length 128" in capsys.readouterr().out
+def test_a_bf16_checkpoint_trains_float32_weights_and_resume_gives_the_uninterrupted_run(tmp_path):
+    model = str(make_bf16_checkpoint(tmp_path / "bf16"))
+    full = args(tmp_path, model_name_or_path=model, max_steps=4, save_steps=2, eval_strategy="steps", eval_steps=2,
+                center_rewards_coefficient=0.01)  # fmt: skip
+    reward_model.main(full)
+    checkpoint = str(tmp_path / "out" / "checkpoint-2")
+    reward_model.main(
+        dataclasses.replace(full, output_dir=str(tmp_path / "resumed"), resume_from_checkpoint=checkpoint)
+    )
+    strip = lambda records: [{k: v for k, v in r.items() if k != "step_time"} for r in records if r["step"] > 2]
+    assert strip(read_metrics(tmp_path / "resumed")) == strip(read_metrics(tmp_path / "out"))
+    final, again = (load_file(tmp_path / run / "model.safetensors") for run in ("out", "resumed"))
+    assert all(final[k].dtype == torch.float32 and torch.equal(final[k], again[k]) for k in final)
+
+
+def test_a_lora_reward_model_resumes_exactly_and_is_saved_merged_for_the_rl_scripts(tmp_path):
+    lora = args(tmp_path, use_peft=True, lora_r=4, learning_rate=1e-2, save_merged_model=True, save_steps=2, bf16=True)
+    reward_model.main(lora)
+    out = tmp_path / "out"
+    assert (out / "adapter_config.json").exists() and not (out / "model.safetensors").exists()
+    adapter = load_file(out / "adapter_model.safetensors")
+    assert all(t.dtype == torch.float32 for t in adapter.values()) and any("score" in k for k in adapter)
+    checkpoint = str(out / "checkpoint-2")
+    reward_model.main(
+        dataclasses.replace(lora, output_dir=str(tmp_path / "resumed"), resume_from_checkpoint=checkpoint)
+    )
+    assert training(tmp_path / "resumed") == training(out)[2:]
+    merged = AutoModelForSequenceClassification.from_pretrained(out / "merged")
+    assert merged.config.num_labels == 1 and merged.score.weight.abs().sum() > 0
+    assert len(reward_model_function(str(out / "merged"), "cpu")(prompts=["a"], completions=["b"])) == 1
+
+
+def test_sigterm_in_the_loop_saves_a_checkpoint_and_exits_143(tmp_path):
+    out = tmp_path / "out"
+    command = [sys.executable, str(ROOT / "reward_model.py"), "--dataset_name", small_data(tmp_path), "--max_steps",
+               "100000", "--train_batch_size", "8", "--eval_strategy", "no", "--output_dir", str(out)]  # fmt: skip
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 240
+    while not (out / "metrics.jsonl").exists():
+        assert process.poll() is None and time.time() < deadline, process.communicate()
+        time.sleep(0.1)
+    process.send_signal(signal.SIGTERM)
+    stdout, stderr = process.communicate(timeout=240)
+    assert process.returncode == 143 and "Traceback" not in stderr, stderr
+    (checkpoint,) = reward_model.checkpoints(out)
+    assert stdout.count("interrupted at step") == 1 and str(checkpoint) in stdout
 
 
 @pytest.mark.parametrize(
-    "overrides, message",
+    "flags, line",
     [
-        (dict(learning_rate=0.0), "--learning_rate: must be positive"),
-        (dict(lr_scheduler_type="bogus"), "--lr_scheduler_type: unknown scheduler 'bogus'"),
-        (dict(max_steps=0), "--max_steps: must be positive"),
-        (dict(pairs_per_problem=0), "--pairs_per_problem: must be positive"),
-        (dict(arithmetic_pairs="digits"), "--arithmetic_pairs: expected one of demonstrator, number, got 'digits'"),
-        (dict(train_batch_size=10_000), "--train_batch_size: 10000 exceeds the 312 training pairs"),
-        (dict(model_name_or_path="/no/such/model"), "--model_name_or_path: cannot load a tokenizer"),
-        (dict(dataset_name="/no/such/pairs.jsonl"), "--dataset_name: no such file"),
-        (dict(report_to="tensorbord"), "--report_to: unknown tracker 'tensorbord'"),
-        (dict(resume_from_checkpoint="latest"), "--resume_from_checkpoint latest: no checkpoint"),
+        (["--learning_rate", "0"], "--learning_rate: must be positive, got 0.0"),
+        (["--center_rewards_coefficient", "-1"], "--center_rewards_coefficient: must be ≥ 0, got -1.0"),
+        (["--train_batch_size", "100"], "--train_batch_size: more than the 64 pairs"),
+        (["--max_step", "3"], "unrecognized arguments: --max_step 3"),
+        (["--dataset_name", "no/such/pairs.jsonl"], "--dataset_name: cannot load 'no/such/pairs.jsonl'"),
+        (["--dataset_name", "{no_chosen}"], "--dataset_name: the train split has no 'chosen' column"),
+        (["--dataset_name", "{bad_margin}"], "--dataset_name: a pair of the train split: ValueError"),
+        (["--dataset_name", "{mixed}"], "--dataset_name: a pair of the train split: TypeError"),
     ],
 )
-def test_bad_input_is_a_config_error_naming_the_flag(tmp_path, overrides, message):
-    with pytest.raises(ConfigError, match=message):
-        reward_model.main(args(tmp_path, **overrides))
-    assert not (tmp_path / "out").exists()
-
-
-def test_dataset_without_chosen_column(tmp_path):
-    data = tmp_path / "data.jsonl"
-    data.write_text('{"prompt": "1 + 1", "completion": "2"}\n' * 8)
-    with pytest.raises(ConfigError, match="--dataset_name: the dataset has no 'chosen' column"):
-        reward_model.main(args(tmp_path, dataset_name=str(data)))
-
-
-def test_resume_reproduces_the_uninterrupted_run(tmp_path):
-    full = args(tmp_path, max_steps=4, save_steps=2)
-    reward_model.main(full)
-    reward_model.main(
-        dataclasses.replace(
-            full, output_dir=str(tmp_path / "resumed"), resume_from_checkpoint=str(tmp_path / "out" / "checkpoint-2")
-        )
-    )
-    assert training_records(tmp_path / "resumed") == training_records(tmp_path / "out")[2:]
-    final, again = (
-        load_file(tmp_path / "out" / "model.safetensors"),
-        load_file(tmp_path / "resumed" / "model.safetensors"),
-    )
-    assert all(torch.equal(final[k], again[k]) for k in final)
-
-
-def test_lora_reward_model_merges_into_a_loadable_model(tmp_path):
-    from transformers import AutoModelForSequenceClassification
-
-    reward_model.main(args(tmp_path, use_peft=True, lora_r=4, save_merged_model=True))
+def test_bad_input_is_one_line_with_exit_status_2_and_nothing_written(tmp_path, flags, line, capsys):
+    files = {"{no_chosen}": '{"prompt": "1 + 1", "completion": "2"}\n',
+             "{bad_margin}": '{"chosen": "2", "rejected": "3", "margin": "large"}\n',
+             "{mixed}": '{"prompt": [{"role": "user", "content": "1"}], "chosen": "2", "rejected": "3"}\n'}  # fmt: skip
+    for name, text in files.items():
+        (tmp_path / f"{name[1:-1]}.jsonl").write_text(text * 8)
+    flags = [str(tmp_path / f"{f[1:-1]}.jsonl") if f in files else f for f in flags]
     out = tmp_path / "out"
-    assert (out / "adapter_config.json").exists() and not (out / "model.safetensors").exists()
-    merged = AutoModelForSequenceClassification.from_pretrained(out / "merged")
-    assert merged.score.weight.abs().sum().item() > 0
-    score = reward_model_function(str(out / "merged"), "cpu")
-    assert len(score(prompts=["a"], completions=["b"])) == 1
+    defaults = ["--dataset_name", small_data(tmp_path), "--train_batch_size", "8", "--eval_strategy", "no"]
+    assert line in one_line_error(reward_model, *defaults, *flags, "--output_dir", out, capsys=capsys)
+    assert not out.exists() or not list(out.iterdir())
 
 
 @pytest.mark.slow
-def test_default_run_reaches_the_held_out_accuracy_target(tmp_path):
+def test_the_default_run_reaches_the_held_out_accuracy_target(tmp_path):
     reward_model.main(reward_model.Args(output_dir=str(tmp_path / "out")))
-    evals = [r for r in common.read_metrics(tmp_path / "out") if "eval/accuracy" in r]
-    assert evals[-1]["eval/accuracy"] >= 0.9
+    evals = [r for r in read_metrics(tmp_path / "out") if "eval/accuracy" in r]
+    assert evals[0]["eval/accuracy"] < 0.7 and evals[-1]["eval/accuracy"] >= 0.9
