@@ -1,359 +1,700 @@
-"""REINFORCE: sequence-level policy gradient with a moving-average baseline, for language models (Ahmadian et al.
-2024, "Back to Basics").
+"""REINFORCE with a moving-average baseline, for language models (Ahmadian et al. 2024, "Back to Basics").
 
 For every prompt x, sample G = num_generations completions y_1..y_G (G = 1 by default, the paper's REINFORCE) from the
-policy π_θ at temperature τ (--temperature) and score them with the reward r (a weighted sum of reward functions, or
-a reward model).
-The whole completion is one action. Then:
+policy π_θ at temperature τ (--temperature) and score them with the reward r (a weighted sum of reward functions, or a
+reward model, clipped to --reward_clip_range when given). The whole completion is one action. Then:
 
     KL-shaped reward (the KL is a penalty inside the reward, computed on the sampled tokens, not differentiated)
         R_i = r(x, y_i) − β · Σ_t kl_{i,t}
         kl_{i,t} = log π_θ(y_t | x, y_<t) − log π_ref(y_t | x, y_<t)                     (k1, the default)
         kl_{i,t} = exp(log π_ref − log π_θ) − (log π_ref − log π_θ) − 1                    (k3, --kl_estimator k3)
-        (as a reward, k3 estimates the KL's value without bias but its policy gradient E[k3 · ∇log π] is not ∇KL;
-         k1's is: ∇KL = E[k1 · ∇log π], since E[∇log π] = 0)
 
     Baseline and advantage (Eq. 6–8)
         --baseline none              A_i = R_i                                     plain REINFORCE (Eq. 6)
         --baseline moving_average    A_i = R_i − b_MA,  b_MA = 1/S Σ_s R_s       (Eq. 7 with the b of Eq. 8; default)
         --baseline reinforce_pp      A_i = (R_i − mean_B R) / (std_B R + 1e-4)   REINFORCE++ (Hu 2025): batch-whitened
-    b_MA is the mean of all S shaped rewards of the steps BEFORE this one (0 at the first step): a running mean over
-    training, shared by all prompts, not an EMA. It never includes R_i itself, so the gradient stays unbiased; its sum
-    and count are saved in checkpoints, so a resumed run continues with the same baseline.
+    b_MA is the mean of all S shaped rewards of the steps before this one (0 at the first): a running mean shared by all
+    prompts, not an EMA, that never includes R_i (so the gradient stays unbiased); checkpoints keep its sum and count.
 
     Sequence-level clipped surrogate over the B = prompts_per_step · G completions
         ρ_i = π_θ(y_i | x) / π_θ_old(y_i | x) = exp(Σ_t log π_θ(y_{i,t}) − Σ_t log π_θ_old(y_{i,t}))
         L(θ) = −Σ_i w_i · min(ρ_i A_i, clip(ρ_i, 1 − ε, 1 + ε_high) A_i),      w_i = m_i · is_i / B
-    with m_i = 0 for a completion without EOS under --mask_truncated_completions (else 1), and is_i the sampler
-    correction when vLLM or the --bf16 copy samples instead of π_θ (TRL's importance sampling):
-        is_i = π_θ_old(y_i | x) / π_sampler(y_i | x), capped at C (sequence_truncate) or 0 above C; else 1
+    with m_i = 0 for a completion without an end token under --mask_truncated_completions (else 1), and is_i = 1 unless
+    vLLM samples: then is_i = π_θ_old(y_i | x) / π_vllm(y_i | x) (TRL's importance sampling), capped at C or 0 above C.
 
 With num_iterations = 1 (the default) the completions are used once: ρ ≡ 1, ∇L = −1/B Σ_i (R_i − b) ∇ log π_θ(y_i | x)
 (Eq. 7). Worked example (moving average, B = 4): rewards 1, 0, 1, 1 at step 1 have b = 0 and advantages 1, 0, 1, 1;
 rewards 0, 0, 1, 0 at step 2 have b = 3/4 and advantages −0.75, −0.75, +0.25, −0.75; at step 3, b = 4/8 = 0.5.
-REINFORCE++ as in OpenRLHF puts the KL on each token and whitens token-level returns-to-go; here the action is the
-whole sequence, so its return R_i is what is whitened.
 
-Before any update, a policy pass gives log π_θ_old (the policy that sampled) and a reference pass log π_ref, so the
-whole batch's advantages are known before the first backward pass; with one micro-batch (the default) that policy pass
-keeps its graph and is the first update's forward. Under `accelerate launch` each process samples and scores its share
-of the prompts; the whole batch's R are gathered, so b_MA and REINFORCE++'s mean and std are the same on every
-process, and DDP's mean of the gradients is the one-process update (tested).
-Sampling draws from softmax(logits / τ), the log-probs' distribution; --top_k and --top_p make training off-policy.
+    python reinforce.py                         # the embedded tiny model, offline, about a minute on a CPU
+    accelerate launch --config_file configs/multi_gpu.yaml reinforce.py \\
+        --model_name_or_path Qwen/Qwen2.5-0.5B-Instruct --learning_rate 1e-6 ...
 
-Copy reinforce.py with common.py (plumbing: arguments, data, processes, sampling, evaluation, checkpoints, logging)
-and rewards.py (reward functions, reward-model scoring; it stands alone); vllm_colocate.py only for --use_vllm.
-
-    python reinforce.py                                     # the embedded tiny model, offline, ~45 s on a 2-core CPU
+Copy reinforce.py with common.py (text ↔ tokens) and rewards.py (reward functions); vllm_colocate.py for --use_vllm.
 """
 
-from contextlib import nullcontext
-from dataclasses import dataclass
+import contextlib
+import json
+import math
+import shutil
+import signal
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Literal
 
 import torch
 import torch.utils.checkpoint
-from accelerate.utils import set_seed
+import transformers
+import yaml
+from accelerate import Accelerator, DistributedType
+from accelerate.utils import gather_object, set_seed
+from datasets import load_dataset
+from tqdm.auto import tqdm
+from transformers import AutoModelForCausalLM, HfArgumentParser, SchedulerType
 
 import common
-from common import arg, require
-from rewards import compute_rewards
+from rewards import RewardError, check_columns, compute_rewards, load_reward_funcs, reward_weights
 
-BASELINES = ("none", "moving_average", "reinforce_pp")
+HERE = Path(__file__).resolve().parent
+
+
+def arg(default, help: str):
+    kind = {"default_factory": lambda: list(default)} if isinstance(default, list) else {"default": default}
+    return field(**kind, metadata={"help": help})
 
 
 @dataclass
-class Args(common.Args):
-    """This script's flags; the ones every algorithm script shares are in common.Args (`--help` lists all)."""
-
-    num_generations: int = arg(1, "completions sampled per prompt (1: the paper's REINFORCE; more: more samples)")
-    baseline: str = arg("moving_average", "b in R − b: none, moving_average (mean of all past R) or reinforce_pp")
-    beta: float = arg(0.05, "KL coefficient β in the shaped reward; 0 skips the reference model entirely")
-    kl_estimator: str = arg("k1", "KL estimator in the reward: k1 or k3 (k3's gradient is not the KL's)")
-    num_iterations: int = arg(1, "optimizer steps on each batch of completions (>1: the ratio and clipping matter)")
+class Args:
+    # model and data
+    model_name_or_path: str = arg(str(HERE / "models/tiny-arith"), "policy: a hub id or a folder (default: embedded)")
+    attn_implementation: str | None = arg(None, "eager, sdpa, flash_attention_2, ... (default: transformers' choice)")
+    dataset_name: str = arg(str(HERE / "data/arithmetic"), "a hub dataset, or a data folder or file; a 'prompt' column")
+    dataset_config: str | None = arg(None, "the configuration of a dataset that has several")
+    dataset_train_split: str = arg("train", "split to train on")
+    dataset_test_split: str = arg("test", "held-out split, scored with the run's rewards (skipped when absent)")
+    reward_funcs: list[str] = arg(["accuracy"], "reward functions: built-in names, file.py:function or pkg.module.fn")
+    reward_weights: list[str] = arg([], "one weight per reward function (default 1.0 each)")
+    reward_model_path: str | None = arg(None, "a sequence classifier with one label, added to the reward functions")
+    # REINFORCE
+    num_generations: int = arg(1, "completions per prompt (1: the paper's REINFORCE; more: more samples per prompt)")
+    baseline: Literal["none", "moving_average", "reinforce_pp"] = arg("moving_average", "b in A = R − b (see above)")
+    beta: float = arg(0.05, "KL coefficient β of the shaped reward; 0 loads no reference model")
+    kl_estimator: Literal["k1", "k3"] = arg("k1", "KL estimator in the reward (k3's gradient is not the KL's)")
+    num_iterations: int = arg(1, "optimizer steps on each batch (> 1: the ratio and its clipping matter)")
     epsilon: float = arg(0.2, "lower clipping bound ε of the sequence ratio")
     epsilon_high: float | None = arg(None, "upper clipping bound (default: epsilon)")
-    reward_clip_range: list[float] | None = arg(None, "clip the reward to [low, high] before KL shaping, e.g. -5 5")
-    mask_truncated_completions: bool = arg(False, "completions without EOS get no loss (they count in the baseline)")
-    # this script's defaults of common.Args' flags
-    prompts_per_step: int = 32
-    max_steps: int = 100
-    output_dir: str = "outputs/reinforce"
-    save_steps: int = 50
+    reward_clip_range: list[float] | None = arg(None, "clip the reward to [low, high] before the KL shaping, e.g. -5 5")
+    mask_truncated_completions: bool = arg(False, "completions without an end token get no loss (b_MA counts them)")
+    # generation
+    max_completion_length: int = arg(24, "tokens generated per completion at most")
+    temperature: float = arg(1.0, "sampling temperature τ; the log-probs are those of softmax(logits / τ)")
+    top_p: float = arg(1.0, "nucleus sampling (1.0: off; < 1 samples off-policy)")
+    top_k: int = arg(0, "top-k sampling (0: off; > 0 samples off-policy)")
+    chat_template_kwargs: dict | None = arg(None, "chat template arguments, e.g. '{\"enable_thinking\": false}'")
+    use_vllm: bool = arg(False, "sample with a colocated vLLM engine (vllm_colocate.py; needs a GPU)")
+    vllm_gpu_memory_utilization: float = arg(0.3, "fraction of GPU memory the vLLM engine may take")
+    vllm_max_model_length: int | None = arg(None, "vLLM's context length (default: the model's)")
+    vllm_importance_sampling_correction: bool = arg(True, "weight the loss by π_θ_old / π_vllm (TRL's correction)")
+    vllm_importance_sampling_mode: Literal["sequence_mask", "sequence_truncate"] = arg(
+        "sequence_mask", "0 above C, or C"
+    )
+    vllm_importance_sampling_clip_max: float = arg(3.0, "the cap C of the importance-sampling ratio")
+    # optimization
+    prompts_per_step: int = arg(32, "prompts per step; the batch is prompts_per_step × num_generations completions")
+    micro_batch_size: int = arg(0, "completions per forward and backward, gradients accumulated (0: the batch)")
+    max_steps: int = arg(100, "training steps, one batch each")
+    learning_rate: float = arg(2e-4, "AdamW learning rate (the embedded model; ~1e-6 for a 0.5B model)")
+    lr_scheduler_type: SchedulerType = arg("cosine", "transformers' learning-rate schedule")
+    warmup_ratio: float = arg(0.03, "fraction of the optimizer steps spent warming up")
+    weight_decay: float = arg(0.0, "AdamW weight decay")
+    max_grad_norm: float = arg(1.0, "gradient clipping norm")
+    seed: int = arg(0, "random seed (sampling, data order)")
+    disable_dropout: bool = arg(True, "dropout off, so that sampling, π_θ_old and the loss see one policy")
+    # logging, evaluation, checkpoints
+    output_dir: str = arg("outputs/reinforce", "where metrics.jsonl, the checkpoints and the final model go")
+    overwrite_output_dir: bool = arg(False, "start over in an output_dir that holds another run")
+    logging_steps: int = arg(5, "log metrics every this many steps")
+    log_completions: bool = arg(False, "print a few completions and their rewards at each log")
+    num_completions_to_print: int = arg(2, "how many completions --log_completions prints")
+    report_to: list[str] = arg(["none"], "trackers besides metrics.jsonl: tensorboard, wandb, trackio, all, ...")
+    eval_strategy: Literal["steps", "no"] = arg("steps", "steps: at the start, every eval_steps and at the end")
+    eval_steps: int = arg(50, "evaluate every this many steps (0: at the start and the end only)")
+    num_generations_eval: int = arg(4, "completions sampled per held-out prompt (and one greedy)")
+    per_device_eval_batch_size: int = arg(512, "completions per generate call of the evaluation")
+    save_steps: int = arg(50, "save a checkpoint every this many steps (0: never; a stop always saves)")
+    save_total_limit: int | None = arg(None, "keep only the newest N checkpoints")
+    resume_from_checkpoint: str | None = arg(None, "a checkpoint folder, or 'latest' in output_dir")
+    # efficiency
+    bf16: bool = arg(False, "bf16 autocast for the forward passes; master weights stay float32")
+    gradient_checkpointing: bool = arg(False, "recompute activations in the backward pass to save memory")
+    use_peft: bool = arg(False, "train a LoRA adapter; π_ref is then the policy with its adapter disabled")
+    lora_r: int = arg(16, "LoRA rank")
+    lora_alpha: int = arg(32, "LoRA alpha")
+    lora_dropout: float = arg(0.05, "LoRA dropout")
+    lora_target_modules: list[str] = arg(["all-linear"], "modules LoRA adapts, or all-linear")
+    load_in_4bit: bool = arg(False, "QLoRA: the frozen base in 4 bits (bitsandbytes); needs --use_peft")
+    bnb_4bit_quant_type: Literal["nf4", "fp4"] = arg("nf4", "4-bit data type")
 
 
 def check_args(args: Args):
-    common.check_shared_args(args)  # the flags every script shares: learning rate, steps, sampling, output_dir, ...
+    """This script's flags in range, each said in one line; then the ones every RL script shares."""
     require(args.num_generations >= 1, f"--num_generations: must be ≥ 1, got {args.num_generations}")
-    require(args.baseline in BASELINES, f"--baseline: expected one of {', '.join(BASELINES)}, got {args.baseline!r}")
-    batch_size = args.prompts_per_step * args.num_generations
-    require(
-        args.baseline != "reinforce_pp" or batch_size >= 2,
-        f"--baseline: reinforce_pp whitens over the batch and needs at least 2 completions per step, got {batch_size}",
-    )
-    require(
-        args.vllm_importance_sampling_mode.startswith("sequence"),
-        "--vllm_importance_sampling_mode: the whole completion is one action here: sequence_mask or sequence_truncate, "
-        f"got {args.vllm_importance_sampling_mode!r}",
-    )
+    batch_size, clip = args.prompts_per_step * args.num_generations, args.reward_clip_range
+    require(args.baseline != "reinforce_pp" or batch_size > 1, "--baseline: reinforce_pp needs 2 completions a step")
+    require(clip is None or len(clip) == 2 and clip[0] <= clip[1], f"--reward_clip_range: want low high, got {clip}")
+    check_shared_args(args)
 
 
-# ----------------------------------------------------------------------------------------------------------------------
-# The two quantities every equation above reads: the log-probs at the temperature, and where each completion ends.
-# The same text in rloo.py, grpo.py, reinforce.py and ppo.py.
-# ----------------------------------------------------------------------------------------------------------------------
+# ---- the log-probs at the temperature, which every equation above reads ----
 def completion_logprobs(model, input_ids, attention_mask, T: int, temperature: float, entropy=False, chunk=2**24):
-    """log π(y_t | x, y_<t) (B, T), in float32, of the last T tokens of `input_ids` (the completion) under
-    softmax(logits / temperature); with `entropy=True` also that softmax's detached entropy (B, T), else None.
-
-    Only the T completion positions get logits (`logits_to_keep`). The float32 log-softmax exists for `chunk` elements
-    at a time, never (B, T, V) whole, and the backward pass recomputes it (checkpointing). Position ids come from the
-    attention mask, as in generation (left padding)."""
+    """log π(y_t | x, y_<t) (B, T), float32, of the last T tokens of `input_ids` (the completion) under
+    softmax(logits / temperature); with `entropy`, also that softmax's detached entropy (B, T), else None. Only the
+    completion positions get logits, and the float32 log-softmax exists for `chunk` elements at a time (never
+    (B, T, V) whole), recomputed in the backward pass. Position ids come from the attention mask, as in generation."""
     position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
     # T + 1 positions: the last prompt position predicts the first completion token
     output = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, logits_to_keep=T + 1)
     logits = output.logits[:, :-1]  # (B, T, V): position t predicts completion token t
     positions = max(1, chunk // (logits.shape[0] * logits.shape[2]))
-    pieces = list(zip(logits.split(positions, 1), input_ids[:, -T:].split(positions, 1)))
+    pieces = list(zip(logits.split(positions, 1), input_ids[:, -T:].split(positions, 1)))  # (B, t, V), (B, t)
+    logprobs_of = lambda z, y: torch.log_softmax(z.float() / temperature, -1).gather(-1, y[..., None])[..., 0]
     recompute = torch.utils.checkpoint.checkpoint
-    logprobs = torch.cat([recompute(logprobs_of, z, y, temperature, use_reentrant=False) for z, y in pieces], 1)
+    logprobs = torch.cat([recompute(logprobs_of, z, y, use_reentrant=False) for z, y in pieces], 1)
     if not entropy:
         return logprobs, None
-    with torch.no_grad():
-        return logprobs, torch.cat([entropy_of(z, temperature) for z, _ in pieces], 1)
+    with torch.no_grad():  # H = logsumexp(z) − Σ softmax(z) z, with z = logits / temperature
+        scaled = [piece.float() / temperature for piece, _ in pieces]
+        return logprobs, torch.cat([z.logsumexp(-1) - (z.softmax(-1) * z).sum(-1) for z in scaled], 1)
 
 
-def logprobs_of(logits, targets, temperature: float):
-    """log softmax(logits / temperature) at the targets, in float32. (B, t, V), (B, t) -> (B, t)"""
-    return torch.log_softmax(logits.float() / temperature, -1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
-
-
-def entropy_of(logits, temperature: float):
-    """The entropy of softmax(logits / temperature), in float32. (B, t, V) -> (B, t)"""
-    logits = logits.float() / temperature
-    return logits.logsumexp(-1) - (torch.softmax(logits, -1) * logits).sum(-1)
-
-
-def end_of_completion(completion_ids: torch.Tensor, end_ids: int | list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-    """A completion ends at its first end token (kept). Returns its mask (B, T), 1 up to and including that token, and
-    is_truncated (B,): True where no end token came within max_completion_length."""
-    is_end = torch.isin(completion_ids, torch.tensor(end_ids, device=completion_ids.device))
-    first_end = torch.where(is_end.any(1), is_end.int().argmax(1), completion_ids.shape[1])
-    positions = torch.arange(completion_ids.shape[1], device=completion_ids.device)
-    return (positions[None] <= first_end[:, None]).long(), ~is_end.any(1)
-
-
-def importance_sampling_weights(old_logprobs, sampler_logprobs, completion_mask, *, mode: str, clip_max: float):
-    """TRL's importance-sampling correction for a sampler that is not π_θ (vLLM, the bf16 copy): the ratio
-    π_θ_old / π_sampler of each completion (sequence_*: the exp of its summed log-ratio, (B, 1)) or of each token
-    (token_*: (B, T)), capped at clip_max (*_truncate) or zeroed above it (*_mask)."""
-    log_ratio = (old_logprobs - sampler_logprobs) * completion_mask
-    if mode.startswith("sequence"):
-        log_ratio = log_ratio.sum(1, keepdim=True)
-    ratio = torch.exp(log_ratio)
-    return ratio.clamp(max=clip_max) if mode.endswith("truncate") else ratio.masked_fill(ratio > clip_max, 0.0)
-
-
+# ==== REINFORCE ====
 def per_token_kl(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: str) -> torch.Tensor:
     """kl_t for each sampled token: k1 = log π − log π_ref (unbiased), k3 = exp(−k1) + k1 − 1 (unbiased, ≥ 0)."""
     log_ratio = logprobs - ref_logprobs
     return log_ratio if estimator == "k1" else torch.exp(-log_ratio) + log_ratio - 1
 
 
-def reinforce_advantages(shaped_rewards, *, baseline: str, reward_sum: float, reward_count: int, batch_rewards=None):
-    """A_i = R_i − b. none: b = 0; moving_average: b = reward_sum / reward_count, the mean of every R of the previous
-    steps (0 before the first); reinforce_pp: (R_i − mean R) / (std R + 1e-4) over batch_rewards, the R of the whole
-    batch (default: these R; with several processes, every process's). (B,) -> (B,)
-    An unscorable completion (R_i = NaN: no reward function applies) stays out of the statistics and gets A_i = 0."""
-    if baseline == "reinforce_pp":
-        batch_rewards = shaped_rewards if batch_rewards is None else batch_rewards
-        advantages = (shaped_rewards - batch_rewards.nanmean()) / (common.nanstd(batch_rewards) + 1e-4)
-    elif baseline == "moving_average":
-        advantages = shaped_rewards - (reward_sum / reward_count if reward_count else 0.0)
-    else:
-        advantages = shaped_rewards
-    return advantages.nan_to_num(0.0)
+def reinforce_advantages(rewards, batch_rewards, *, baseline: str, reward_sum: float, reward_count: int):
+    """A_i = R_i − b for this process's R (B,), b, and b_MA's sum and count with the whole batch's R (every process's)
+    added. b: 0 (none); reward_sum / reward_count, the mean R of the steps before (moving_average); the batch's mean R
+    (reinforce_pp, which then divides by its std + 1e-4). An unscorable R_i (NaN) stays out of them and gets A_i = 0."""
+    scored = batch_rewards[~batch_rewards.isnan()]
+    b = {"none": 0, "moving_average": reward_sum / max(reward_count, 1), "reinforce_pp": scored.mean().item()}[baseline]
+    std = scored.std() + 1e-4 if baseline == "reinforce_pp" else 1.0
+    moving_average = {"reward_sum": reward_sum + scored.sum().item(), "reward_count": reward_count + scored.numel()}
+    return ((rewards - b) / std).nan_to_num(0.0), b, moving_average
 
 
-def reinforce_loss(
-    logprobs, old_logprobs, completion_mask, advantages, weights, *, epsilon: float, epsilon_high: float
-):
-    """−Σ_i w_i min(ρ_i A_i, clip(ρ_i, 1−ε, 1+ε_high) A_i) over this micro-batch, with ρ_i the sequence ratio and w_i
-    (B_mb,) the completions' weights in the loss. Returns the loss and ρ (B_mb,)."""
-    seq_logprobs = (logprobs * completion_mask).sum(1)
-    old_seq_logprobs = (old_logprobs * completion_mask).sum(1)
-    ratio = torch.exp(seq_logprobs - old_seq_logprobs)  # ≡ 1 (with gradient ∇ log π) when old = logprobs.detach()
+def importance_sampling_weights(old_logprobs, sampler_logprobs, completion_mask, *, mode: str, clip_max: float):
+    """is_i = π_θ_old(y_i) / π_sampler(y_i), the exp of the completion's summed log-ratio (B, 1), capped at clip_max
+    (sequence_truncate) or zeroed above it (sequence_mask)."""
+    ratio = torch.exp(((old_logprobs - sampler_logprobs) * completion_mask).sum(1, keepdim=True))
+    return ratio.clamp(max=clip_max) if mode.endswith("truncate") else ratio.masked_fill(ratio > clip_max, 0.0)
+
+
+def policy_loss(logprobs, old_logprobs, completion_mask, advantages, weights, *, epsilon: float, epsilon_high: float):
+    """−Σ_i w_i min(ρ_i A_i, clip(ρ_i, 1−ε, 1+ε_high) A_i) over a micro-batch, ρ_i the sequence ratio, w_i (B_mb,) the
+    completions' weights in the loss. Returns the loss and ρ (B_mb,)."""
+    ratio = torch.exp(((logprobs - old_logprobs) * completion_mask).sum(1))  # ≡ 1 (but not its gradient) at first
     surrogate = torch.min(ratio * advantages, ratio.clamp(1 - epsilon, 1 + epsilon_high) * advantages)
     return -(surrogate * weights).sum(), ratio
 
 
-def main(args: Args):
-    check_args(args)
-    accelerator = common.make_accelerator(args)  # one process, or N under `accelerate launch`
-    set_seed(args.seed, device_specific=True)  # seed + process index: each process samples its own completions
-    device = accelerator.device
-    G = args.num_generations
-    # this process's prompts, its completions (whole groups of G) and the completions per forward and backward
-    my_prompts, local_batch_size, micro_batch_size = common.process_share(accelerator, args, G)
-    epsilon_high = args.epsilon if args.epsilon_high is None else args.epsilon_high
+# ---- plumbing: the command line ----
+class BadInput(Exception):
+    """Bad input (a flag, a data file or column, the output folder): one line, exit status 2, nothing written."""
 
-    # ---- plumbing: data, policy π_θ and reference π_ref (only when β > 0), reward functions, optimizer ----
-    datasets = train_dataset, eval_dataset = common.load_data(accelerator, args)
-    checkpoint = common.resolve_checkpoint(args.resume_from_checkpoint, args.output_dir, args)
-    tokenizer, model, ref_model, generation_config = common.load_policy_and_reference(
-        accelerator, args, datasets, args.beta > 0
+
+def require(condition: bool, message: str):
+    if not condition:
+        raise BadInput(message)
+
+
+def fail(message: str):
+    tqdm.write(f"error: {message}", file=sys.stderr)  # on a line of its own, below the progress bar
+    sys.exit(2)
+
+
+def parse_args(args_class):
+    """The flags from the command line, over those of a --config YAML file (TRL's recipes, or a run's args.json)."""
+    parser = HfArgumentParser(args_class, allow_abbrev=False)
+    parser.add_argument("--config", help="a YAML file of flag: value; flags on the command line override it")
+    parser.error = lambda message: fail(message.replace("argument ", ""))
+    for action in parser._actions:  # --chat_template_kwargs '{"enable_thinking": false}'
+        action.type = json.loads if action.type is dict else action.type
+    namespace = parser.parse_args()
+    if namespace.config:
+        try:
+            config = yaml.safe_load(Path(namespace.config).read_text())
+        except (OSError, yaml.YAMLError) as error:
+            raise BadInput(f"--config: {str(error).splitlines()[0]}") from None
+        require(isinstance(config, dict), f"--config {namespace.config}: expected a mapping of flag: value")
+        unknown = sorted(set(config) - set(vars(namespace)))
+        require(not unknown, f"--config {namespace.config}: unknown flags {unknown}")
+        parser.set_defaults(**config)
+        namespace = parser.parse_args()
+    del namespace.config
+    return args_class(**vars(namespace))
+
+
+# ---- plumbing: the flags every RL script shares ----
+def check_shared_args(args):
+    """The flags every RL script shares, in range."""
+    positive = "max_steps prompts_per_step learning_rate max_completion_length temperature num_iterations epsilon"
+    for name in (positive + " logging_steps num_generations_eval per_device_eval_batch_size").split():
+        require(getattr(args, name) > 0, f"--{name}: must be positive, got {getattr(args, name)}")
+    for name in "beta micro_batch_size top_k eval_steps save_steps weight_decay max_grad_norm".split():
+        require(getattr(args, name) >= 0, f"--{name}: must be ≥ 0, got {getattr(args, name)}")
+    require(args.epsilon_high is None or args.epsilon_high > 0, "--epsilon_high: must be positive")
+    require(0 < args.top_p <= 1, f"--top_p: must be in (0, 1], got {args.top_p}")
+    require(0 <= args.warmup_ratio <= 1, f"--warmup_ratio: must be in [0, 1], got {args.warmup_ratio}")
+    require(0 <= args.seed < 2**32, f"--seed: must be in [0, 2**32), got {args.seed}")  # numpy's range
+    require(args.save_total_limit is None or args.save_total_limit > 0, "--save_total_limit: must be positive")
+    require(args.use_peft or not args.load_in_4bit, "--load_in_4bit: only a LoRA adapter trains on it: add --use_peft")
+    require(args.dataset_train_split != args.dataset_test_split, "--dataset_test_split: that is the training split")
+
+
+# ---- plumbing: data ----
+def load_split(args, split: str):
+    """A split of --dataset_name (a hub dataset, a folder, or a json, csv or parquet file: its train split), or None."""
+    path = Path(args.dataset_name)
+    try:
+        if path.is_file():
+            builder = {".csv": "csv", ".parquet": "parquet"}.get(path.suffixes[0], "json")
+            splits = load_dataset(builder, data_files={"train": str(path)})
+        else:
+            splits = load_dataset(args.dataset_name, args.dataset_config)
+    except Exception as error:  # no such dataset, file or configuration, or a file that does not parse
+        raise BadInput(f"--dataset_name: cannot load {args.dataset_name!r}: {str(error).splitlines()[0]}") from None
+    require(split in splits or split != args.dataset_train_split, f"--dataset_train_split: no {split!r} split")
+    return splits.get(split)
+
+
+# ---- plumbing: prompts ----
+def prompt_texts(tokenizer, dataset, args, split: str) -> list[str]:
+    """Every prompt of a split as the model reads it; one that cannot be rendered is one line that quotes it."""
+    require("prompt" in dataset.column_names, f"--dataset_name: the {split} split has no 'prompt' column")
+    try:
+        return [common.prompt_text(tokenizer, prompt, args.chat_template_kwargs) for prompt in dataset["prompt"]]
+    except Exception as error:
+        raise BadInput(f"--dataset_name: a prompt of the {split} split: {error}") from None
+
+
+# ---- plumbing: models ----
+def load_trained(args, path: str, model_class=AutoModelForCausalLM, task_type="CAUSAL_LM", **options):
+    """A model to train: float32 master weights whatever the checkpoint's dtype (a frozen base is bf16 under --use_peft
+    --bf16, 4-bit under --load_in_4bit), --use_peft's LoRA adapter, dropout off, --gradient_checkpointing."""
+    from peft import LoraConfig, cast_mixed_precision_params, get_peft_model
+
+    compute = torch.bfloat16 if args.bf16 else torch.float32
+    quantization = transformers.BitsAndBytesConfig(
+        load_in_4bit=True, bnb_4bit_quant_type=args.bnb_4bit_quant_type, bnb_4bit_compute_dtype=compute
+    ) if args.load_in_4bit else None  # fmt: skip
+    dtype = torch.bfloat16 if args.use_peft and args.bf16 else torch.float32
+    attention = args.attn_implementation
+    model = model_class.from_pretrained(
+        path, dtype=dtype, quantization_config=quantization, attn_implementation=attention, **options
     )
-    reward_funcs, weights = common.load_rewards(accelerator, args, datasets)
+    if args.use_peft:
+        targets = "all-linear" if args.lora_target_modules == ["all-linear"] else args.lora_target_modules
+        lora = dict(r=args.lora_r, lora_alpha=args.lora_alpha, lora_dropout=args.lora_dropout, target_modules=targets)
+        model = get_peft_model(model, LoraConfig(task_type=task_type, **lora))
+        cast_mixed_precision_params(model, dtype)  # what trains in float32 (a score head too), the rest in dtype
+    if args.disable_dropout:  # dropout layers, and the rates attention layers keep as floats (Llama's, GPT-2's)
+        for module in model.modules():
+            rates = [n for n, v in vars(module).items() if isinstance(v, float) and "drop" in n]
+            for name in rates + (["p"] if isinstance(module, torch.nn.Dropout) else []):
+                setattr(module, name, 0.0)
+    if args.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    return model.train()
+
+
+# ---- plumbing: frozen models ----
+def prepare_frozen(accelerator, model):
+    """A frozen model (π_ref, a reward model) on its device; under ZeRO-3 in an inference engine, as TRL does."""
+    model = model.eval().requires_grad_(False)
+    plugin = accelerator.state.deepspeed_plugin
+    if plugin is None or plugin.zero_stage != 3:
+        return model.to(accelerator.device)
+    import deepspeed
+
+    zero = {k: v for k, v in plugin.deepspeed_config["zero_optimization"].items() if v != "auto"}
+    engine = deepspeed.initialize(model=model, config={**plugin.deepspeed_config, "zero_optimization": zero})[0]
+    engine.eval()
+    return engine
+
+
+# ---- plumbing: sampling ----
+@contextlib.contextmanager
+def unwrapped_for_generation(accelerator, model):
+    """The plain policy, in eval mode, to sample from; under ZeRO-3 with its parameters gathered meanwhile (TRL's)."""
+    plugin, policy = accelerator.state.deepspeed_plugin, accelerator.unwrap_model(model)
+    gathered = contextlib.nullcontext()
+    if plugin is not None and plugin.zero_stage == 3:
+        import deepspeed
+
+        gathered = deepspeed.zero.GatheredParameters(list(model.parameters()))
+    with gathered, accelerator.autocast():
+        yield policy.eval()  # generate's cache: transformers turns it off in train mode with gradient checkpointing
+    policy.train()
+
+
+# ---- plumbing: evaluation ----
+@torch.no_grad()
+def evaluate(accelerator, model, tokenizer, eval_dataset, eval_texts, reward_funcs, weights, args) -> dict:
+    """eval/reward (the weighted sum) and eval/<function> on the held-out prompts, num_generations_eval samples each and
+    one greedy (`_greedy`), under an RNG of its own (training samples the same whether or not it evaluates)."""
+    if eval_dataset is None:
+        return {}
+    mine = range(accelerator.process_index, len(eval_dataset), accelerator.num_processes)
+    names = ["reward", *(name.removesuffix("_reward") for name in reward_funcs)]
+    metrics = {}
+    with torch.random.fork_rng(), unwrapped_for_generation(accelerator, model) as policy:
+        torch.manual_seed(args.seed)
+        for suffix, G, greedy in (("", args.num_generations_eval, False), ("_greedy", 1, True)):
+            config = common.sampling_config(policy, tokenizer, args, greedy=greedy)
+            scores, per_call = [], max(1, args.per_device_eval_batch_size // G)
+            for start in range(0, len(mine), per_call):
+                rows = eval_dataset.select(mine[start : start + per_call])
+                texts = [eval_texts[i] for i in mine[start : start + per_call] for _ in range(G)]
+                out = common.generate(policy, tokenizer, texts, config)
+                completion_mask, _ = common.end_of_completion(out["completion_ids"], config.eos_token_id)
+                completions, ids = common.decode(tokenizer, out["completion_ids"], completion_mask)
+                prompts = [p for p in rows["prompt"] for _ in range(G)]
+                row_columns = {c: [v for v in rows[c] for _ in range(G)] for c in rows.column_names if c != "prompt"}
+                rewards, per_func = compute_rewards(reward_funcs, weights, prompts, completions, ids, row_columns)
+                scores += torch.cat([rewards[:, None], per_func], 1).tolist()
+            means = torch.tensor(gather_object(scores)).nanmean(0)  # over every process's completions
+            metrics |= {f"eval/{name}{suffix}": mean for name, mean in zip(names, means.tolist())}
+    return metrics
+
+
+# ---- plumbing: the output folder, checkpoints and logging ----
+def claim_output_dir(args) -> Path | None:
+    """The checkpoint to resume from, whose later metrics are dropped; None for a fresh run, into a fresh folder."""
+    out, metrics = Path(args.output_dir), Path(args.output_dir) / "metrics.jsonl"
+    if args.resume_from_checkpoint:
+        latest = args.resume_from_checkpoint == "latest"
+        found = checkpoints(out)[-1:] if latest else [Path(args.resume_from_checkpoint)]
+        require(found and (found[0] / "trainer_state.json").is_file(), f"--resume_from_checkpoint: none in {found}")
+        out.mkdir(parents=True, exist_ok=True)
+        step = json.loads((found[0] / "trainer_state.json").read_text())["step"]
+        records = [json.loads(line) for line in metrics.read_text().splitlines()] if metrics.is_file() else []
+        metrics.write_text("".join(json.dumps(r) + "\n" for r in records if r["step"] <= step))
+        return found[0]
+    used = checkpoints(out) + ([metrics] if metrics.is_file() else [])
+    require(not used or args.overwrite_output_dir, f"--output_dir: {out} holds another run: continue it with "
+            "--resume_from_checkpoint latest, or start over with --overwrite_output_dir")  # fmt: skip
+    for path in used:
+        shutil.rmtree(path) if path.is_dir() else path.unlink()
+    out.mkdir(parents=True, exist_ok=True)
+    return None
+
+
+def checkpoints(output_dir) -> list[Path]:
+    """The checkpoint-N folders in output_dir, oldest first; each is complete (written under another name)."""
+    return sorted(Path(output_dir).glob("checkpoint-*"), key=lambda path: int(path.name.split("-")[1]))
+
+
+def save_model(accelerator, args, model, tokenizer, folder: Path, state: dict):
+    """The model as `save_pretrained` writes it (with --use_peft its adapter), the tokenizer, the step and the script's
+    own state (trainer_state.json) and the flags (args.json)."""
+    weights = accelerator.get_state_dict(model)  # every process: gathers sharded weights
+    if accelerator.is_main_process:
+        accelerator.unwrap_model(model).save_pretrained(folder, state_dict=weights)
+        tokenizer.save_pretrained(folder)
+        (folder / "trainer_state.json").write_text(json.dumps(state))
+        (folder / "args.json").write_text(json.dumps(asdict(args), indent=2))
+
+
+def save_checkpoint(accelerator, args, model, tokenizer, state: dict) -> Path:
+    """checkpoint-{step}: `save_model`, and accelerate's state (optimizer, scheduler, RNG; under DeepSpeed or FSDP the
+    sharded weights too). Renamed into place when complete."""
+    folder = Path(args.output_dir) / f"checkpoint-{state['step']}"
+    tmp = folder.with_name(f".{folder.name}.tmp")
+    save_model(accelerator, args, model, tokenizer, tmp, state)
+    hook = accelerator.register_save_state_pre_hook(lambda models, weights, _: weights.clear())  # saved just above
+    accelerator.save_state(tmp / "state")
+    hook.remove()
+    if accelerator.is_main_process:
+        shutil.rmtree(folder, ignore_errors=True)
+        tmp.rename(folder)
+        for old in checkpoints(args.output_dir)[: -args.save_total_limit] if args.save_total_limit else []:
+            shutil.rmtree(old)
+    accelerator.wait_for_everyone()
+    return folder
+
+
+def load_checkpoint(accelerator, args, model, checkpoint: Path) -> dict:
+    """Restore what `save_checkpoint` saved; flags that differ from its args.json are said, and the run goes on."""
+    from peft import set_peft_model_state_dict
+    from safetensors.torch import load_file, load_model
+
+    saved, skip = json.loads((checkpoint / "args.json").read_text()), ("resume_from_checkpoint", "overwrite_output_dir")
+    changed = [f"--{k} {v} (was {saved[k]})" for k, v in asdict(args).items() if k not in skip and saved.get(k, v) != v]
+    accelerator.print(f"resuming from {checkpoint}" + "".join(f"; {change}" for change in changed))
+    unwrapped = accelerator.unwrap_model(model)
+    if accelerator.distributed_type not in (DistributedType.DEEPSPEED, DistributedType.FSDP):  # else in state/
+        if hasattr(unwrapped, "peft_config"):
+            set_peft_model_state_dict(unwrapped, load_file(checkpoint / "adapter_model.safetensors"))
+        else:
+            load_model(unwrapped, checkpoint / "model.safetensors", device=str(accelerator.device))
+    hook = accelerator.register_load_state_pre_hook(lambda models, _: models.clear())  # loaded just above
+    accelerator.load_state(checkpoint / "state")
+    hook.remove()
+    return json.loads((checkpoint / "trainer_state.json").read_text())
+
+
+def log(accelerator, args, step: int, metrics: dict):
+    """One line of output_dir/metrics.jsonl, and the --report_to trackers."""
+    if metrics and accelerator.is_main_process:
+        with open(Path(args.output_dir) / "metrics.jsonl", "a") as f:
+            f.write(json.dumps({"step": step, **metrics}) + "\n")
+    accelerator.log(metrics, step=step)
+
+
+def main(args: Args):
+    # ---- plumbing: setup ----
+    check_args(args)
+    precision, trackers = "bf16" if args.bf16 else "no", None if args.report_to == ["none"] else args.report_to
+    # the scheduler steps once per update (accelerate's default steps it once per process: for a split DataLoader)
+    accelerator = Accelerator(
+        mixed_precision=precision, log_with=trackers, project_dir=args.output_dir, step_scheduler_with_optimizer=False
+    )
+    if accelerator.state.deepspeed_plugin is not None:  # no DataLoader is prepared: DeepSpeed's sizes come from here
+        accelerator.state.deepspeed_plugin.deepspeed_config.update(
+            train_micro_batch_size_per_gpu=1, gradient_accumulation_steps=1, train_batch_size=accelerator.num_processes,
+            gradient_clipping=args.max_grad_norm,
+        )  # fmt: skip
+    set_seed(args.seed, device_specific=True)  # seed + process index: each process samples its own completions
+    device, G, processes = accelerator.device, args.num_generations, accelerator.num_processes
+    require(args.prompts_per_step % processes == 0, f"--prompts_per_step: not divisible by the {processes} processes")
+    local_prompts = args.prompts_per_step // processes
+    my_prompts = slice(accelerator.process_index * local_prompts, (accelerator.process_index + 1) * local_prompts)
+    local_batch_size = local_prompts * G  # whole groups: a baseline never needs another process's rewards
+    micro_batch_size = args.micro_batch_size or local_batch_size
+    require(local_batch_size % micro_batch_size == 0, f"--micro_batch_size: must divide {local_batch_size} completions")
+
+    # ---- plumbing: the splits and their prompts ----
+    tokenizer = common.load_tokenizer(args.model_name_or_path)
+    train_dataset, eval_dataset = load_split(args, args.dataset_train_split), load_split(args, args.dataset_test_split)
+    require(len(train_dataset) >= args.prompts_per_step, f"--prompts_per_step: more than the {len(train_dataset)} rows")
+    eval_dataset = eval_dataset if args.eval_strategy == "steps" else None
+    train_texts = prompt_texts(tokenizer, train_dataset, args, args.dataset_train_split)
+    eval_texts = eval_dataset and prompt_texts(tokenizer, eval_dataset, args, args.dataset_test_split)
+
+    # ---- plumbing: reward functions ----
+    reward_funcs = load_reward_funcs(args, device, prepare=lambda model: prepare_frozen(accelerator, model))
+    weights = reward_weights(args.reward_weights, reward_funcs)
+    for split, dataset in ((args.dataset_train_split, train_dataset), (args.dataset_test_split, eval_dataset)):
+        check_columns(reward_funcs, dataset, split)
+
+    # ---- plumbing: the policy π_θ, the reference π_ref (β > 0; with LoRA: the policy without its adapter) ----
+    model, ref_model = load_trained(args, args.model_name_or_path), None
+    if args.beta > 0 and not args.use_peft:  # frozen: bf16 under --bf16
+        ref = dict(dtype=torch.bfloat16 if args.bf16 else torch.float32, attn_implementation=args.attn_implementation)
+        ref_model = prepare_frozen(accelerator, AutoModelForCausalLM.from_pretrained(args.model_name_or_path, **ref))
+    generation_config = common.sampling_config(model, tokenizer, args)
+    end_ids = generation_config.eos_token_id
+
+    # ---- plumbing: optimizer, scheduler, processes ----
     total_updates = args.max_steps * args.num_iterations
-    model, optimizer, scheduler = common.prepare_training(accelerator, args, total_updates, model)  # AdamW, DDP, ...
-    columns = [c for c in train_dataset.column_names if c != "prompt"]
+    trained = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(trained, lr=args.learning_rate, weight_decay=args.weight_decay)
+    warmup = int(args.warmup_ratio * total_updates)
+    scheduler = transformers.get_scheduler(args.lr_scheduler_type, optimizer, warmup, total_updates)
+    model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
+    accelerator.unwrap_model(model, keep_fp32_wrapper=False)  # autocast is entered below: no float32 copy of logits
+
+    # ---- plumbing: resume, the first evaluation, the loop's stop ----
+    checkpoint = gather_object([claim_output_dir(args) if accelerator.is_main_process else None])[0]
+    state = load_checkpoint(accelerator, args, model, checkpoint) if checkpoint else {"step": 0, "num_tokens": 0}
+    vllm = None
+    if args.use_vllm:  # a colocated engine, sent the policy's weights now and after every update
+        from vllm_colocate import VLLMGenerator
+
+        vllm = VLLMGenerator(accelerator, args, tokenizer, model, end_ids)
+    accelerator.init_trackers("huggingface", {k: str(v) for k, v in asdict(args).items()})
+    evaluation = lambda: evaluate(accelerator, model, tokenizer, eval_dataset, eval_texts, reward_funcs, weights, args)
+    first_eval = evaluation() if state["step"] == 0 else {}
+    log(accelerator, args, 0, first_eval)
+    stop = []  # Ctrl-C, or SIGTERM from a scheduler: the loop ends after its step, with a checkpoint
+    handlers = {s: signal.signal(s, lambda signum, _: stop.append(signum)) for s in (signal.SIGINT, signal.SIGTERM)}
+    steps = range(state["step"] + 1, args.max_steps + 1)
+    progress = tqdm(steps, initial=state["step"], total=args.max_steps, disable=not accelerator.is_main_process)
+    epsilon_high = args.epsilon if args.epsilon_high is None else args.epsilon_high
 
     def reference_logprobs(input_ids, attention_mask, T):
         policy = accelerator.unwrap_model(model)
-        with torch.no_grad(), accelerator.autocast(), policy.disable_adapter() if args.use_peft else nullcontext():
+        no_adapter = policy.disable_adapter() if args.use_peft else contextlib.nullcontext()
+        with torch.no_grad(), accelerator.autocast(), no_adapter:
             return completion_logprobs(ref_model or policy, input_ids, attention_mask, T, args.temperature)[0]
 
-    def rollout_and_score(rows) -> dict:
-        """Phases 1 and 2 for this process's prompts `rows`: the tensors and texts of the rollout, and the rewards."""
+    for step in progress:
+        step_start = time.perf_counter()
+        logging_step = step % args.logging_steps == 0 or step == args.max_steps
+
         # ==== 1. rollout: G completions per prompt, each ended at its first end token ====
-        prompts = [p for p in rows["prompt"] for _ in range(G)]  # each prompt's G completions are contiguous
-        rollout = run.sample(prompts)  # chat prompts through the tokenizer's chat template
-        completion_mask, is_truncated = end_of_completion(rollout["completion_ids"], generation_config.eos_token_id)
-        completion_ids = rollout["completion_ids"].masked_fill(completion_mask == 0, tokenizer.pad_token_id)  # (B, T)
+        # the step's prompts depend on the step alone (a fresh permutation each epoch): a resumed run sees the same
+        epoch, position = divmod(step - 1, len(train_dataset) // args.prompts_per_step)
+        order = torch.randperm(len(train_dataset), generator=torch.Generator().manual_seed(args.seed + epoch))
+        indices = order[position * args.prompts_per_step : (position + 1) * args.prompts_per_step][my_prompts].tolist()
+        rows = train_dataset.select(indices)
+        texts = [train_texts[i] for i in indices for _ in range(G)]  # each prompt's G completions contiguous
+        if vllm is not None:
+            rollout = vllm.generate(texts, device)
+        else:
+            with unwrapped_for_generation(accelerator, model) as policy:
+                rollout = common.generate(policy, tokenizer, texts, generation_config)
+        completion_mask, is_truncated = common.end_of_completion(rollout["completion_ids"], end_ids)  # (B, T), (B,)
+        completion_ids = rollout["completion_ids"].masked_fill(completion_mask == 0, tokenizer.pad_token_id)
+        input_ids = torch.cat([rollout["prompt_ids"], completion_ids], 1)
+        attention_mask = torch.cat([rollout["prompt_mask"], completion_mask], 1)
+        T = completion_ids.shape[1]
 
         # ==== 2. score: r(x, y_i), the weighted sum of the reward functions ====
-        completion_texts = tokenizer.batch_decode(completion_ids, skip_special_tokens=True)
-        completion_id_lists = [ids[mask.bool()].tolist() for ids, mask in zip(completion_ids, completion_mask)]
-        row_columns = {c: [v for v in rows[c] for _ in range(G)] for c in columns}
-        rewards, rewards_per_func = compute_rewards(
-            reward_funcs, weights, prompts, completion_texts, completion_id_lists, row_columns
-        )
-        return {
-            **rollout,
-            "prompts": prompts,
-            "completion_ids": completion_ids,
-            "completion_mask": completion_mask,
-            "is_truncated": is_truncated,
-            "completion_texts": completion_texts,
-            "rewards": rewards,
-            "rewards_per_func": rewards_per_func,
-        }
+        completions, completion_id_lists = common.decode(tokenizer, completion_ids, completion_mask)
+        prompts = [p for p in rows["prompt"] for _ in range(G)]
+        row_columns = {c: [v for v in rows[c] for _ in range(G)] for c in rows.column_names if c != "prompt"}
+        scores = compute_rewards(reward_funcs, weights, prompts, completions, completion_id_lists, row_columns)
+        rewards, rewards_per_func = (x.to(device) for x in scores)
 
-    # ==== the training loop: the algorithm (1-6), the log (7); common.Run resumes, evaluates, saves and stops ====
-    with common.Run(
-        accelerator, args, "reinforce", model, tokenizer, scheduler, checkpoint, generation_config, reward_funcs,
-        weights, eval_dataset, state={"reward_sum": 0.0, "reward_count": 0},  # b_MA's sum and count of every R so far
-    ) as run:  # fmt: skip
-        for step in run.steps():
-            logging_step = step % args.logging_steps == 0 or step == args.max_steps  # entropy then
-
-            # ==== 1-2. rollout and score (rollout_and_score, above) ====
-            rows = common.rows_of_step(train_dataset, step, args.prompts_per_step, args.seed, my_prompts)
-            batch = rollout_and_score(rows)
-            completion_ids, completion_mask = batch["completion_ids"], batch["completion_mask"]  # (B, T)
-            input_ids = torch.cat([batch["prompt_ids"], completion_ids], 1)
-            attention_mask = torch.cat([batch["prompt_mask"], completion_mask], 1)
-            T = completion_ids.shape[1]
-            rewards = batch["rewards"].to(device)
-            if args.reward_clip_range is not None:
-                rewards = rewards.clamp(*args.reward_clip_range)
-
-            # ==== 3. log-probs before any update: π_θ_old (the policy that sampled) and π_ref ====
-            # One micro-batch (the default): this forward keeps its graph for the first update; several: no gradient
-            micro_batches = torch.arange(local_batch_size, device=device).split(micro_batch_size)
-            one_pass = len(micro_batches) == 1
-            old_logprobs, ref_logprobs, entropy = torch.zeros(3, local_batch_size, T, device=device)
-            for mb in micro_batches:
-                with torch.set_grad_enabled(one_pass), accelerator.autocast():
-                    logprobs, token_entropy = completion_logprobs(
-                        model, input_ids[mb], attention_mask[mb], T, args.temperature, entropy=logging_step
-                    )
-                old_logprobs[mb] = logprobs.detach()  # π_θ_old = π_θ before the update
-                entropy[mb] = token_entropy if logging_step else 0.0
-                ref_logprobs[mb] = (  # β = 0: no reference model, and kl = 0
-                    reference_logprobs(input_ids[mb], attention_mask[mb], T) if args.beta > 0 else old_logprobs[mb]
+        # ==== 3. log-probs before any update: π_θ_old (the policy that sampled) and π_ref ====
+        # One micro-batch (the default): this forward keeps its graph for the first update; several: no gradient
+        micro_batches = torch.arange(local_batch_size, device=device).split(micro_batch_size)
+        one_pass = len(micro_batches) == 1
+        old_logprobs, ref_logprobs, entropy = torch.zeros(3, local_batch_size, T, device=device)
+        for mb in micro_batches:
+            with torch.set_grad_enabled(one_pass), accelerator.autocast():
+                logprobs, token_entropy = completion_logprobs(
+                    model, input_ids[mb], attention_mask[mb], T, args.temperature, entropy=logging_step
                 )
+            old_logprobs[mb] = logprobs.detach()  # π_θ_old = π_θ before the update
+            entropy[mb] = token_entropy if logging_step else 0.0
+            if args.beta > 0:
+                ref_logprobs[mb] = reference_logprobs(input_ids[mb], attention_mask[mb], T)
+            else:  # no reference model: kl = 0
+                ref_logprobs[mb] = old_logprobs[mb]
 
-            # ==== 4. KL-shaped reward: R_i = r_i − β Σ_t kl_t ====
-            kl = per_token_kl(old_logprobs, ref_logprobs, args.kl_estimator) * completion_mask  # (B, T)
-            shaped_rewards = rewards - args.beta * kl.sum(1)
-            all_shaped_rewards = accelerator.gather(shaped_rewards)  # the whole batch's R_i, (B,)
+        # ==== 4. KL-shaped reward: R_i = r_i − β Σ_t kl_t, r_i first clipped to --reward_clip_range ====
+        kl = per_token_kl(old_logprobs, ref_logprobs, args.kl_estimator) * completion_mask  # (B, T)
+        shaped_rewards = rewards.clamp(*args.reward_clip_range or [-math.inf, math.inf]) - args.beta * kl.sum(1)
 
-            # ==== 5. advantages over the batch: A_i = R_i − b (b_MA of the steps before, or REINFORCE++) ====
-            advantages = reinforce_advantages(  # run.state: b_MA's reward_sum and reward_count
-                shaped_rewards, baseline=args.baseline, batch_rewards=all_shaped_rewards, **run.state
-            )
-            # each completion's weight in the loss, w_i = m_i · is_i / B: is_i = π_θ_old / π_sampler (capped or masked
-            # at C) when vLLM or the bf16 copy sampled, not π_θ; m_i = 0 without EOS under --mask_truncated_completions
-            off_policy = args.vllm_importance_sampling_correction and "sampler_logprobs" in batch
-            is_weights = torch.ones(local_batch_size, 1, device=device)
-            if off_policy:
-                is_weights = importance_sampling_weights(
-                    old_logprobs,
-                    batch["sampler_logprobs"],
-                    completion_mask,
-                    mode=args.vllm_importance_sampling_mode,
-                    clip_max=args.vllm_importance_sampling_clip_max,
-                )
-            loss_weights = is_weights[:, 0] / local_batch_size
-            if args.mask_truncated_completions:
-                loss_weights = loss_weights * ~batch["is_truncated"]
+        # ==== 5. advantages: A_i = R_i − b, b_MA the mean R of the steps before (or REINFORCE++'s whitening) ====
+        batch_rewards = accelerator.gather(shaped_rewards)  # the whole batch's R: the same b on every process
+        running = {k: state.get(k, 0) for k in ("reward_sum", "reward_count")}  # b_MA's, kept in trainer_state.json
+        advantages, b, running = reinforce_advantages(shaped_rewards, batch_rewards, baseline=args.baseline, **running)
+        state |= running  # with this batch's R, for the steps after
+        off_policy = args.vllm_importance_sampling_correction and "sampler_logprobs" in rollout
+        is_weights = torch.ones(local_batch_size, 1, device=device)
+        if off_policy:
+            is_weights = importance_sampling_weights(
+                old_logprobs, rollout["sampler_logprobs"], completion_mask,
+                mode=args.vllm_importance_sampling_mode, clip_max=args.vllm_importance_sampling_clip_max,
+            )  # fmt: skip
+        loss_weights = is_weights[:, 0] * ~(is_truncated & args.mask_truncated_completions) / local_batch_size
 
-            # ==== 6. loss and update: num_iterations passes over the batch, micro-batches accumulated ====
-            # Each process's loss is the mean over its completions (w_i), and DDP's mean over processes the batch's.
-            clip_low, clip_high, losses, grad_norms = [], [], [], []
-            for iteration in range(args.num_iterations):
-                loss_sum = 0.0
-                for mb in run.accumulate(micro_batches):  # gradients all-reduced once per update
+        # ==== 6. loss and update: num_iterations passes over the batch, micro-batches accumulated ====
+        # Each process's loss is the mean over its completions (w_i), and DDP's mean over processes the batch's.
+        clip_low, clip_high, losses, grad_norms = [], [], [], []
+        for iteration in range(args.num_iterations):
+            loss_sum = 0.0
+            for k, mb in enumerate(micro_batches):
+                all_reduce = k == len(micro_batches) - 1  # DDP all-reduces the accumulated gradients once per update
+                with contextlib.nullcontext() if all_reduce else accelerator.no_sync(model):
                     if not (one_pass and iteration == 0):  # else phase 3's forward, graph and all
                         with accelerator.autocast():
                             logprobs = completion_logprobs(
                                 model, input_ids[mb], attention_mask[mb], T, args.temperature
                             )[0]
-                    loss, ratio = reinforce_loss(
-                        logprobs,
-                        old_logprobs[mb],
-                        completion_mask[mb],
-                        advantages[mb],
-                        loss_weights[mb],
-                        epsilon=args.epsilon,
-                        epsilon_high=epsilon_high,
-                    )
+                    loss, ratio = policy_loss(
+                        logprobs, old_logprobs[mb], completion_mask[mb], advantages[mb], loss_weights[mb],
+                        epsilon=args.epsilon, epsilon_high=epsilon_high,
+                    )  # fmt: skip
                     accelerator.backward(loss)
-                    loss_sum += loss.item()
-                    A = advantages[mb]
-                    clip_low.append(((ratio < 1 - args.epsilon) & (A < 0)).float().mean().item())
-                    clip_high.append(((ratio > 1 + epsilon_high) & (A > 0)).float().mean().item())
-                grad_norms.append(float(accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)))
-                # before the update: a NaN reward marks an unscorable completion, anything else not finite stops here
-                scorable = ~batch["rewards_per_func"].isnan().all(1)
-                run.check_finite(reward=rewards[scorable], loss=loss_sum, grad_norm=grad_norms[-1])
-                optimizer.step()
-                scheduler.step()
-                optimizer.zero_grad(set_to_none=True)
-                losses.append(loss_sum)
-            baseline = {
-                "none": 0.0,
-                "moving_average": run.state["reward_sum"] / max(run.state["reward_count"], 1),
-                "reinforce_pp": all_shaped_rewards.nanmean().item(),
-            }[args.baseline]
-            # this batch joins the moving average only after its own update (the same sum and count on every process)
-            run.state["reward_sum"] += all_shaped_rewards.nansum().item()
-            run.state["reward_count"] += (~all_shaped_rewards.isnan()).sum().item()
-            run.reward_signal(bool(common.nanstd(accelerator.gather(rewards)) > 1e-6))  # not all scored the same
-            run.count_tokens(attention_mask)
+                loss_sum += loss.item()
+                A = advantages[mb]
+                clip_low.append(((ratio < 1 - args.epsilon) & (A < 0)).float().mean().item())
+                clip_high.append(((ratio > 1 + epsilon_high) & (A > 0)).float().mean().item())
+            grad_norms.append(float(accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)))
+            if not (math.isfinite(loss_sum) and math.isfinite(grad_norms[-1])):  # before the update: nothing saved
+                fail(f"step {step}: the loss or the gradient norm is not finite; the newest checkpoint is kept")
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+            losses.append(loss_sum)
 
-            # ==== 7. log: statistics over the whole batch, from every process ====
-            if logging_step:
-                logged_kl = kl if args.beta > 0 else None  # β = 0: no reference, no KL
-                metrics = common.rollout_metrics(accelerator, batch, rewards, reward_funcs, G, logged_kl, entropy)
-                metrics |= {"baseline": baseline}
-                metrics |= common.update_metrics(accelerator, losses, grad_norms, clip_low, clip_high)
-                if off_policy:
-                    metrics |= common.sampling_metrics(
-                        accelerator, old_logprobs, batch["sampler_logprobs"], is_weights, completion_mask
-                    )
-                run.log(step, metrics, (batch["prompts"], batch["completion_texts"], rewards))
+        # ==== 7. log: statistics over the whole batch, from every process (TRL's names) ====
+        state["num_tokens"] += accelerator.reduce(attention_mask.sum(), "sum").item()
+        if logging_step:
+            lengths = completion_mask.sum(1).float()
+            gathered = [accelerator.gather(torch.as_tensor(x, device=device)) for x in (
+                rewards, rewards_per_func, lengths, is_truncated, is_weights, clip_low, clip_high,
+            )]  # fmt: skip
+            all_rewards, per_func, lengths, truncated, all_is_weights, low, high = gathered
+            token_sums = accelerator.reduce(torch.stack([(x * completion_mask).sum() for x in (kl, entropy)]), "sum")
+            kl_mean, entropy_mean = (token_sums / lengths.sum().clamp(min=1)).tolist()  # over the completion tokens
+            grouped = all_rewards.view(-1, G)
+            group_var = (grouped - grouped.nanmean(1, keepdim=True)).pow(2).nanmean(1)  # NaN: no scorable one
+            metrics = {
+                "reward": all_rewards.nanmean().item(),
+                "reward_std": all_rewards[~all_rewards.isnan()].std().item(),
+                **({"frac_reward_zero_std": (~(group_var > 1e-12)).float().mean().item()} if G > 1 else {}),
+                **{f"rewards/{name}/mean": per_func[:, j].nanmean().item() for j, name in enumerate(reward_funcs)},
+                "completions/mean_length": lengths.mean().item(),
+                "completions/clipped_ratio": truncated.float().mean().item(),
+                **({"kl": kl_mean} if args.beta > 0 else {}),
+                "entropy": entropy_mean,
+                "baseline": b,
+                "loss": accelerator.reduce(torch.tensor(losses, device=device).mean(), "mean").item(),
+                "grad_norm": sum(grad_norms) / len(grad_norms),
+                "clip_ratio/low_mean": low.mean().item(),
+                "clip_ratio/high_mean": high.mean().item(),
+                "clip_ratio/region_mean": (low + high).mean().item(),
+                **({"sampling/importance_sampling_ratio/mean": all_is_weights.mean().item()} if off_policy else {}),
+            }
+
+        # ---- plumbing: log, evaluate, save, stop ----
+        state["step"] = step
+        if logging_step:
+            metrics |= {"learning_rate": scheduler.get_last_lr()[0], "num_tokens": state["num_tokens"]}
+            log(accelerator, args, step, metrics | {"step_time": time.perf_counter() - step_start})
+            progress.set_postfix(reward=f"{metrics['reward']:.3f}")
+            shown = args.num_completions_to_print if args.log_completions and accelerator.is_main_process else 0
+            for text, completion, reward in list(zip(texts, completions, rewards.tolist()))[:shown]:
+                tqdm.write(f"[step {step}] {text!r} → {completion!r}  reward {reward:.3f}")
+        if vllm is not None:  # the next step samples from the updated policy
+            vllm.sync_weights(accelerator, model)
+        if args.eval_steps and step % args.eval_steps == 0 and step < args.max_steps:
+            log(accelerator, args, step, evaluation())
+        stopping = accelerator.reduce(torch.tensor(float(bool(stop)), device=device), "sum").item() > 0
+        if (args.save_steps and step % args.save_steps == 0) or stopping:
+            folder = save_checkpoint(accelerator, args, model, tokenizer, state)
+        if stopping:
+            accelerator.print(f"interrupted at step {step}: saved {folder}; continue: --resume_from_checkpoint latest")
+            accelerator.end_training()
+            sys.exit(128 + (stop[0] if stop else signal.SIGTERM))
+
+    # ---- plumbing: the final model and evaluation ----
+    for signum, handler in handlers.items():  # from here on, a signal stops at once
+        signal.signal(signum, handler)
+    progress.close()
+    save_model(accelerator, args, model, tokenizer, Path(args.output_dir), state)
+    last_eval = evaluation()
+    log(accelerator, args, args.max_steps, last_eval)
+    if first_eval and last_eval:
+        key = "eval/accuracy" if "eval/accuracy" in last_eval else "eval/reward"
+        before, after = (f"{first_eval[k]:.3f} → {last_eval[k]:.3f}" for k in (key, key + "_greedy"))
+        accelerator.print(f"held-out {key}: {before} sampled, {after} greedy")
+    accelerator.end_training()
+    accelerator.print(f"saved the model to {args.output_dir}")
 
 
 if __name__ == "__main__":
-    common.cli(main, Args)
+    try:
+        main(parse_args(Args))
+    except (BadInput, RewardError) as error:
+        fail(str(error))

@@ -1,227 +1,226 @@
-"""reinforce.py: the moving-average baseline, REINFORCE++ whitening, the no-baseline gradient and the KL-shaped reward
-against hand computations; then end to end: bad inputs, the running mean across steps and across a resume,
-micro-batch invariance, and a run that learns."""
+"""reinforce.py: the docstring's worked example, the moving average's update, REINFORCE++'s whitening, the plain
+REINFORCE gradient and the KL-shaped reward on known values; then end to end: the logged baseline, exact resume with
+the moving average restored, micro-batch invariance, bad input, and a run that learns."""
 
 import dataclasses
+import json
 import math
+import shutil
 
 import pytest
 import torch
+from accelerate import Accelerator
 from safetensors.torch import load_file
 
-import common
 import reinforce
-from common import ConfigError
-from reinforce import per_token_kl, reinforce_advantages, reinforce_loss
-
-FAST = dict(prompts_per_step=8, max_steps=2, eval_steps=0, logging_steps=1, save_steps=0, num_generations_eval=1)
+from conftest import ROOT, error_line, one_line_error, read_metrics, run_main, run_script
+from reinforce import per_token_kl, policy_loss, reinforce_advantages
 
 
 def args(tmp_path, **overrides) -> reinforce.Args:
-    return reinforce.Args(**{"output_dir": str(tmp_path / "out"), **FAST, **overrides})
+    """A run of a few seconds: 2 steps of 8 prompts, one completion each, no evaluation, no checkpoint."""
+    small = dict(max_steps=2, prompts_per_step=8, logging_steps=1, eval_steps=0, eval_strategy="no", save_steps=0)
+    return reinforce.Args(**{**small, "output_dir": str(tmp_path / "out"), **overrides})
 
 
-def training_records(output_dir):
-    return [{k: v for k, v in r.items() if k != "step_time"} for r in common.read_metrics(output_dir) if "reward" in r]
+def training(output_dir) -> list[dict]:
+    return [{k: v for k, v in r.items() if k != "step_time"} for r in read_metrics(output_dir) if "loss" in r]
 
 
-def training_state(checkpoint):
-    return torch.load(checkpoint / "training_state.pt", weights_only=False)
+def trainer_state(checkpoint) -> dict:
+    return json.loads((checkpoint / "trainer_state.json").read_text())
 
 
-# ---- baselines ----
-def test_moving_average_baseline_over_several_steps_by_hand():
-    """b for a batch is the mean of every reward of the steps before it (Eq. 8), 0 before the first step."""
-    batches = [
-        torch.tensor([1.0, 0.0, 1.0, 1.0]),
-        torch.tensor([0.0, 0.0, 1.0, 0.0]),
-        torch.tensor([1.0, 1.0, 1.0, 1.0]),
-    ]
-    expected = [[1.0, 0.0, 1.0, 1.0], [-0.75, -0.75, 0.25, -0.75], [0.5, 0.5, 0.5, 0.5]]  # b = 0, 3/4, 4/8
-    reward_sum, reward_count = 0.0, 0
-    for rewards, advantages in zip(batches, expected):
-        assert reinforce_advantages(
-            rewards, baseline="moving_average", reward_sum=reward_sum, reward_count=reward_count
-        ).tolist() == pytest.approx(advantages)
-        reward_sum, reward_count = reward_sum + rewards.sum().item(), reward_count + len(rewards)
-    # a running mean of everything seen, not an exponential moving average: step 4's b = 8/12
-    assert reinforce_advantages(
-        torch.tensor([1.0]), baseline="moving_average", reward_sum=reward_sum, reward_count=reward_count
-    ).item() == pytest.approx(1 - 8 / 12)
-
-
-def test_reinforce_pp_whitens_over_the_batch():
-    rewards = torch.tensor([1.0, 0.0, 1.0, 1.0])  # mean 0.75, unbiased std 0.5
-    advantages = reinforce_advantages(
-        rewards, baseline="reinforce_pp", reward_sum=123.0, reward_count=7
-    )  # the running mean plays no part
-    assert advantages.tolist() == pytest.approx([0.25 / 0.5001, -0.75 / 0.5001, 0.25 / 0.5001, 0.25 / 0.5001])
-    assert advantages.mean().item() == pytest.approx(0.0, abs=1e-6)
-    assert (
-        reinforce_advantages(torch.ones(4), baseline="reinforce_pp", reward_sum=0.0, reward_count=0).tolist()
-        == [0.0] * 4
+def advantages_of(rewards, baseline="moving_average", **running):
+    """A, b and b_MA's new sum and count for the whole batch's R on one process."""
+    rewards = torch.tensor(rewards)
+    return reinforce_advantages(
+        rewards, rewards, baseline=baseline, **{"reward_sum": 0.0, "reward_count": 0, **running}
     )
 
 
-def test_reinforce_pp_on_one_process_of_several_whitens_with_the_whole_batch():
-    """Under accelerate a process holds some of the batch's R; whitened with every process's R (gathered), its
-    advantages are its rows of the one-process advantages."""
-    rewards = torch.tensor([1.0, 0.0, 1.0, 1.0, 0.0, 0.5])
-    whole = reinforce_advantages(rewards, baseline="reinforce_pp", reward_sum=0.0, reward_count=0)
-    assert reinforce_advantages(
-        rewards[:2], baseline="reinforce_pp", reward_sum=0.0, reward_count=0, batch_rewards=rewards
-    ).tolist() == pytest.approx(whole[:2].tolist())
-    assert reinforce_advantages(
-        rewards[:2], baseline="reinforce_pp", reward_sum=0.0, reward_count=0
-    ).tolist() == pytest.approx([0.5 / (0.5**0.5 + 1e-4), -0.5 / (0.5**0.5 + 1e-4)])  # its own R only: std 1/√2
+# ---- the estimators on known values ----
+def test_the_docstrings_worked_example():
+    """Rewards 1, 0, 1, 1 at step 1 have b = 0 and advantages 1, 0, 1, 1; rewards 0, 0, 1, 0 at step 2 have b = 3/4 and
+    advantages −0.75, −0.75, +0.25, −0.75; at step 3, b = 4/8 = 0.5."""
+    advantages, b, running = advantages_of([1.0, 0.0, 1.0, 1.0])
+    assert (b, advantages.tolist()) == (0.0, [1.0, 0.0, 1.0, 1.0])
+    advantages, b, running = advantages_of([0.0, 0.0, 1.0, 0.0], **running)
+    assert (b, advantages.tolist()) == (0.75, [-0.75, -0.75, 0.25, -0.75])
+    assert advantages_of([1.0], **running)[1] == 0.5
 
 
-def test_no_baseline_is_the_reward_and_its_gradient_is_reinforce():
-    """∇L = −1/B Σ_i R_i ∇ Σ_t log π(y_i,t) (Eq. 6), padding excluded."""
+def test_the_moving_average_is_the_mean_of_every_earlier_reward_not_an_ema():
+    """b_MA's sum and count take in each batch after its own advantages; an unscorable R (NaN) is left out of them and
+    gets A = 0."""
+    _, _, running = advantages_of([2.0, float("nan"), 4.0], reward_sum=10.0, reward_count=4)
+    assert running == {"reward_sum": 16.0, "reward_count": 6}
+    advantages, b, running = advantages_of([1.0, 0.0], **running)  # b = 16/6, whatever the batch
+    assert b == pytest.approx(16 / 6) and advantages.tolist() == pytest.approx([1 - 16 / 6, -16 / 6])
+    assert running == {"reward_sum": 17.0, "reward_count": 8}
+    advantages, b, running = advantages_of([float("nan"), 3.0], **running)
+    assert b == pytest.approx(17 / 8) and advantages.tolist() == pytest.approx([0.0, 3 - 17 / 8])
+    assert running["reward_count"] == 9
+
+
+def test_reinforce_pp_whitens_over_the_whole_batch():
+    advantages, b, _ = advantages_of([1.0, 0.0, 1.0, 1.0], "reinforce_pp", reward_sum=123.0, reward_count=7)
+    assert b == 0.75  # the batch's mean R; the running mean plays no part (unbiased std: 0.5)
+    assert advantages.tolist() == pytest.approx([0.25 / 0.5001, -0.75 / 0.5001, 0.25 / 0.5001, 0.25 / 0.5001])
+    assert advantages_of([1.0] * 4, "reinforce_pp")[0].tolist() == [0.0] * 4
+    # one process of several whitens its R with every process's: its rows of the one-process advantages
+    batch = torch.tensor([1.0, 0.0, 1.0, 1.0, 0.0, 0.5])
+    whole = advantages_of(batch.tolist(), "reinforce_pp")[0]
+    mine = reinforce_advantages(batch[:2], batch, baseline="reinforce_pp", reward_sum=0.0, reward_count=0)[0]
+    assert mine.tolist() == pytest.approx(whole[:2].tolist())
+
+
+def test_without_a_baseline_the_gradient_is_reinforces():
+    """∇L = −1/B Σ_i R_i ∇ Σ_t log π(y_i,t) (Eq. 6), padding excluded; ρ ≡ 1 on the first pass."""
     rewards = torch.tensor([1.0, 0.0, 0.5])
-    advantages = reinforce_advantages(rewards, baseline="none", reward_sum=10.0, reward_count=4)
-    assert advantages.tolist() == rewards.tolist()
+    advantages, b, _ = advantages_of(rewards.tolist(), "none", reward_sum=10.0, reward_count=4)
+    assert b == 0 and advantages.tolist() == rewards.tolist()
     logprobs = torch.tensor([[-1.0, -2.0], [-0.5, -0.1], [-3.0, -0.2]], requires_grad=True)
     mask = torch.tensor([[1, 1], [1, 0], [1, 1]])
-    loss, ratio = reinforce_loss(
+    loss, ratio = policy_loss(
         logprobs, logprobs.detach(), mask, advantages, torch.ones(3) / 3, epsilon=0.2, epsilon_high=0.2
     )
     loss.backward()
-    assert ratio.tolist() == [1.0] * 3
+    assert ratio.tolist() == [1.0] * 3 and loss.item() == pytest.approx(-rewards.mean().item())
     assert torch.allclose(logprobs.grad, -(rewards[:, None] * mask) / 3)
-    assert loss.item() == pytest.approx(-rewards.mean().item())
 
 
-def test_sequence_ratio_is_clipped():
-    old = torch.zeros(2, 1)
-    logprobs = torch.tensor([[0.5], [-0.5]], requires_grad=True)  # ρ = e^0.5 ≈ 1.65 and e^−0.5 ≈ 0.61
-    loss, _ = reinforce_loss(
-        logprobs,
-        old,
-        torch.ones(2, 1),
-        torch.tensor([1.0, -1.0]),
-        torch.ones(2) / 2,
-        epsilon=0.2,
-        epsilon_high=0.28,
+def test_the_sequence_ratio_is_clipped():
+    logprobs = torch.tensor([[0.5], [-0.5]], requires_grad=True)  # ρ = e^0.5 ≈ 1.65 (A = 1) and e^−0.5 ≈ 0.61 (A = −1)
+    advantages, weights = torch.tensor([1.0, -1.0]), torch.ones(2) / 2
+    loss, _ = policy_loss(
+        logprobs, torch.zeros(2, 1), torch.ones(2, 1), advantages, weights, epsilon=0.2, epsilon_high=0.28
     )
     loss.backward()
-    assert logprobs.grad.abs().sum().item() == 0.0
-    assert loss.item() == pytest.approx(-(1.28 * 1.0 + 0.8 * -1.0) / 2)
+    assert logprobs.grad.abs().sum().item() == 0.0 and loss.item() == pytest.approx(-(1.28 - 0.8) / 2)
 
 
-def test_kl_estimators_and_the_kl_shaped_reward():
+def test_the_kl_estimators_and_the_kl_shaped_reward():
     logprobs = torch.tensor([[math.log(0.5), math.log(0.5)]])
     ref_logprobs = torch.tensor([[math.log(0.25), math.log(0.5)]])
-    k1 = per_token_kl(logprobs, ref_logprobs, "k1")
-    k3 = per_token_kl(logprobs, ref_logprobs, "k3")
-    assert k1.tolist()[0] == pytest.approx([math.log(2), 0.0])
-    assert k3.tolist()[0] == pytest.approx([0.5 + math.log(2) - 1, 0.0])
-    # the KL-shaped reward R = r − β Σ_t kl_t, then the baseline
-    shaped = torch.tensor([1.0]) - 0.1 * k1.sum(1)
-    assert reinforce_advantages(
-        shaped, baseline="moving_average", reward_sum=1.0, reward_count=4
-    ).item() == pytest.approx(1 - 0.1 * math.log(2) - 0.25)
+    k1, k3 = per_token_kl(logprobs, ref_logprobs, "k1"), per_token_kl(logprobs, ref_logprobs, "k3")
+    assert k1[0].tolist() == pytest.approx([math.log(2), 0.0])
+    assert k3[0].tolist() == pytest.approx([0.5 + math.log(2) - 1, 0.0])
+    shaped = 1.0 - 0.1 * k1.sum().item()  # R = r − β Σ_t kl_t, then the baseline
+    assert advantages_of([shaped], reward_sum=1.0, reward_count=4)[0].item() == pytest.approx(shaped - 0.25)
 
 
 # ---- end to end ----
-@pytest.mark.parametrize(
-    "overrides, message",
-    [
-        (dict(num_generations=0), "--num_generations: must be ≥ 1"),
-        (dict(baseline="ema"), "--baseline: expected one of none, moving_average, reinforce_pp"),
-        (
-            dict(baseline="reinforce_pp", prompts_per_step=1),
-            "--baseline: reinforce_pp whitens over the batch and needs at least 2",
-        ),
-        (dict(prompts_per_step=6, micro_batch_size=4), "--micro_batch_size: 4 does not divide the batch of 6"),
-        (dict(kl_estimator="k2"), "--kl_estimator: must be k1 or k3"),
-        (dict(learning_rate=0.0), "--learning_rate: must be positive"),
-        (dict(lr_scheduler_type="cosine_with_bumps"), "--lr_scheduler_type: unknown scheduler 'cosine_with_bumps'"),
-        (dict(reward_clip_range=[1.0]), "--reward_clip_range: expected two numbers"),
-        (dict(model_name_or_path="/no/such/model"), "--model_name_or_path: cannot load a tokenizer"),
-        (dict(dataset_name="/no/such/data.jsonl"), "--dataset_name: no such file"),
-        (dict(resume_from_checkpoint="latest"), "--resume_from_checkpoint latest: no checkpoint"),
-    ],
-)
-def test_bad_input_is_a_config_error_naming_the_flag(tmp_path, overrides, message):
-    with pytest.raises(ConfigError, match=message.replace("(", r"\(")):
-        reinforce.main(args(tmp_path, **overrides))
-    assert not (tmp_path / "out").exists()  # nothing written
-
-
-def test_logged_baseline_is_the_running_mean_of_earlier_rewards(tmp_path):
-    """β = 0: R = r, so the baseline logged at step k is the mean reward of steps 1..k−1 (equal batch sizes)."""
+def test_the_logged_baseline_is_the_running_mean_of_the_earlier_rewards(tmp_path):
+    """β = 0: R = r, so the baseline logged at step k is the mean reward of steps 1..k−1 (equal batches), and the
+    checkpoint holds b_MA's sum and count."""
     reinforce.main(args(tmp_path, beta=0.0, max_steps=4, save_steps=4))
-    records = training_records(tmp_path / "out")
+    records = training(tmp_path / "out")
     rewards = [r["reward"] for r in records]
-    assert [r["baseline"] for r in records] == pytest.approx([0.0] + [sum(rewards[:k]) / k for k in range(1, 4)])
-    state = training_state(tmp_path / "out" / "checkpoint-4")
+    assert [r["baseline"] for r in records] == pytest.approx([0.0] + [sum(rewards[:k]) / k for k in (1, 2, 3)])
+    state = trainer_state(tmp_path / "out" / "checkpoint-4")
     assert state["reward_count"] == 4 * 8 and state["reward_sum"] == pytest.approx(8 * sum(rewards))
+    assert "kl" not in records[0] and "frac_reward_zero_std" not in records[0]  # no reference; groups of one
 
 
-def test_the_moving_average_holds_the_kl_shaped_reward(tmp_path):
-    """Σ_i R_i = Σ_i r_i − β Σ_{i,t} kl_{i,t}; the log has the mean reward, the token-mean KL and the mean length."""
-    reinforce.main(args(tmp_path, beta=0.5, max_steps=2, save_steps=2))
-    records = training_records(tmp_path / "out")
-    state = training_state(tmp_path / "out" / "checkpoint-2")
-    assert records[0]["kl"] == 0.0 and records[1]["kl"] != 0.0  # the policy is the reference until the first update
-    shaped_sum = sum(8 * r["reward"] - 0.5 * r["kl"] * r["completions/mean_length"] * 8 for r in records)
-    assert state["reward_sum"] == pytest.approx(shaped_sum, rel=1e-4, abs=1e-5)
-    assert records[1]["baseline"] == pytest.approx(records[0]["reward"])  # step 1's R = r: no KL yet
+def test_the_reward_is_clipped_before_the_kl_shaping(tmp_path):
+    """R = clip(r) − β Σ_t kl_t: b_MA holds the clipped reward; the log has the reward functions' own."""
+    (tmp_path / "big.py").write_text("def big(completions, **kwargs):\n    return [7.0] * len(completions)\n")
+    reinforce.main(args(tmp_path, reward_funcs=[f"{tmp_path / 'big.py'}:big"], reward_clip_range=[-1.0, 2.0], beta=0))
+    assert [(r["reward"], r["baseline"]) for r in training(tmp_path / "out")] == [(7.0, 0.0), (7.0, 2.0)]
 
 
-def test_resume_reproduces_the_uninterrupted_run_and_its_running_mean(tmp_path):
+def test_a_stopped_and_resumed_run_equals_the_uninterrupted_run(tmp_path):
+    """The run stopped after step 2 (what its folder then holds: checkpoint-2 and the metrics so far) and resumed logs
+    what the 4-step run logs, the baseline included: b_MA's sum and count come back with the checkpoint."""
     full = args(tmp_path, max_steps=4, save_steps=2, beta=0.1, num_iterations=2, num_generations=2, prompts_per_step=4)
-    reinforce.main(full)
-    resumed = dataclasses.replace(
-        full, output_dir=str(tmp_path / "resumed"), resume_from_checkpoint=str(tmp_path / "out" / "checkpoint-2")
-    )
-    reinforce.main(resumed)
-    uninterrupted = training_records(tmp_path / "out")
-    assert [r["step"] for r in uninterrupted] == [1, 2, 3, 4]
-    assert training_records(tmp_path / "resumed") == uninterrupted[2:]  # the logged baseline included
-    a, b = training_state(tmp_path / "out" / "checkpoint-4"), training_state(tmp_path / "resumed" / "checkpoint-4")
-    assert (a["reward_sum"], a["reward_count"]) == (b["reward_sum"], b["reward_count"])
-    final = load_file(tmp_path / "out" / "model.safetensors")
-    again = load_file(tmp_path / "resumed" / "model.safetensors")
+    reinforce.main(dataclasses.replace(full, eval_strategy="steps", num_generations_eval=1))
+    out, stopped = tmp_path / "out", tmp_path / "stopped"
+    shutil.copytree(out / "checkpoint-2", stopped / "checkpoint-2")
+    shutil.copy(out / "metrics.jsonl", stopped / "metrics.jsonl")  # the resumed run drops the lines after step 2
+    reinforce.main(dataclasses.replace(full, eval_strategy="steps", num_generations_eval=1, output_dir=str(stopped),
+                                       resume_from_checkpoint="latest"))  # fmt: skip
+    strip = lambda records: [{k: v for k, v in r.items() if k != "step_time"} for r in records]
+    assert strip(read_metrics(stopped)) == strip(read_metrics(out))
+    records = training(out)
+    assert [r["step"] for r in records] == [1, 2, 3, 4] and records[2]["baseline"] != 0.0
+    # b_MA holds the KL-shaped R: Σ_i R_i = Σ_i r_i − β Σ_i,t kl_i,t, with B = 8 completions a step
+    shaped_sum = sum(8 * (r["reward"] - 0.1 * r["kl"] * r["completions/mean_length"]) for r in records[:2])
+    assert trainer_state(out / "checkpoint-2")["reward_sum"] == pytest.approx(shaped_sum, rel=1e-5)
+    assert records[1]["kl"] != 0.0
+    assert trainer_state(stopped / "checkpoint-4") == trainer_state(out / "checkpoint-4")
+    final, again = (load_file(run / "model.safetensors") for run in (out, stopped))
     assert all(torch.equal(final[k], again[k]) for k in final)
+
+
+@pytest.fixture
+def recorded_gradients(monkeypatch) -> list:
+    """The accumulated gradient of every update, just before it is clipped."""
+    gradients, clip = [], Accelerator.clip_grad_norm_
+
+    def record_then_clip(self, parameters, max_norm, **kwargs):
+        parameters = [p for p in parameters if p.grad is not None]
+        gradients.append(torch.cat([p.grad.flatten() for p in parameters]))
+        return clip(self, parameters, max_norm, **kwargs)
+
+    monkeypatch.setattr(Accelerator, "clip_grad_norm_", record_then_clip)
+    return gradients
 
 
 @pytest.mark.parametrize("baseline", ["moving_average", "reinforce_pp"])
 def test_micro_batching_does_not_change_the_update(tmp_path, recorded_gradients, baseline):
-    """Including REINFORCE++'s whitening over the whole batch, whose KL-shaped rewards need every micro-batch first.
-    The runs start one step in, so that the policy differs from the reference and the KL shapes the rewards."""
-    setup = dict(baseline=baseline, beta=0.5)  # a resumed run keeps its checkpoint's objective
-    reinforce.main(args(tmp_path, max_steps=1, save_steps=1, output_dir=str(tmp_path / "start"), **setup))
-    gradients = recorded_gradients
-    gradients.clear()  # from here on: the two runs compared
-    whole = args(
-        tmp_path,
-        max_steps=2,
-        **setup,
-        resume_from_checkpoint=str(tmp_path / "start" / "checkpoint-1"),
-        output_dir=str(tmp_path / "whole"),
-    )
-    reinforce.main(whole)
-    reinforce.main(dataclasses.replace(whole, micro_batch_size=2, output_dir=str(tmp_path / "micro")))
-    one_batch, micro_batches = gradients
-    assert one_batch.abs().max() > 0
-    assert torch.allclose(one_batch, micro_batches, rtol=1e-4, atol=1e-7)
-    (ra,), (rb,) = training_records(tmp_path / "whole"), training_records(tmp_path / "micro")
-    assert ra["kl"] != 0.0
+    """The batch's R (KL-shaped: one step in, the policy is not the reference) and b are known before the first
+    backward pass, so micro-batches of 2 accumulate the one-batch gradient, REINFORCE++'s whitening included. Both runs
+    resume one checkpoint, so that they start from the same weights."""
+    flags = dict(baseline=baseline, beta=0.5, num_generations=2, prompts_per_step=4)
+    reinforce.main(args(tmp_path, max_steps=1, save_steps=1, output_dir=str(tmp_path / "start"), **flags))
+    recorded_gradients.clear()
+    whole = args(tmp_path, **flags, resume_from_checkpoint=str(tmp_path / "start" / "checkpoint-1"))
+    reinforce.main(dataclasses.replace(whole, output_dir=str(tmp_path / "a")))
+    reinforce.main(dataclasses.replace(whole, micro_batch_size=2, output_dir=str(tmp_path / "b")))
+    one_batch, micro_batches = recorded_gradients
+    assert one_batch.abs().max() > 0 and torch.allclose(one_batch, micro_batches, rtol=1e-4, atol=1e-7)
+    (a,), (b,) = training(tmp_path / "a"), training(tmp_path / "b")
+    assert a["kl"] != 0.0 and a["baseline"] != 0.0 and 0.0 <= a["frac_reward_zero_std"] <= 1.0
     for key in ("loss", "baseline", "kl"):
-        assert ra[key] == pytest.approx(rb[key], rel=1e-4, abs=1e-6), key
+        assert a[key] == pytest.approx(b[key], rel=1e-4, abs=1e-6), key
 
 
-def test_several_generations_per_prompt(tmp_path):
-    reinforce.main(args(tmp_path, num_generations=4, prompts_per_step=2, max_steps=1))
-    (record,) = training_records(tmp_path / "out")
-    assert 0.0 <= record["frac_reward_zero_std"] <= 1.0 and record["num_tokens"] > 0
+@pytest.mark.parametrize(
+    "flags, line",
+    [
+        (["--num_generations", "0"], "--num_generations: must be ≥ 1, got 0"),
+        (
+            ["--baseline", "ema"],
+            "--baseline: invalid choice: 'ema' (choose from 'none', 'moving_average', 'reinforce_pp')",
+        ),
+        (
+            ["--baseline", "reinforce_pp", "--prompts_per_step", "1"],
+            "--baseline: reinforce_pp needs 2 completions a step",
+        ),
+        (["--reward_clip_range", "1"], "--reward_clip_range: want low high, got [1.0]"),
+        (["--reward_clip_range", "5", "-5"], "--reward_clip_range: want low high, got [5.0, -5.0]"),
+        (["--kl_estimator", "k2"], "--kl_estimator/--kl-estimator: invalid choice: 'k2' (choose from 'k1', 'k3')"),
+        (["--micro_batch_size", "3"], "--micro_batch_size: must divide 4 completions"),
+    ],
+)
+def test_bad_input_is_one_line_with_exit_status_2_and_nothing_written(tmp_path, flags, line, capsys):
+    out = tmp_path / "out"
+    flags = ["--prompts_per_step", "4", *flags, "--eval_strategy", "no", "--output_dir", out]
+    assert one_line_error(reinforce, *flags, capsys=capsys) == f"error: {line}"
+    assert not out.exists() or not list(out.iterdir())
+
+
+def test_the_script_itself_says_bad_input_in_one_line(tmp_path):
+    result = run_script(ROOT / "reinforce.py", "--baseline", "ema", "--output_dir", tmp_path / "out")
+    assert error_line(result).startswith("error: --baseline: invalid choice: 'ema'")
 
 
 @pytest.mark.slow
-def test_default_run_learns(tmp_path):
-    """A shortened default run raises held-out sampled accuracy."""
-    reinforce.main(reinforce.Args(output_dir=str(tmp_path / "out"), max_steps=60, eval_steps=0))
-    evals = [r for r in common.read_metrics(tmp_path / "out") if "eval/accuracy" in r]
-    assert evals[-1]["eval/accuracy"] - evals[0]["eval/accuracy"] >= 0.1
+def test_the_quick_start_learns(tmp_path):
+    """`python reinforce.py`, as the docstring says: held-out accuracy rises, sampled and greedy."""
+    run_main(reinforce, "--output_dir", tmp_path / "out")
+    evals = [r for r in read_metrics(tmp_path / "out") if "eval/accuracy" in r]
+    first, last = evals[0], evals[-1]
+    assert last["eval/accuracy"] - first["eval/accuracy"] >= 0.15
+    assert last["eval/accuracy_greedy"] >= first["eval/accuracy_greedy"]
