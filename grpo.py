@@ -147,6 +147,7 @@ class Args:
 
 def check_args(args: Args):
     """This script's flags in range, each said in one line; then the ones every RL script shares."""
+    args.epsilon_high = args.epsilon if args.epsilon_high is None else args.epsilon_high  # TRL's default: ε
     require(args.num_generations >= 2, f"--num_generations: a group needs G ≥ 2, got {args.num_generations}")
     require(args.max_resample_rounds >= 0, f"--max_resample_rounds: must be ≥ 0, got {args.max_resample_rounds}")
     check_shared_args(args)
@@ -583,7 +584,6 @@ def main(args: Args):
     handlers = {s: signal.signal(s, lambda signum, _: stop.append(signum)) for s in (signal.SIGINT, signal.SIGTERM)}
     steps = range(state["step"] + 1, args.max_steps + 1)
     progress = tqdm(steps, initial=state["step"], total=args.max_steps, disable=not accelerator.is_main_process)
-    epsilon_high = args.epsilon if args.epsilon_high is None else args.epsilon_high
 
     def reference_logprobs(input_ids, attention_mask, T):
         policy = accelerator.unwrap_model(model)
@@ -688,7 +688,7 @@ def main(args: Args):
                             )[0]
                     loss, policy_loss, ratio = grpo_loss(
                         logprobs, old_logprobs[mb], ref_logprobs[mb], advantages[mb], token_weights[mb],
-                        is_weights[mb], beta=args.beta, epsilon=args.epsilon, epsilon_high=epsilon_high,
+                        is_weights[mb], beta=args.beta, epsilon=args.epsilon, epsilon_high=args.epsilon_high,
                     )  # fmt: skip
                     accelerator.backward(loss)
                 loss_sum += loss.item()
@@ -696,7 +696,7 @@ def main(args: Args):
                 A, mask = advantages[mb, None], completion_mask[mb]
                 mask = mask / mask.sum().clamp(min=1)  # the clipped fractions are over the completion tokens
                 clip_low.append((((ratio < 1 - args.epsilon) & (A < 0)) * mask).sum().item())
-                clip_high.append((((ratio > 1 + epsilon_high) & (A > 0)) * mask).sum().item())
+                clip_high.append((((ratio > 1 + args.epsilon_high) & (A > 0)) * mask).sum().item())
             grad_norms.append(float(accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)))
             if not (math.isfinite(loss_sum) and math.isfinite(grad_norms[-1])):  # before the update: nothing saved
                 fail(f"step {step}: the loss or the gradient norm is not finite; the newest checkpoint is kept")

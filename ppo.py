@@ -1,176 +1,205 @@
-"""PPO: Proximal Policy Optimization for language models, token by token, with a learned value model (Schulman et al.
-2017; as used for RLHF by Ziegler et al. 2019 and described in "Back to Basics", Ahmadian et al. 2024).
+"""PPO: proximal policy optimization for language models, token by token, with a learned value model (Schulman et al.
+2017), as used for RLHF by Ziegler et al. 2019 and TRL's PPOTrainer ("Back to Basics", Ahmadian et al. 2024, §3).
 
-Four models: the policy π_θ (trained); a frozen reference π_ref (the initial policy; with LoRA, the policy with its
-adapters disabled); a reward source r (reward functions as in rloo.py, or a reward model); a value model V_ψ (trained;
-a scalar head read at every position). For every prompt x, sample one completion y = y_1..y_T at temperature τ
-(--temperature) and score it. Each token y_t is an action taken in the state s_t = (x, y_<t). Then:
+Four models: the policy π_θ (trained); a frozen reference π_ref (the initial policy; with LoRA, the policy without its
+adapter); the reward r (reward functions, or a reward model); a value model V_ψ (trained). For every prompt x, sample
+one completion y = y_1..y_T from π_θ at temperature τ (--temperature) and score it; y_t is an action in the state
+s_t = (x, y_<t). Then:
 
     KL-shaped per-token reward (Ziegler et al. Eq. 2, spread over the tokens)
-        kl_t = log π_θ(y_t | s_t) − log π_ref(y_t | s_t)                                  (k1, the default)
-        kl_t = exp(log π_ref − log π_θ) − (log π_ref − log π_θ) − 1                          (k3, --kl_estimator k3)
-        (as a reward, k3 estimates the KL's value without bias but its policy gradient E[k3 · ∇log π] is not ∇KL;
-         k1's is: ∇KL = E[k1 · ∇log π], since E[∇log π] = 0)
-        r_t = −kl_coef · kl_t,   plus the score r(x, y) on the last real token (the stop token; TRL put it one past)
-        r(x, y) −= missing_eos_penalty when y has no --stop_token (a truncated completion)
+        kl_t = log π_θ(y_t | s_t) − log π_ref(y_t | s_t)                                   (k1, the default)
+        kl_t = exp(log π_ref − log π_θ) − (log π_ref − log π_θ) − 1                           (k3, --kl_estimator k3)
+        r_t = −kl_coef · kl_t,   plus the score on the last real token (the stop token; TRL put it one past)
+        score(x, y) = r(x, y) − missing_eos_penalty when y does not end with --stop_token
 
-    GAE (Schulman et al. 2016, Eq. 16), with V = 0 past the last real token
-        δ_t = r_t + γ V(s_{t+1}) − V(s_t)
-        A_t = Σ_l (γλ)^l δ_{t+l},        returns R_t = A_t + V(s_t)
-        advantages whitened over the real tokens of the batch: (A − mean) / std
+    Generalized advantage estimation (Schulman et al. 2016, Eq. 16), with V = 0 after the last real token
+        δ_t = r_t + γ V(s_{t+1}) − V(s_t),      A_t = Σ_l (γλ)^l δ_{t+l},      returns R_t = A_t + V(s_t)
+        then (--whiten_advantages) A ← (A − mean) / std over the real tokens of the whole batch
 
-    Clipped losses, masked means over the real tokens of a mini-batch; num_ppo_epochs passes over num_mini_batches
+    Clipped losses, token means over a mini-batch; num_ppo_epochs passes over num_mini_batches mini-batches
         ρ_t = π_θ(y_t | s_t) / π_θ_old(y_t | s_t)
-        L_pg = max(−A_t ρ_t, −A_t clip(ρ_t, 1 − cliprange, 1 + cliprange))                 (PPO Eq. 7, as a loss)
-        L_vf = 0.5 · max((V − R)², (clip(V, V_old − cliprange_value, V_old + cliprange_value) − R)²)
-        L = L_pg + vf_coef · L_vf                                                 (PPO Eq. 9, no entropy bonus)
+        L_pg = max(−A_t ρ_t, −A_t clip(ρ_t, 1 − ε, 1 + ε))                      (PPO Eq. 7 as a loss, ε = cliprange)
+        L_vf = ½ max((V_ψ(s_t) − R_t)², (clip(V_ψ(s_t), V_old(s_t) ± cliprange_value) − R_t)²)
+        L = L_pg + vf_coef · L_vf                                                  (PPO Eq. 9, no entropy bonus)
+    with L_pg of y_t times TRL's importance-sampling weight when vLLM samples instead of π_θ:
+        w = π_θ_old / π_vllm of y (sequence_*) or of y_t (token_*), capped at C (*_truncate) or 0 above C (*_mask)
 
-    Sampler correction, when vLLM or the --bf16 copy samples instead of π_θ (TRL's importance sampling): L_pg of y_t is
-    multiplied by
-        w = π_θ_old / π_sampler of y (sequence_*) or y_t (token_*); capped at C (*_truncate), 0 above C (*_mask)
+    Adaptive KL controller (--adaptive_kl; Ziegler et al. §2.2), after each step, with KL = mean_i Σ_t kl_{i,t}
+        kl_coef ← kl_coef · (1 + clip(KL / kl_target − 1, −0.2, 0.2) · prompts_per_step / kl_horizon)
 
-Back to Basics' Vanilla PG is `--lam 1.0 --num_ppo_epochs 1 --num_mini_batches 1 --whiten_advantages False`
-(γ = 1, the default): the δ_t telescope to A_t = Σ_{l≥0} r_{t+l} − V(s_t) = G_t − V(s_t), one update per batch makes
-ρ ≡ 1 so no clip binds, and ∇L_pg = −1/N Σ_t (G_t − V(s_t)) ∇ log π_θ(y_t | s_t) over the batch's N real tokens.
+Worked example (γ = 1, λ = 0.95): three tokens with rewards 0, 0, 1 and values 0.5, 0.6, 0.7 give δ = 0.1, 0.1, 0.3,
+advantages 0.46575, 0.385, 0.3 and returns 0.96575, 0.985, 1.0. Back to Basics' Vanilla PG is `--lam 1 --num_ppo_epochs
+1 --whiten_advantages False`: the δ_t telescope to A_t = Σ_{l≥0} r_{t+l} − V(s_t), and one update per batch makes ρ ≡ 1.
 
---adaptive_kl (Ziegler et al. 2019; lm-human-preferences) adapts kl_coef after each step towards a sequence KL target:
-    kl_coef ← kl_coef · (1 + clip(KL / kl_target − 1, −0.2, 0.2) · B / kl_horizon),   KL = mean_i Σ_t kl_{i,t}
-(lm-human-preferences starts it at 0.15 with target 6 and horizon 10000; here --kl_coef is the start).
+V_ψ is a sequence classifier with one label, its head read at every position: V(s_t) where the policy's logits for y_t
+are. It starts from --value_model_path, else the reward model (as the reference implementations do), else the policy's
+backbone with a new head at zero (V ≡ 0). It reads the policy's tokens: a reward model with another tokenizer only
+scores (through its own), and V_ψ starts from the policy. One AdamW updates both models (a parameter group each), each
+clipped on its own; checkpoints and the final model hold V_ψ in value_model/. GAE runs from the last token back and
+whitening spans the batch, so a pass without gradients gives every log π_θ_old, V_old and kl_t before the first loss.
+Under `accelerate launch` (DDP) the whitening statistics, token counts and the controller's KL are the whole batch's.
 
-The value model V_ψ is a sequence-classification model (num_labels=1) whose scalar head is applied to the backbone's
-hidden state at every position, not only at the last token: V(s_t) is read where the policy's logits for y_t are. It
-starts from --value_model_path, else the reward model (as in the reference implementations; a LoRA one is merged),
-else the policy's own backbone with a fresh, zero-initialized head (V ≡ 0 at the start). It must share the policy's
-tokenizer. Policy and value model share one AdamW (two parameter groups) but are gradient-clipped separately, so the
-value loss never shrinks the policy's step.
+    python ppo.py                                           # the embedded tiny model, offline, about 20 s on a CPU
+    python ppo.py --reward_model_path outputs/reward_model --reward_funcs none      # reward_model.py's model alone
 
-The advantages need every value and log-prob of the batch before the first loss (GAE runs from the last token back,
-whitening spans the batch): each step spends one no-grad pass of the policy and value model. Under `accelerate launch`
-(DDP only) each process trains on its share of the prompts; the whitening statistics, the losses' token count and the
-adaptive KL are summed over every process, so an update is the one-process update of the same batch (tested).
-Sampling draws from softmax(logits / τ), the log-probs' distribution; --top_k and --top_p make training off-policy.
-
-Copy ppo.py with common.py (plumbing: arguments, data, processes, sampling, evaluation, checkpoints, logging)
-and rewards.py (reward functions, reward-model scoring; it stands alone); vllm_colocate.py only for --use_vllm.
-
-    python ppo.py                                          # the embedded tiny model, offline, ~30 s on a 2-core CPU
-    python ppo.py --reward_model_path outputs/reward_model --reward_funcs none   # reward_model.py's model alone
+Copy ppo.py with common.py (text ↔ tokens) and rewards.py (reward functions); vllm_colocate.py only for --use_vllm.
 """
 
-from contextlib import nullcontext
-from dataclasses import dataclass
+import contextlib
+import json
+import math
+import shutil
+import signal
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import ClassVar, Literal
 
 import torch
 import torch.utils.checkpoint
-from accelerate.utils import set_seed
+import transformers
+import yaml
+from accelerate import Accelerator, DistributedType
+from accelerate.utils import gather_object, set_seed
+from datasets import load_dataset
+from tqdm.auto import tqdm
+from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, HfArgumentParser, SchedulerType
 
 import common
-from common import arg, require
-from rewards import compute_rewards
+from rewards import RewardError, check_columns, compute_rewards, load_reward_funcs, reward_weights
+
+HERE = Path(__file__).resolve().parent
+
+
+def arg(default, help: str):
+    kind = {"default_factory": lambda: list(default)} if isinstance(default, list) else {"default": default}
+    return field(**kind, metadata={"help": help})
 
 
 @dataclass
-class Args(common.Args):
-    """This script's flags; the ones every algorithm script shares are in common.Args (`--help` lists all)."""
-
-    value_model_path: str | None = arg(None, "initial value model; default: the reward model, else the policy")
+class Args:
+    # model and data
+    model_name_or_path: str = arg(str(HERE / "models/tiny-arith"), "policy: a hub id or a folder (default: embedded)")
+    attn_implementation: str | None = arg(None, "eager, sdpa, flash_attention_2, ... (default: transformers' choice)")
+    dataset_name: str = arg(str(HERE / "data/arithmetic"), "a hub dataset, or a data folder or file; a 'prompt' column")
+    dataset_config: str | None = arg(None, "the configuration of a dataset that has several")
+    dataset_train_split: str = arg("train", "split to train on")
+    dataset_test_split: str = arg("test", "held-out split, scored with the run's rewards (skipped when absent)")
+    reward_funcs: list[str] = arg(["accuracy"], "reward functions: built-in names, file.py:function or pkg.module.fn")
+    reward_weights: list[str] = arg([], "one weight per reward function (default 1.0 each)")
+    reward_model_path: str | None = arg(None, "a sequence classifier with one label, added to the reward functions")
+    value_model_path: str | None = arg(None, "the value model's start (default: the reward model, else the policy)")
+    # PPO
     num_ppo_epochs: int = arg(4, "passes over each batch of completions")
     num_mini_batches: int = arg(1, "optimizer steps per pass: the batch is split into this many mini-batches")
     cliprange: float = arg(0.2, "clipping range ε of the per-token ratio ρ in the policy loss")
-    vf_coef: float = arg(0.1, "weight of the value loss in the total loss")
+    vf_coef: float = arg(0.1, "weight of the value loss in the loss")
     cliprange_value: float = arg(0.2, "clipping range of the value around the rollout's value in the value loss")
     gamma: float = arg(1.0, "discount γ")
-    lam: float = arg(0.95, "GAE λ (1.0: Monte-Carlo returns minus the value baseline)")
-    whiten_advantages: bool = arg(True, "whiten the advantages over the batch's real tokens (off for Vanilla PG)")
+    lam: float = arg(0.95, "GAE λ (1.0: the return to go minus the value)")
+    whiten_advantages: bool = arg(True, "whiten the advantages over the batch's real tokens")
     whiten_rewards: bool = arg(False, "scale the per-token rewards to unit variance over the batch before GAE")
-    kl_coef: float = arg(0.05, "KL coefficient in the per-token reward; 0 skips the reference model entirely")
-    kl_estimator: str = arg("k1", "KL estimator in the reward: k1 or k3 (k3's gradient is not the KL's)")
+    kl_coef: float = arg(0.05, "KL coefficient of the per-token reward; 0 loads no reference model")
+    kl_estimator: Literal["k1", "k3"] = arg("k1", "KL estimator in the reward (k3's gradient is not the KL's)")
     adaptive_kl: bool = arg(False, "adapt kl_coef towards --kl_target (Ziegler et al. 2019); --kl_coef is its start")
-    kl_target: float = arg(6.0, "--adaptive_kl: target sequence KL in nats")
-    kl_horizon: int = arg(10000, "--adaptive_kl: horizon in completions")
-    stop_token: str = arg("eos", "the token that ends a completion: 'eos' (the checkpoint's) or one token's text")
+    kl_target: float = arg(6.0, "--adaptive_kl: the target KL of a completion, in nats")
+    kl_horizon: int = arg(10000, "--adaptive_kl: the horizon, in completions")
+    stop_token: str = arg("eos", "what ends a completion besides the checkpoint's end ids: 'eos', or one token's text")
     missing_eos_penalty: float | None = arg(None, "subtracted from the score of a completion without the stop token")
-    # this script's defaults of common.Args' flags
-    disable_dropout: bool = arg(True, "dropout off in the policy and value model, so the rollout and update agree")
+    num_generations: ClassVar[int] = 1  # one completion per prompt: each prompt is its own group of G = 1
+    # generation
+    max_completion_length: int = arg(24, "tokens generated per completion at most")
+    temperature: float = arg(1.0, "sampling temperature τ; the log-probs are those of softmax(logits / τ)")
+    top_p: float = arg(1.0, "nucleus sampling (1.0: off; < 1 samples off-policy)")
+    top_k: int = arg(0, "top-k sampling (0: off; > 0 samples off-policy)")
+    chat_template_kwargs: dict | None = arg(None, "chat template arguments, e.g. '{\"enable_thinking\": false}'")
+    use_vllm: bool = arg(False, "sample with a colocated vLLM engine (vllm_colocate.py; needs a GPU)")
+    vllm_gpu_memory_utilization: float = arg(0.3, "fraction of GPU memory the vLLM engine may take")
+    vllm_max_model_length: int | None = arg(None, "vLLM's context length (default: the model's)")
+    vllm_importance_sampling_correction: bool = arg(True, "weight the policy loss by π_θ_old / π_vllm (TRL's)")
+    vllm_importance_sampling_mode: Literal["sequence_mask", "sequence_truncate", "token_mask", "token_truncate"] = arg(
+        "sequence_mask", "the ratio of the completion or of each token; 0 above C, or C"
+    )
+    vllm_importance_sampling_clip_max: float = arg(3.0, "the cap C of the importance-sampling ratio")
+    # optimization
     prompts_per_step: int = arg(16, "prompts per step, one completion each: the step's batch of completions")
-    micro_batch_size: int = arg(0, "completions per forward/backward, gradients accumulated (0 = the whole mini-batch)")
-    max_steps: int = 25
+    micro_batch_size: int = arg(0, "completions per forward and backward, gradients accumulated (0: the mini-batch)")
+    max_steps: int = arg(25, "training steps, one batch each")
     learning_rate: float = arg(1e-4, "AdamW learning rate of the policy and the value model (~3e-6 for a 0.5B model)")
+    lr_scheduler_type: SchedulerType = arg("constant_with_warmup", "transformers' learning-rate schedule")
+    warmup_ratio: float = arg(0.03, "fraction of the optimizer steps spent warming up")
+    weight_decay: float = arg(0.0, "AdamW weight decay")
     max_grad_norm: float = arg(1.0, "gradient clipping norm, of the policy and of the value model separately")
-    output_dir: str = arg("outputs/ppo", "metrics.jsonl, checkpoints and the final model (value model: value_model/)")
-    save_steps: int = 10
-    use_peft: bool = arg(False, "train LoRA adapters (policy and value model); the reference: adapters disabled")
+    seed: int = arg(0, "random seed (sampling, data order, mini-batches)")
+    disable_dropout: bool = arg(True, "dropout off in the policy and the value model, so the rollout and update agree")
+    # logging, evaluation, checkpoints
+    output_dir: str = arg("outputs/ppo", "metrics.jsonl, the checkpoints, the final model and its value_model/")
+    overwrite_output_dir: bool = arg(False, "start over in an output_dir that holds another run")
+    logging_steps: int = arg(5, "log metrics every this many steps")
+    log_completions: bool = arg(False, "print a few completions and their rewards at each log")
+    num_completions_to_print: int = arg(2, "how many completions --log_completions prints")
+    report_to: list[str] = arg(["none"], "trackers besides metrics.jsonl: tensorboard, wandb, trackio, all, ...")
+    eval_strategy: Literal["steps", "no"] = arg("steps", "steps: at the start, every eval_steps and at the end")
+    eval_steps: int = arg(50, "evaluate every this many steps (0: at the start and the end only)")
+    num_generations_eval: int = arg(4, "completions sampled per held-out prompt (and one greedy)")
+    per_device_eval_batch_size: int = arg(512, "completions per generate call of the evaluation")
+    save_steps: int = arg(10, "save a checkpoint every this many steps (0: never; a stop always saves)")
+    save_total_limit: int | None = arg(None, "keep only the newest N checkpoints")
+    resume_from_checkpoint: str | None = arg(None, "a checkpoint folder, or 'latest' in output_dir")
+    # efficiency
+    bf16: bool = arg(False, "bf16 autocast for the forward passes; master weights stay float32")
+    gradient_checkpointing: bool = arg(False, "recompute activations in the backward pass to save memory")
+    use_peft: bool = arg(False, "train LoRA adapters (policy and value model); π_ref is the policy without its adapter")
+    lora_r: int = arg(16, "LoRA rank")
+    lora_alpha: int = arg(32, "LoRA alpha")
+    lora_dropout: float = arg(0.05, "LoRA dropout")
+    lora_target_modules: list[str] = arg(["all-linear"], "modules LoRA adapts, or all-linear")
+    load_in_4bit: bool = arg(False, "QLoRA: not in ppo.py, whose value model trains beside the policy")
+    bnb_4bit_quant_type: Literal["nf4", "fp4"] = arg("nf4", "4-bit data type")
 
 
 def check_args(args: Args):
-    common.check_shared_args(args)  # the flags every script shares: learning rate, steps, sampling, output_dir, ...
-    require(not args.load_in_4bit, "--load_in_4bit: ppo.py trains a value model beside the policy; not with QLoRA")
-    require(args.num_ppo_epochs >= 1, f"--num_ppo_epochs: must be ≥ 1, got {args.num_ppo_epochs}")
-    for name in ("num_mini_batches", "cliprange", "cliprange_value", "kl_target", "kl_horizon"):
+    """The flags in range, each said in one line."""
+    positive = "max_steps prompts_per_step learning_rate max_completion_length temperature logging_steps"
+    positive += " num_generations_eval per_device_eval_batch_size num_ppo_epochs num_mini_batches cliprange"
+    for name in (positive + " cliprange_value kl_target kl_horizon").split():
         require(getattr(args, name) > 0, f"--{name}: must be positive, got {getattr(args, name)}")
-    require(args.vf_coef >= 0, f"--vf_coef: must be ≥ 0, got {args.vf_coef}")
-    require(0 <= args.gamma <= 1, f"--gamma: must be in [0, 1], got {args.gamma}")
-    require(0 <= args.lam <= 1, f"--lam: must be in [0, 1], got {args.lam}")
-    require(args.kl_coef >= 0, f"--kl_coef: must be ≥ 0, got {args.kl_coef}")
+    for name in "kl_coef vf_coef micro_batch_size top_k eval_steps save_steps weight_decay max_grad_norm".split():
+        require(getattr(args, name) >= 0, f"--{name}: must be ≥ 0, got {getattr(args, name)}")
+    for name in ("gamma", "lam", "warmup_ratio"):
+        require(0 <= getattr(args, name) <= 1, f"--{name}: must be in [0, 1], got {getattr(args, name)}")
+    require(0 < args.top_p <= 1, f"--top_p: must be in (0, 1], got {args.top_p}")
+    require(0 <= args.seed < 2**32, f"--seed: must be in [0, 2**32), got {args.seed}")  # numpy's range
+    require(args.save_total_limit is None or args.save_total_limit > 0, "--save_total_limit: must be positive")
+    require(not args.load_in_4bit, "--load_in_4bit: ppo.py trains a value model beside the policy; not with QLoRA")
     require(not args.adaptive_kl or args.kl_coef > 0, "--adaptive_kl: needs a positive --kl_coef to start from")
+    require(args.dataset_train_split != args.dataset_test_split, "--dataset_test_split: that is the training split")
 
 
-# ----------------------------------------------------------------------------------------------------------------------
-# The two quantities every equation above reads: the log-probs at the temperature, and where each completion ends.
-# The same text in rloo.py, grpo.py, reinforce.py and ppo.py.
-# ----------------------------------------------------------------------------------------------------------------------
+# ---- the log-probs at the temperature, which every equation above reads ----
 def completion_logprobs(model, input_ids, attention_mask, T: int, temperature: float, entropy=False, chunk=2**24):
-    """log π(y_t | x, y_<t) (B, T), in float32, of the last T tokens of `input_ids` (the completion) under
-    softmax(logits / temperature); with `entropy=True` also that softmax's detached entropy (B, T), else None.
-
-    Only the T completion positions get logits (`logits_to_keep`). The float32 log-softmax exists for `chunk` elements
-    at a time, never (B, T, V) whole, and the backward pass recomputes it (checkpointing). Position ids come from the
-    attention mask, as in generation (left padding)."""
+    """log π(y_t | x, y_<t) (B, T), float32, of the last T tokens of `input_ids` (the completion) under
+    softmax(logits / temperature); with `entropy`, also that softmax's detached entropy (B, T), else None. Only the
+    completion positions get logits, and the float32 log-softmax exists for `chunk` elements at a time (never
+    (B, T, V) whole), recomputed in the backward pass. Position ids come from the attention mask, as in generation."""
     position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
     # T + 1 positions: the last prompt position predicts the first completion token
     output = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, logits_to_keep=T + 1)
     logits = output.logits[:, :-1]  # (B, T, V): position t predicts completion token t
     positions = max(1, chunk // (logits.shape[0] * logits.shape[2]))
-    pieces = list(zip(logits.split(positions, 1), input_ids[:, -T:].split(positions, 1)))
+    pieces = list(zip(logits.split(positions, 1), input_ids[:, -T:].split(positions, 1)))  # (B, t, V), (B, t)
+    logprobs_of = lambda z, y: torch.log_softmax(z.float() / temperature, -1).gather(-1, y[..., None])[..., 0]
     recompute = torch.utils.checkpoint.checkpoint
-    logprobs = torch.cat([recompute(logprobs_of, z, y, temperature, use_reentrant=False) for z, y in pieces], 1)
+    logprobs = torch.cat([recompute(logprobs_of, z, y, use_reentrant=False) for z, y in pieces], 1)
     if not entropy:
         return logprobs, None
-    with torch.no_grad():
-        return logprobs, torch.cat([entropy_of(z, temperature) for z, _ in pieces], 1)
+    with torch.no_grad():  # H = logsumexp(z) − Σ softmax(z) z, with z = logits / temperature
+        scaled = [piece.float() / temperature for piece, _ in pieces]
+        return logprobs, torch.cat([z.logsumexp(-1) - (z.softmax(-1) * z).sum(-1) for z in scaled], 1)
 
 
-def logprobs_of(logits, targets, temperature: float):
-    """log softmax(logits / temperature) at the targets, in float32. (B, t, V), (B, t) -> (B, t)"""
-    return torch.log_softmax(logits.float() / temperature, -1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
-
-
-def entropy_of(logits, temperature: float):
-    """The entropy of softmax(logits / temperature), in float32. (B, t, V) -> (B, t)"""
-    logits = logits.float() / temperature
-    return logits.logsumexp(-1) - (torch.softmax(logits, -1) * logits).sum(-1)
-
-
-def end_of_completion(completion_ids: torch.Tensor, end_ids: int | list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-    """A completion ends at its first end token (kept). Returns its mask (B, T), 1 up to and including that token, and
-    is_truncated (B,): True where no end token came within max_completion_length."""
-    is_end = torch.isin(completion_ids, torch.tensor(end_ids, device=completion_ids.device))
-    first_end = torch.where(is_end.any(1), is_end.int().argmax(1), completion_ids.shape[1])
-    positions = torch.arange(completion_ids.shape[1], device=completion_ids.device)
-    return (positions[None] <= first_end[:, None]).long(), ~is_end.any(1)
-
-
-def importance_sampling_weights(old_logprobs, sampler_logprobs, completion_mask, *, mode: str, clip_max: float):
-    """TRL's importance-sampling correction for a sampler that is not π_θ (vLLM, the bf16 copy): the ratio
-    π_θ_old / π_sampler of each completion (sequence_*: the exp of its summed log-ratio, (B, 1)) or of each token
-    (token_*: (B, T)), capped at clip_max (*_truncate) or zeroed above it (*_mask)."""
-    log_ratio = (old_logprobs - sampler_logprobs) * completion_mask
-    if mode.startswith("sequence"):
-        log_ratio = log_ratio.sum(1, keepdim=True)
-    ratio = torch.exp(log_ratio)
-    return ratio.clamp(max=clip_max) if mode.endswith("truncate") else ratio.masked_fill(ratio > clip_max, 0.0)
-
-
+# ==== PPO ====
 def per_token_kl(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: str) -> torch.Tensor:
     """kl_t for each sampled token: k1 = log π − log π_ref (unbiased), k3 = exp(−k1) + k1 − 1 (unbiased, ≥ 0)."""
     log_ratio = logprobs - ref_logprobs
@@ -178,8 +207,7 @@ def per_token_kl(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: 
 
 
 def stop_token_ids(tokenizer, stop_token: str, end_ids: list[int]) -> list[int]:
-    """--stop_token as the ids a completion that has stopped ends with: 'eos' is any of the checkpoint's end ids
-    (`end_ids`, the sampling config's); any other text must be exactly one token."""
+    """--stop_token as token ids: 'eos' is every end id of the checkpoint; any other text must be one token."""
     if stop_token == "eos":
         return end_ids
     ids = tokenizer.encode(stop_token, add_special_tokens=False)
@@ -188,16 +216,15 @@ def stop_token_ids(tokenizer, stop_token: str, end_ids: list[int]) -> list[int]:
 
 
 def ends_with(completion_ids: torch.Tensor, completion_mask: torch.Tensor, token_ids: list[int]) -> torch.Tensor:
-    """Whether each completion's last real token is one of `token_ids` (B,): False for a truncated completion, or one
-    that ended at another end token (the checkpoint's when --stop_token is something else)."""
-    last = (completion_mask.sum(1) - 1).clamp(min=0)
-    last_token = completion_ids.gather(1, last[:, None]).squeeze(1)
-    return torch.isin(last_token, torch.tensor(token_ids, device=last_token.device)) & (completion_mask.sum(1) > 0)
+    """Whether each completion's last real token is one of `token_ids` (B,): not if it was truncated, or ended at
+    another end id."""
+    last = completion_ids.gather(1, completion_mask.sum(1, keepdim=True) - 1)[:, 0]  # every completion has a token
+    return torch.isin(last, torch.tensor(token_ids, device=last.device))
 
 
 def completion_values(value_model, input_ids, attention_mask, T: int) -> torch.Tensor:
-    """V(s_t) (B, T) for the state before each of the last T tokens: the scalar head on every position's hidden state
-    (the model's own forward reads it at the last token only; under DDP that forward synchronizes the gradients)."""
+    """V(s_t) (B, T), float32, for the state before each of the last T tokens: the value head on the hidden state where
+    the policy's logits for that token are read. (The classifier's own output is the head at the last token only.)"""
     position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
     output = value_model(
         input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, output_hidden_states=True
@@ -207,17 +234,16 @@ def completion_values(value_model, input_ids, attention_mask, T: int) -> torch.T
 
 
 def per_token_rewards(scores: torch.Tensor, kl: torch.Tensor, completion_mask: torch.Tensor, kl_coef: float):
-    """r_t = −kl_coef · kl_t on every real token, plus the score on the last real token (the stop token). (B, T)"""
+    """r_t = −kl_coef · kl_t on every real token, plus the score on the last real token. (B,), (B, T) -> (B, T)"""
     rewards = -kl_coef * kl * completion_mask
-    last = completion_mask.sum(1).long() - 1  # index of the last real token; every completion has at least one
+    last = completion_mask.sum(1).long() - 1  # every completion has at least one token
     rewards[torch.arange(len(scores), device=scores.device), last] += scores
     return rewards
 
 
 def masked_whiten(values: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True, all_sum=lambda total: total):
-    """(x − mean) / std over the real tokens only (std with Bessel's correction); padding stays 0. With
-    shift_mean=False the mean is kept: only the scale changes. `all_sum` sums a tensor over the processes, so that the
-    mean and the std are those of the whole batch, not of this process's share."""
+    """(x − mean) / std over the real tokens (`mask`; std with Bessel's correction), 0 on padding; with shift_mean=False
+    the mean stays and only the scale changes. `all_sum` sums over the processes: the whole batch's statistics."""
     n = all_sum(mask.sum())
     mean = all_sum((values * mask).sum()) / n.clamp(min=1)
     variance = all_sum((((values - mean) ** 2) * mask).sum()) / (n - 1).clamp(min=1)
@@ -226,8 +252,8 @@ def masked_whiten(values: torch.Tensor, mask: torch.Tensor, shift_mean: bool = T
 
 
 def gae_advantages(rewards, values, completion_mask, *, gamma: float, lam: float):
-    """A_t = Σ_l (γλ)^l δ_{t+l}, δ_t = r_t + γ V_{t+1} − V_t, with r = V = 0 past the last real token.
-    Returns the advantages and the returns A + V, both (B, T) and 0 on padding."""
+    """A_t = Σ_l (γλ)^l δ_{t+l}, δ_t = r_t + γ V_{t+1} − V_t, with r = V = 0 after the last real token. Returns the
+    advantages and the returns A + V, both (B, T) and 0 on padding."""
     rewards, values = rewards * completion_mask, values * completion_mask
     advantages = torch.zeros_like(rewards)
     next_advantage = next_value = 0.0
@@ -240,25 +266,29 @@ def gae_advantages(rewards, values, completion_mask, *, gamma: float, lam: float
     return advantages, advantages + values
 
 
-def policy_loss(logprobs, old_logprobs, advantages, mask, cliprange: float, num_tokens, importance_weights=1.0):
-    """Σ_t w_t max(−A_t ρ_t, −A_t clip(ρ_t, 1 ± ε)) / num_tokens over this micro-batch's real tokens (`mask`), with w
-    the importance-sampling weights, (B_mb, 1) or (B_mb, T); num_tokens counts the whole mini-batch, so accumulating
-    micro-batches gives the mini-batch mean. Returns the loss, ρ and where the clipped term is the larger (B_mb, T)."""
+def importance_sampling_weights(old_logprobs, sampler_logprobs, completion_mask, *, mode: str, clip_max: float):
+    """π_θ_old / π_sampler of each completion (sequence_*: the exp of its summed log-ratio, (B, 1)) or of each token
+    (token_*: (B, T)), capped at clip_max (*_truncate) or zeroed above it (*_mask)."""
+    log_ratio = (old_logprobs - sampler_logprobs) * completion_mask
+    ratio = torch.exp(log_ratio.sum(1, keepdim=True) if mode.startswith("sequence") else log_ratio)
+    return ratio.clamp(max=clip_max) if mode.endswith("truncate") else ratio.masked_fill(ratio > clip_max, 0.0)
+
+
+def policy_loss(logprobs, old_logprobs, advantages, mask, weights, *, cliprange: float, num_tokens):
+    """Σ_t w_t max(−A_t ρ_t, −A_t clip(ρ_t, 1 ± ε)) / num_tokens over a micro-batch's real tokens (`mask`), w the
+    importance-sampling weights ((B_mb, 1) or (B_mb, T)); num_tokens counts the mini-batch's, so that accumulated
+    micro-batches give the mini-batch's mean. Returns the loss, ρ and where the clipped term is the larger (B_mb, T)."""
     ratio = torch.exp(logprobs - old_logprobs)
-    unclipped = -advantages * ratio
-    clipped = -advantages * ratio.clamp(1 - cliprange, 1 + cliprange)
-    surrogate = torch.max(unclipped, clipped) * importance_weights
-    return (surrogate * mask).sum() / num_tokens, ratio, clipped > unclipped
+    unclipped, clipped = -advantages * ratio, -advantages * ratio.clamp(1 - cliprange, 1 + cliprange)
+    return (torch.max(unclipped, clipped) * weights * mask).sum() / num_tokens, ratio, clipped > unclipped
 
 
-def value_loss(values, old_values, returns, mask, cliprange_value: float, num_tokens):
-    """0.5 · Σ_t max((V − R)², (clip(V, V_old ± ε_v) − R)²) / num_tokens over this micro-batch's real tokens.
-    Returns the loss and where the clipped term is the larger one (B_mb, T)."""
+def value_loss(values, old_values, returns, mask, *, cliprange_value: float, num_tokens):
+    """½ Σ_t max((V − R)², (clip(V, V_old ± ε_v) − R)²) / num_tokens over a micro-batch's real tokens. Returns the
+    loss and where the clipped term is the larger (B_mb, T)."""
     clipped_values = old_values + (values - old_values).clamp(-cliprange_value, cliprange_value)
-    unclipped_loss = (values - returns) ** 2
-    clipped_loss = (clipped_values - returns) ** 2
-    loss = 0.5 * (torch.max(unclipped_loss, clipped_loss) * mask).sum() / num_tokens
-    return loss, clipped_loss > unclipped_loss
+    unclipped, clipped = (values - returns) ** 2, (clipped_values - returns) ** 2
+    return 0.5 * (torch.max(unclipped, clipped) * mask).sum() / num_tokens, clipped > unclipped
 
 
 def adaptive_kl_coef(kl_coef: float, kl: float, *, kl_target: float, kl_horizon: int, batch_size: int) -> float:
@@ -267,225 +297,572 @@ def adaptive_kl_coef(kl_coef: float, kl: float, *, kl_target: float, kl_horizon:
     return kl_coef * (1 + error * batch_size / kl_horizon)
 
 
-# the token means logged after each step, over every token of every update
+# the token means logged after each step, over every token of every pass; the last is E[ρ²], for val/ratio_var
 TOKEN_STATS = (
     "policy/approxkl_avg", "policy/clipfrac_avg", "policy/entropy_avg", "val/clipfrac_avg", "val/ratio", "val/ratio_var"
 )  # fmt: skip
 
 
-def ppo_metrics(accelerator, batch: dict, kl_coef: float, token_sums, updates: dict, reward_funcs: dict) -> dict:
-    """TRL's PPO statistics of a step, over every process: objective/* from the batch (with its scores, stopped, kl and
-    old_logprobs), the reward functions', the completions', the means of TOKEN_STATS over every completion token of
-    one pass (`token_sums`: this process's sums, per pass; the last one is E[ρ²]), and the mean of each of `updates`
-    (name -> one value per update)."""
-    mask = batch["completion_mask"]
-    scores, stopped, lengths, kl, entropy, per_func = common.everywhere(
-        accelerator, batch["scores"], batch["stopped"], mask.sum(1).float(), batch["kl"].sum(1),
-        (-batch["old_logprobs"] * mask).sum(1), batch["rewards_per_func"],
-    )  # fmt: skip
-    token_means = dict(zip(TOKEN_STATS, (accelerator.reduce(token_sums, "sum") / lengths.sum()).tolist()))
-    token_means["val/ratio_var"] -= token_means["val/ratio"] ** 2  # E[ρ²] − E[ρ]²
-    return {
-        "objective/scores": scores.nanmean().item(),
-        "objective/rlhf_reward": (scores - kl_coef * kl).nanmean().item(),
-        "objective/kl": kl.mean().item(),
-        "objective/non_score_reward": (-kl_coef * kl).mean().item(),
-        "objective/entropy": entropy.mean().item(),
-        "objective/kl_coef": kl_coef,
-        **common.reward_metrics(per_func, reward_funcs),
-        **token_means,
-        "val/num_eos_tokens": stopped.sum().item(),
-        **common.completion_metrics(lengths, ~stopped),  # without the stop token: truncated
-        **{name: common.everywhere(accelerator, torch.tensor(v)).mean().item() for name, v in updates.items()},
-    }
+# ---- plumbing: the command line ----
+class BadInput(Exception):
+    """Bad input (a flag, a data file or column, the output folder): one line, exit status 2, nothing written."""
+
+
+def require(condition: bool, message: str):
+    if not condition:
+        raise BadInput(message)
+
+
+def fail(message: str):
+    tqdm.write(f"error: {message}", file=sys.stderr)  # on a line of its own, below the progress bar
+    sys.exit(2)
+
+
+def parse_args(args_class):
+    """The flags from the command line, over those of a --config YAML file (TRL's recipes, or a run's args.json)."""
+    parser = HfArgumentParser(args_class, allow_abbrev=False)
+    parser.add_argument("--config", help="a YAML file of flag: value; flags on the command line override it")
+    parser.error = lambda message: fail(message.replace("argument ", ""))
+    for action in parser._actions:  # --chat_template_kwargs '{"enable_thinking": false}'
+        action.type = json.loads if action.type is dict else action.type
+    namespace = parser.parse_args()
+    if namespace.config:
+        try:
+            config = yaml.safe_load(Path(namespace.config).read_text())
+        except (OSError, yaml.YAMLError) as error:
+            raise BadInput(f"--config: {str(error).splitlines()[0]}") from None
+        require(isinstance(config, dict), f"--config {namespace.config}: expected a mapping of flag: value")
+        unknown = sorted(set(config) - set(vars(namespace)))
+        require(not unknown, f"--config {namespace.config}: unknown flags {unknown}")
+        parser.set_defaults(**config)
+        namespace = parser.parse_args()
+    del namespace.config
+    return args_class(**vars(namespace))
+
+
+# ---- plumbing: data ----
+def load_split(args, split: str):
+    """A split of --dataset_name (a hub dataset, a folder, or a json, csv or parquet file: its train split), or None."""
+    path = Path(args.dataset_name)
+    try:
+        if path.is_file():
+            builder = {".csv": "csv", ".parquet": "parquet"}.get(path.suffixes[0], "json")
+            splits = load_dataset(builder, data_files={"train": str(path)})
+        else:
+            splits = load_dataset(args.dataset_name, args.dataset_config)
+    except Exception as error:  # no such dataset, file or configuration, or a file that does not parse
+        raise BadInput(f"--dataset_name: cannot load {args.dataset_name!r}: {str(error).splitlines()[0]}") from None
+    require(split in splits or split != args.dataset_train_split, f"--dataset_train_split: no {split!r} split")
+    return splits.get(split)
+
+
+# ---- plumbing: prompts ----
+def prompt_texts(tokenizer, dataset, args, split: str) -> list[str]:
+    """Every prompt of a split as the model reads it; one that cannot be rendered is one line that quotes it."""
+    require("prompt" in dataset.column_names, f"--dataset_name: the {split} split has no 'prompt' column")
+    try:
+        return [common.prompt_text(tokenizer, prompt, args.chat_template_kwargs) for prompt in dataset["prompt"]]
+    except Exception as error:
+        raise BadInput(f"--dataset_name: a prompt of the {split} split: {error}") from None
+
+
+# ---- plumbing: models ----
+def load_trained(args, path: str, model_class=AutoModelForCausalLM, task_type="CAUSAL_LM", **options):
+    """A model to train: float32 master weights whatever the checkpoint's dtype (a frozen base is bf16 under --use_peft
+    --bf16, 4-bit under --load_in_4bit), --use_peft's LoRA adapter, dropout off, --gradient_checkpointing."""
+    from peft import LoraConfig, cast_mixed_precision_params, get_peft_model
+
+    compute = torch.bfloat16 if args.bf16 else torch.float32
+    quantization = transformers.BitsAndBytesConfig(
+        load_in_4bit=True, bnb_4bit_quant_type=args.bnb_4bit_quant_type, bnb_4bit_compute_dtype=compute
+    ) if args.load_in_4bit else None  # fmt: skip
+    dtype = torch.bfloat16 if args.use_peft and args.bf16 else torch.float32
+    attention = args.attn_implementation
+    model = model_class.from_pretrained(
+        path, dtype=dtype, quantization_config=quantization, attn_implementation=attention, **options
+    )
+    if args.use_peft:
+        targets = "all-linear" if args.lora_target_modules == ["all-linear"] else args.lora_target_modules
+        lora = dict(r=args.lora_r, lora_alpha=args.lora_alpha, lora_dropout=args.lora_dropout, target_modules=targets)
+        model = get_peft_model(model, LoraConfig(task_type=task_type, **lora))
+        cast_mixed_precision_params(model, dtype)  # what trains in float32 (a score head too), the rest in dtype
+    if args.disable_dropout:  # dropout layers, and the rates attention layers keep as floats (Llama's, GPT-2's)
+        for module in model.modules():
+            rates = [n for n, v in vars(module).items() if isinstance(v, float) and "drop" in n]
+            for name in rates + (["p"] if isinstance(module, torch.nn.Dropout) else []):
+                setattr(module, name, 0.0)
+    if args.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    return model.train()
+
+
+# ---- plumbing: frozen models ----
+def prepare_frozen(accelerator, model):
+    """A frozen model (π_ref, a reward model) on its device; under ZeRO-3 in an inference engine, as TRL does."""
+    model = model.eval().requires_grad_(False)
+    plugin = accelerator.state.deepspeed_plugin
+    if plugin is None or plugin.zero_stage != 3:
+        return model.to(accelerator.device)
+    import deepspeed
+
+    zero = {k: v for k, v in plugin.deepspeed_config["zero_optimization"].items() if v != "auto"}
+    engine = deepspeed.initialize(model=model, config={**plugin.deepspeed_config, "zero_optimization": zero})[0]
+    engine.eval()
+    return engine
+
+
+# ---- plumbing: sampling ----
+@contextlib.contextmanager
+def unwrapped_for_generation(accelerator, model):
+    """The plain policy, in eval mode, to sample from; under ZeRO-3 with its parameters gathered meanwhile (TRL's)."""
+    plugin, policy = accelerator.state.deepspeed_plugin, accelerator.unwrap_model(model)
+    gathered = contextlib.nullcontext()
+    if plugin is not None and plugin.zero_stage == 3:
+        import deepspeed
+
+        gathered = deepspeed.zero.GatheredParameters(list(model.parameters()))
+    with gathered, accelerator.autocast():
+        yield policy.eval()  # generate's cache: transformers turns it off in train mode with gradient checkpointing
+    policy.train()
+
+
+# ---- ppo: the value model ----
+def load_value_model(accelerator, args, tokenizer):
+    """V_ψ, a sequence classifier with one label (its forward finds the last token by the pad id), to train: from
+    --value_model_path, else the reward model, else the policy's backbone with a new head at zero (V ≡ 0). A reward
+    model whose tokenizer is not the policy's cannot read the policy's tokens: V_ψ then starts from the policy."""
+    path = args.value_model_path or args.reward_model_path
+    flag = "--value_model_path" if args.value_model_path else "--reward_model_path"
+    if path:
+        try:
+            vocabulary = transformers.AutoTokenizer.from_pretrained(path).get_vocab()
+        except Exception as error:  # no such model, or no tokenizer in it
+            raise BadInput(f"{flag}: cannot load the tokenizer of {path!r}: {str(error).splitlines()[0]}") from None
+        if vocabulary != tokenizer.get_vocab():
+            require(not args.value_model_path, f"{flag}: {path} has another tokenizer than the policy's")
+            accelerator.print(f"{flag}: {path} has another tokenizer than the policy's: V_ψ starts from the policy")
+            path = None
+    start, one_label = path or args.model_name_or_path, dict(num_labels=1, pad_token_id=tokenizer.pad_token_id)
+    model = load_trained(args, start, AutoModelForSequenceClassification, "SEQ_CLS", **one_label)
+    with torch.no_grad():
+        for parameter in model.score.parameters() if path is None else ():  # a new head: V ≡ 0 at the start
+            parameter.zero_()
+    return model
+
+
+def load_weights(accelerator, model, folder: Path):
+    """The weights `save_model` wrote into `folder` (with --use_peft: the adapter), into the prepared `model`."""
+    from peft import set_peft_model_state_dict
+    from safetensors.torch import load_file, load_model
+
+    unwrapped = accelerator.unwrap_model(model)
+    if hasattr(unwrapped, "peft_config"):
+        set_peft_model_state_dict(unwrapped, load_file(folder / "adapter_model.safetensors"))
+    else:
+        load_model(unwrapped, folder / "model.safetensors", device=str(accelerator.device))
+
+
+# ---- plumbing: evaluation ----
+@torch.no_grad()
+def evaluate(accelerator, model, tokenizer, eval_dataset, eval_texts, reward_funcs, weights, args) -> dict:
+    """eval/reward (the weighted sum) and eval/<function> on the held-out prompts, num_generations_eval samples each and
+    one greedy (`_greedy`), under an RNG of its own (training samples the same whether or not it evaluates)."""
+    if eval_dataset is None:
+        return {}
+    mine = range(accelerator.process_index, len(eval_dataset), accelerator.num_processes)
+    names = ["reward", *(name.removesuffix("_reward") for name in reward_funcs)]
+    metrics = {}
+    with torch.random.fork_rng(), unwrapped_for_generation(accelerator, model) as policy:
+        torch.manual_seed(args.seed)
+        for suffix, G, greedy in (("", args.num_generations_eval, False), ("_greedy", 1, True)):
+            config = common.sampling_config(policy, tokenizer, args, greedy=greedy)
+            scores, per_call = [], max(1, args.per_device_eval_batch_size // G)
+            for start in range(0, len(mine), per_call):
+                rows = eval_dataset.select(mine[start : start + per_call])
+                texts = [eval_texts[i] for i in mine[start : start + per_call] for _ in range(G)]
+                out = common.generate(policy, tokenizer, texts, config)
+                completion_mask, _ = common.end_of_completion(out["completion_ids"], config.eos_token_id)
+                completions, ids = common.decode(tokenizer, out["completion_ids"], completion_mask)
+                prompts = [p for p in rows["prompt"] for _ in range(G)]
+                row_columns = {c: [v for v in rows[c] for _ in range(G)] for c in rows.column_names if c != "prompt"}
+                rewards, per_func = compute_rewards(reward_funcs, weights, prompts, completions, ids, row_columns)
+                scores += torch.cat([rewards[:, None], per_func], 1).tolist()
+            means = torch.tensor(gather_object(scores)).nanmean(0)  # over every process's completions
+            metrics |= {f"eval/{name}{suffix}": mean for name, mean in zip(names, means.tolist())}
+    return metrics
+
+
+# ---- plumbing: the output folder, checkpoints and logging ----
+def claim_output_dir(args) -> Path | None:
+    """The checkpoint to resume from, whose later metrics are dropped; None for a fresh run, into a fresh folder."""
+    out, metrics = Path(args.output_dir), Path(args.output_dir) / "metrics.jsonl"
+    if args.resume_from_checkpoint:
+        latest = args.resume_from_checkpoint == "latest"
+        found = checkpoints(out)[-1:] if latest else [Path(args.resume_from_checkpoint)]
+        require(found and (found[0] / "trainer_state.json").is_file(), f"--resume_from_checkpoint: none in {found}")
+        out.mkdir(parents=True, exist_ok=True)
+        step = json.loads((found[0] / "trainer_state.json").read_text())["step"]
+        records = [json.loads(line) for line in metrics.read_text().splitlines()] if metrics.is_file() else []
+        metrics.write_text("".join(json.dumps(r) + "\n" for r in records if r["step"] <= step))
+        return found[0]
+    used = checkpoints(out) + ([metrics] if metrics.is_file() else [])
+    require(not used or args.overwrite_output_dir, f"--output_dir: {out} holds another run: continue it with "
+            "--resume_from_checkpoint latest, or start over with --overwrite_output_dir")  # fmt: skip
+    for path in used:
+        shutil.rmtree(path) if path.is_dir() else path.unlink()
+    out.mkdir(parents=True, exist_ok=True)
+    return None
+
+
+def checkpoints(output_dir) -> list[Path]:
+    """The checkpoint-N folders in output_dir, oldest first; each is complete (written under another name)."""
+    return sorted(Path(output_dir).glob("checkpoint-*"), key=lambda path: int(path.name.split("-")[1]))
+
+
+def save_model(accelerator, args, model, tokenizer, folder: Path, state: dict):
+    """The model as `save_pretrained` writes it (with --use_peft its adapter), the tokenizer, the step and the script's
+    own state (trainer_state.json) and the flags (args.json)."""
+    weights = accelerator.get_state_dict(model)  # every process: gathers sharded weights
+    if accelerator.is_main_process:
+        accelerator.unwrap_model(model).save_pretrained(folder, state_dict=weights)
+        tokenizer.save_pretrained(folder)
+        (folder / "trainer_state.json").write_text(json.dumps(state))
+        (folder / "args.json").write_text(json.dumps(asdict(args), indent=2))
+
+
+def save_checkpoint(accelerator, args, model, tokenizer, state: dict) -> Path:
+    """checkpoint-{step}: `save_model`, and accelerate's state (optimizer, scheduler, RNG; under DeepSpeed or FSDP the
+    sharded weights too). Renamed into place when complete."""
+    folder = Path(args.output_dir) / f"checkpoint-{state['step']}"
+    tmp = folder.with_name(f".{folder.name}.tmp")
+    save_model(accelerator, args, model, tokenizer, tmp, state)
+    hook = accelerator.register_save_state_pre_hook(lambda models, weights, _: weights.clear())  # saved just above
+    accelerator.save_state(tmp / "state")
+    hook.remove()
+    if accelerator.is_main_process:
+        shutil.rmtree(folder, ignore_errors=True)
+        tmp.rename(folder)
+        for old in checkpoints(args.output_dir)[: -args.save_total_limit] if args.save_total_limit else []:
+            shutil.rmtree(old)
+    accelerator.wait_for_everyone()
+    return folder
+
+
+def load_checkpoint(accelerator, args, model, checkpoint: Path) -> dict:
+    """Restore what `save_checkpoint` saved; flags that differ from its args.json are said, and the run goes on."""
+    from peft import set_peft_model_state_dict
+    from safetensors.torch import load_file, load_model
+
+    saved, skip = json.loads((checkpoint / "args.json").read_text()), ("resume_from_checkpoint", "overwrite_output_dir")
+    changed = [f"--{k} {v} (was {saved[k]})" for k, v in asdict(args).items() if k not in skip and saved.get(k, v) != v]
+    accelerator.print(f"resuming from {checkpoint}" + "".join(f"; {change}" for change in changed))
+    unwrapped = accelerator.unwrap_model(model)
+    if accelerator.distributed_type not in (DistributedType.DEEPSPEED, DistributedType.FSDP):  # else in state/
+        if hasattr(unwrapped, "peft_config"):
+            set_peft_model_state_dict(unwrapped, load_file(checkpoint / "adapter_model.safetensors"))
+        else:
+            load_model(unwrapped, checkpoint / "model.safetensors", device=str(accelerator.device))
+    hook = accelerator.register_load_state_pre_hook(lambda models, _: models.clear())  # loaded just above
+    accelerator.load_state(checkpoint / "state")
+    hook.remove()
+    return json.loads((checkpoint / "trainer_state.json").read_text())
+
+
+def log(accelerator, args, step: int, metrics: dict):
+    """One line of output_dir/metrics.jsonl, and the --report_to trackers."""
+    if metrics and accelerator.is_main_process:
+        with open(Path(args.output_dir) / "metrics.jsonl", "a") as f:
+            f.write(json.dumps({"step": step, **metrics}) + "\n")
+    accelerator.log(metrics, step=step)
 
 
 def main(args: Args):
+    # ---- plumbing: setup ----
     check_args(args)
-    accelerator = common.make_accelerator(args)  # one process, or N under `accelerate launch`
+    precision, trackers = "bf16" if args.bf16 else "no", None if args.report_to == ["none"] else args.report_to
+    # the scheduler steps once per update (accelerate's default steps it once per process: for a split DataLoader)
+    accelerator = Accelerator(
+        mixed_precision=precision, log_with=trackers, project_dir=args.output_dir, step_scheduler_with_optimizer=False
+    )
+    if accelerator.state.deepspeed_plugin is not None:  # no DataLoader is prepared: DeepSpeed's sizes come from here
+        accelerator.state.deepspeed_plugin.deepspeed_config.update(
+            train_micro_batch_size_per_gpu=1, gradient_accumulation_steps=1, train_batch_size=accelerator.num_processes,
+            gradient_clipping=args.max_grad_norm,
+        )  # fmt: skip
     set_seed(args.seed, device_specific=True)  # seed + process index: each process samples its own completions
-    device = accelerator.device
-    P = accelerator.num_processes
-    G = 1  # one completion per prompt
-    batch_size = args.prompts_per_step  # completions per step, over all processes
-    # this process's prompts, its completions, and the completions per forward and backward of each mini-batch
-    my_prompts, local_batch_size, micro_batch_size = common.process_share(accelerator, args, G, args.num_mini_batches)
-    mini_batch_size = local_batch_size // args.num_mini_batches  # each process splits its share into num_mini_batches
-    all_sum = lambda total: accelerator.reduce(total, "sum")  # a sum over every process's share of the batch
-    everywhere = lambda x: accelerator.gather(x.to(device))  # (B_local, ...) -> (B, ...), every process's rows
+    device, G, processes = accelerator.device, args.num_generations, accelerator.num_processes
+    require(args.prompts_per_step % processes == 0, f"--prompts_per_step: not divisible by the {processes} processes")
+    local_prompts = args.prompts_per_step // processes
+    my_prompts = slice(accelerator.process_index * local_prompts, (accelerator.process_index + 1) * local_prompts)
+    local_batch_size = local_prompts * G  # whole groups: a baseline never needs another process's rewards
+    micro_batch_size = args.micro_batch_size or local_batch_size
+    require(local_batch_size % micro_batch_size == 0, f"--micro_batch_size: must divide {local_batch_size} completions")
 
-    # ---- plumbing: data, policy π_θ, reference π_ref (only when kl_coef > 0), reward functions, value model V_ψ ----
-    datasets = train_dataset, eval_dataset = common.load_data(accelerator, args)
-    checkpoint = common.resolve_checkpoint(args.resume_from_checkpoint, args.output_dir, args)
-    tokenizer, model, ref_model, generation_config = common.load_policy_and_reference(
-        accelerator, args, datasets, args.kl_coef > 0
+    # ---- ppo: mini-batches, and one optimizer over two models (one process or DDP) ----
+    engine = accelerator.distributed_type
+    require(engine not in (DistributedType.DEEPSPEED, DistributedType.FSDP), f"accelerate launch: {engine.value}: "
+            "ppo.py trains two models with one optimizer, as one process or under DDP")  # fmt: skip
+    require(
+        local_batch_size % args.num_mini_batches == 0, f"--num_mini_batches: must divide {local_batch_size} completions"
     )
-    reward_funcs, weights = common.load_rewards(accelerator, args, datasets)
-    value_model = common.load_value_model(args, tokenizer.pad_token_id)  # V_ψ: see the docstring
+    mini_batch_size = local_batch_size // args.num_mini_batches
+    micro_batch_size = args.micro_batch_size or mini_batch_size
+    require(mini_batch_size % micro_batch_size == 0, f"--micro_batch_size: must divide a mini-batch, {mini_batch_size}")
+    all_sum = lambda total: accelerator.reduce(total, "sum")  # over every process's share of the batch
+
+    # ---- plumbing: the splits and their prompts ----
+    tokenizer = common.load_tokenizer(args.model_name_or_path)
+    train_dataset, eval_dataset = load_split(args, args.dataset_train_split), load_split(args, args.dataset_test_split)
+    require(len(train_dataset) >= args.prompts_per_step, f"--prompts_per_step: more than the {len(train_dataset)} rows")
+    eval_dataset = eval_dataset if args.eval_strategy == "steps" else None
+    train_texts = prompt_texts(tokenizer, train_dataset, args, args.dataset_train_split)
+    eval_texts = eval_dataset and prompt_texts(tokenizer, eval_dataset, args, args.dataset_test_split)
+
+    # ---- plumbing: reward functions ----
+    reward_funcs = load_reward_funcs(args, device, prepare=lambda model: prepare_frozen(accelerator, model))
+    weights = reward_weights(args.reward_weights, reward_funcs)
+    for split, dataset in ((args.dataset_train_split, train_dataset), (args.dataset_test_split, eval_dataset)):
+        check_columns(reward_funcs, dataset, split)
+
+    # ---- ppo: the policy π_θ, the reference π_ref (kl_coef > 0; with LoRA: the policy without its adapter) ----
+    model, ref_model = load_trained(args, args.model_name_or_path), None
+    if args.kl_coef > 0 and not args.use_peft:  # frozen: bf16 under --bf16
+        ref = dict(dtype=torch.bfloat16 if args.bf16 else torch.float32, attn_implementation=args.attn_implementation)
+        ref_model = prepare_frozen(accelerator, AutoModelForCausalLM.from_pretrained(args.model_name_or_path, **ref))
+    generation_config = common.sampling_config(model, tokenizer, args)
     stop_ids = stop_token_ids(tokenizer, args.stop_token, generation_config.eos_token_id)
-    # a completion ends at the checkpoint's end tokens or the stop token
-    generation_config.eos_token_id = sorted({*generation_config.eos_token_id, *stop_ids})
+    end_ids = generation_config.eos_token_id = sorted({*generation_config.eos_token_id, *stop_ids})
+    value_model = load_value_model(accelerator, args, tokenizer)
+
+    # ---- ppo: one AdamW, a parameter group per model, and the scheduler ----
     total_updates = args.max_steps * args.num_ppo_epochs * args.num_mini_batches
-    model, value_model, optimizer, scheduler = common.prepare_training(  # one AdamW, a parameter group each; DDP only
-        accelerator, args, total_updates, model, value_model
+    groups = [{"params": [p for p in m.parameters() if p.requires_grad]} for m in (model, value_model)]
+    optimizer = torch.optim.AdamW(groups, lr=args.learning_rate, weight_decay=args.weight_decay)
+    warmup = int(args.warmup_ratio * total_updates)
+    scheduler = transformers.get_scheduler(args.lr_scheduler_type, optimizer, warmup, total_updates)
+    model, value_model, optimizer, scheduler = accelerator.prepare(model, value_model, optimizer, scheduler)
+    for prepared in (model, value_model):  # autocast is entered below: no float32 copy of the outputs
+        accelerator.unwrap_model(prepared, keep_fp32_wrapper=False)
+
+    # ---- ppo: the value model in every checkpoint, beside accelerate's state: checkpoint-N/value_model ----
+    def save_value(_models, _weights, state_dir):
+        save_model(accelerator, args, value_model, tokenizer, Path(state_dir).parent / "value_model", state)
+
+    accelerator.register_save_state_pre_hook(save_value)
+    accelerator.register_load_state_pre_hook(
+        lambda _models, state_dir: load_weights(accelerator, value_model, Path(state_dir).parent / "value_model")
     )
-    value_params = [p for p in value_model.parameters() if p.requires_grad]
-    columns = [c for c in train_dataset.column_names if c != "prompt"]
+
+    # ---- plumbing: resume, the first evaluation, the loop's stop ----
+    checkpoint = gather_object([claim_output_dir(args) if accelerator.is_main_process else None])[0]
+    state = load_checkpoint(accelerator, args, model, checkpoint) if checkpoint else {"step": 0, "num_tokens": 0}
+    vllm = None
+    if args.use_vllm:  # a colocated engine, sent the policy's weights now and after every update
+        from vllm_colocate import VLLMGenerator
+
+        vllm = VLLMGenerator(accelerator, args, tokenizer, model, end_ids)
+    accelerator.init_trackers("huggingface", {k: str(v) for k, v in asdict(args).items()})
+    evaluation = lambda: evaluate(accelerator, model, tokenizer, eval_dataset, eval_texts, reward_funcs, weights, args)
+    first_eval = evaluation() if state["step"] == 0 else {}
+    log(accelerator, args, 0, first_eval)
+    stop = []  # Ctrl-C, or SIGTERM from a scheduler: the loop ends after its step, with a checkpoint
+    handlers = {s: signal.signal(s, lambda signum, _: stop.append(signum)) for s in (signal.SIGINT, signal.SIGTERM)}
+    steps = range(state["step"] + 1, args.max_steps + 1)
+    progress = tqdm(steps, initial=state["step"], total=args.max_steps, disable=not accelerator.is_main_process)
 
     def reference_logprobs(input_ids, attention_mask, T):
         policy = accelerator.unwrap_model(model)
-        with torch.no_grad(), accelerator.autocast(), policy.disable_adapter() if args.use_peft else nullcontext():
+        no_adapter = policy.disable_adapter() if args.use_peft else contextlib.nullcontext()
+        with torch.no_grad(), accelerator.autocast(), no_adapter:
             return completion_logprobs(ref_model or policy, input_ids, attention_mask, T, args.temperature)[0]
 
-    def rollout_and_score(rows) -> dict:
-        """Phases 1 and 2 for this process's prompts `rows`: the tensors and texts of the rollout, and the rewards."""
-        # ==== 1. rollout: G completions per prompt, each ended at its first end token ====
-        prompts = [p for p in rows["prompt"] for _ in range(G)]  # each prompt's G completions are contiguous
-        rollout = run.sample(prompts)  # chat prompts through the tokenizer's chat template
-        completion_mask, is_truncated = end_of_completion(rollout["completion_ids"], generation_config.eos_token_id)
-        completion_ids = rollout["completion_ids"].masked_fill(completion_mask == 0, tokenizer.pad_token_id)  # (B, T)
+    for step in progress:
+        step_start = time.perf_counter()
+        logging_step = step % args.logging_steps == 0 or step == args.max_steps
 
-        # ==== 2. score: r(x, y_i), the weighted sum of the reward functions ====
-        completion_texts = tokenizer.batch_decode(completion_ids, skip_special_tokens=True)
-        completion_id_lists = [ids[mask.bool()].tolist() for ids, mask in zip(completion_ids, completion_mask)]
-        row_columns = {c: [v for v in rows[c] for _ in range(G)] for c in columns}
+        # ==== 1. rollout: one completion per prompt, ended at its first end token (or the stop token) ====
+        # the step's prompts depend on the step alone (a fresh permutation each epoch): a resumed run sees the same
+        epoch, position = divmod(step - 1, len(train_dataset) // args.prompts_per_step)
+        order = torch.randperm(len(train_dataset), generator=torch.Generator().manual_seed(args.seed + epoch))
+        indices = order[position * args.prompts_per_step : (position + 1) * args.prompts_per_step][my_prompts].tolist()
+        rows = train_dataset.select(indices)
+        texts = [train_texts[i] for i in indices]
+        if vllm is not None:
+            rollout = vllm.generate(texts, device)
+        else:
+            with unwrapped_for_generation(accelerator, model) as policy:
+                rollout = common.generate(policy, tokenizer, texts, generation_config)
+        completion_mask, is_truncated = common.end_of_completion(rollout["completion_ids"], end_ids)  # (B, T), (B,)
+        completion_ids = rollout["completion_ids"].masked_fill(completion_mask == 0, tokenizer.pad_token_id)
+        input_ids = torch.cat([rollout["prompt_ids"], completion_ids], 1)
+        attention_mask = torch.cat([rollout["prompt_mask"], completion_mask], 1)
+        T = completion_ids.shape[1]
+
+        # ==== 2. score: r(x, y), the weighted sum of the reward functions, minus the missing-EOS penalty ====
+        completions, completion_id_lists = common.decode(tokenizer, completion_ids, completion_mask)
+        prompts, row_columns = list(rows["prompt"]), {c: list(rows[c]) for c in rows.column_names if c != "prompt"}
         rewards, rewards_per_func = compute_rewards(
-            reward_funcs, weights, prompts, completion_texts, completion_id_lists, row_columns
+            reward_funcs, weights, prompts, completions, completion_id_lists, row_columns
         )
-        return {
-            **rollout,
-            "prompts": prompts,
-            "completion_ids": completion_ids,
-            "completion_mask": completion_mask,
-            "is_truncated": is_truncated,
-            "completion_texts": completion_texts,
-            "rewards": rewards,
-            "rewards_per_func": rewards_per_func,
-        }
+        rewards, rewards_per_func = rewards.to(device), rewards_per_func.to(device)
+        stopped = ends_with(completion_ids, completion_mask, stop_ids)  # (B,): it ended with --stop_token
+        scores = rewards - (args.missing_eos_penalty or 0.0) * ~stopped
 
-    # ==== the training loop: the algorithm (1-6), the log (7); common.Run resumes, evaluates, saves and stops ====
-    with common.Run(
-        accelerator, args, "ppo", model, tokenizer, scheduler, checkpoint, generation_config, reward_funcs, weights,
-        eval_dataset, state={"kl_coef": args.kl_coef}, others={"value_model": value_model},
-        postfix=("objective/scores", "objective/kl"),
-    ) as run:  # fmt: skip
-        for step in run.steps():
-            logging_step = step % args.logging_steps == 0 or step == args.max_steps  # entropy then
-            kl_coef = run.state["kl_coef"]  # --adaptive_kl changes it after each step
+        # ==== 3. before any update, without gradients: log π_θ_old, V_old(s_t), and kl_t to π_ref ====
+        old_logprobs, old_values, kl = torch.zeros(3, local_batch_size, T, device=device)
+        with torch.no_grad():
+            for mb in torch.arange(local_batch_size, device=device).split(micro_batch_size):
+                ids, attention = input_ids[mb], attention_mask[mb]
+                with accelerator.autocast():
+                    old_logprobs[mb] = completion_logprobs(model, ids, attention, T, args.temperature)[0]
+                    old_values[mb] = completion_values(value_model, ids, attention, T)
+                if args.kl_coef > 0:
+                    ref_logprobs = reference_logprobs(ids, attention, T)
+                    kl[mb] = per_token_kl(old_logprobs[mb], ref_logprobs, args.kl_estimator) * completion_mask[mb]
+        # vLLM sampled, not π_θ: importance-sampling weights w = π_θ_old / π_vllm (capped or masked at C); else 1
+        off_policy = args.vllm_importance_sampling_correction and "sampler_logprobs" in rollout
+        is_weights = torch.ones(local_batch_size, 1, device=device)  # (B, 1), or (B, T) in the token_* modes
+        if off_policy:
+            is_weights = importance_sampling_weights(
+                old_logprobs, rollout["sampler_logprobs"], completion_mask,
+                mode=args.vllm_importance_sampling_mode, clip_max=args.vllm_importance_sampling_clip_max,
+            )  # fmt: skip
 
-            # ==== 1-2. rollout and score (rollout_and_score, above) ====
-            rows = common.rows_of_step(train_dataset, step, args.prompts_per_step, args.seed, my_prompts)
-            batch = rollout_and_score(rows)
-            completion_ids, completion_mask = batch["completion_ids"], batch["completion_mask"]  # (B, T)
-            input_ids = torch.cat([batch["prompt_ids"], completion_ids], 1)
-            attention_mask = torch.cat([batch["prompt_mask"], completion_mask], 1)
-            T = completion_ids.shape[1]
-            scores = batch["rewards"].to(device)  # r(x, y), on the last token below
-            stopped = ends_with(completion_ids, completion_mask, stop_ids)  # the others get --missing_eos_penalty
-            if args.missing_eos_penalty is not None:
-                scores -= args.missing_eos_penalty * (~stopped).float()
+        # ==== 4. KL-shaped per-token rewards → GAE advantages and returns → whitened over the whole batch ====
+        # An unscorable completion (no reward function applies: a NaN score) gets no loss and stays out of whitening.
+        loss_mask = completion_mask * ~scores.isnan()[:, None]  # (B, T)
+        kl_coef = state.setdefault("kl_coef", args.kl_coef)  # --adaptive_kl's, saved in each checkpoint's state
+        token_rewards = per_token_rewards(scores.nan_to_num(0.0), kl, completion_mask, kl_coef)
+        if args.whiten_rewards:
+            token_rewards = masked_whiten(token_rewards, loss_mask, shift_mean=False, all_sum=all_sum)
+        advantages, returns = gae_advantages(token_rewards, old_values, completion_mask, gamma=args.gamma, lam=args.lam)
+        if args.whiten_advantages:
+            advantages = masked_whiten(advantages, loss_mask, all_sum=all_sum)
 
-            # ==== 3. log-probs, values and the KL, no gradient: π_θ_old, V_old, and kl_t to the reference ====
-            old_logprobs, old_values, kl = torch.zeros(3, local_batch_size, T, device=device)
-            with torch.no_grad():
-                for mb in torch.arange(local_batch_size, device=device).split(micro_batch_size):
-                    with accelerator.autocast():
-                        old_logprobs[mb] = completion_logprobs(
-                            model, input_ids[mb], attention_mask[mb], T, args.temperature
-                        )[0]
-                        old_values[mb] = completion_values(value_model, input_ids[mb], attention_mask[mb], T)
-                    if args.kl_coef > 0:
-                        ref_logprobs = reference_logprobs(input_ids[mb], attention_mask[mb], T)
-                        kl[mb] = per_token_kl(old_logprobs[mb], ref_logprobs, args.kl_estimator) * completion_mask[mb]
-
-            # vLLM or the bf16 copy sampled, not π_θ: importance-sampling weights; else they stay 1
-            off_policy = args.vllm_importance_sampling_correction and "sampler_logprobs" in batch
-            is_weights = torch.ones(
-                local_batch_size, T if args.vllm_importance_sampling_mode.startswith("token") else 1, device=device
-            )
-            if off_policy:  # w = π_θ_old / π_sampler, capped or masked at C
-                is_weights = importance_sampling_weights(
-                    old_logprobs,
-                    batch["sampler_logprobs"],
-                    completion_mask,
-                    mode=args.vllm_importance_sampling_mode,
-                    clip_max=args.vllm_importance_sampling_clip_max,
-                )
-
-            # ==== 4-5. KL-shaped per-token rewards → GAE advantages and returns → whitened (over the whole batch) ====
-            # An unscorable completion (no reward function applies: NaN score) gets no loss and stays out of whitening.
-            loss_mask = completion_mask * ~scores.isnan()[:, None]
-            rewards = per_token_rewards(scores.nan_to_num(0.0), kl, completion_mask, kl_coef)
-            if args.whiten_rewards:
-                rewards = masked_whiten(rewards, loss_mask, shift_mean=False, all_sum=all_sum)
-            advantages, returns = gae_advantages(rewards, old_values, completion_mask, gamma=args.gamma, lam=args.lam)
-            if args.whiten_advantages:
-                advantages = masked_whiten(advantages, loss_mask, all_sum=all_sum)
-
-            # ==== 6. loss and update: num_ppo_epochs passes over fresh mini-batches, clipped policy and value loss ====
-            # The losses are token means over the mini-batch of every process together: DDP averages the P processes'
-            # gradients, so each divides its token sum by the global token count over P.
-            token_sums = torch.zeros(len(TOKEN_STATS), device=device)  # the logged token means' numerators
-            policy_losses, value_losses, grad_norms, value_grad_norms = [], [], [], []
-            for _epoch in range(args.num_ppo_epochs):
-                for mini in torch.randperm(local_batch_size, device=device).split(mini_batch_size):
-                    num_tokens = max(all_sum(loss_mask[mini].sum()).item(), 1) / P
-                    policy_loss_sum = value_loss_sum = 0.0
-                    # the policy's and the value model's gradients are all-reduced once, at the last micro-batch
-                    for mb in run.accumulate(mini.split(micro_batch_size)):
+        # ==== 5. loss and update: num_ppo_epochs passes over fresh mini-batches, micro-batches accumulated ====
+        # The losses are token means over the mini-batch of every process together: DDP averages the processes'
+        # gradients, so each divides its token sum by the mini-batch's token count over the number of processes.
+        token_sums = torch.zeros(len(TOKEN_STATS), device=device)  # the logged token means' numerators
+        policy_losses, value_losses, grad_norms, vf_grad_norms = [], [], [], []
+        for _ in range(args.num_ppo_epochs):
+            for mini in torch.randperm(local_batch_size, device=device).split(mini_batch_size):
+                num_tokens = all_sum(loss_mask[mini].sum()).clamp(min=1) / processes
+                micro_batches, pg_sum, vf_sum = mini.split(micro_batch_size), 0.0, 0.0
+                for k, mb in enumerate(micro_batches):
+                    # DDP all-reduces the accumulated gradients once per update, at the last micro-batch
+                    hold = accelerator.no_sync if k < len(micro_batches) - 1 else contextlib.nullcontext
+                    with hold(model), hold(value_model):
                         with accelerator.autocast():
                             logprobs, token_entropy = completion_logprobs(
                                 model, input_ids[mb], attention_mask[mb], T, args.temperature, entropy=logging_step
                             )
                             values = completion_values(value_model, input_ids[mb], attention_mask[mb], T)
-                        mask = loss_mask[mb]
                         pg_loss, ratio, pg_clipped = policy_loss(
-                            logprobs, old_logprobs[mb], advantages[mb], mask, args.cliprange, num_tokens, is_weights[mb]
-                        )
+                            logprobs, old_logprobs[mb], advantages[mb], loss_mask[mb], is_weights[mb],
+                            cliprange=args.cliprange, num_tokens=num_tokens,
+                        )  # fmt: skip
                         vf_loss, vf_clipped = value_loss(
-                            values, old_values[mb], returns[mb], mask, args.cliprange_value, num_tokens
-                        )
+                            values, old_values[mb], returns[mb], loss_mask[mb],
+                            cliprange_value=args.cliprange_value, num_tokens=num_tokens,
+                        )  # fmt: skip
                         accelerator.backward(pg_loss + args.vf_coef * vf_loss)
-                        policy_loss_sum += pg_loss.item()
-                        value_loss_sum += vf_loss.item()
-                        if logging_step:  # the TOKEN_STATS, summed over the real tokens
-                            approxkl = 0.5 * (logprobs - old_logprobs[mb]) ** 2
-                            stats = (approxkl, pg_clipped, token_entropy, vf_clipped, ratio, ratio**2)
-                            token_sums += torch.stack([(x.detach().float() * mask).sum() for x in stats])
-                    policy_losses.append(policy_loss_sum)
-                    value_losses.append(value_loss_sum)
-                    grad_norms.append(float(accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)))
-                    # that call unscaled the whole optimizer's gradients (fp16), the value model's too: clip them here
-                    value_grad_norms.append(float(torch.nn.utils.clip_grad_norm_(value_params, args.max_grad_norm)))
-                    # before the update: a NaN score marks an unscorable completion, anything else not finite stops
-                    scorable = ~batch["rewards_per_func"].isnan().all(1)
-                    run.check_finite(score=scores[scorable], policy_loss=policy_loss_sum, value_loss=value_loss_sum,
-                                     grad_norm=grad_norms[-1], value_grad_norm=value_grad_norms[-1])  # fmt: skip
-                    optimizer.step()
-                    scheduler.step()
-                    optimizer.zero_grad(set_to_none=True)
-            all_scores = everywhere(scores)
-            run.reward_signal(bool(all_scores[~all_scores.isnan()].std() > 1e-6))  # not all scored the same
-            run.count_tokens(attention_mask)
-            if args.adaptive_kl:  # towards the target sequence KL, mean_i Σ_t kl_{i,t} over the whole batch
-                sequence_kl = everywhere(kl.sum(1)).mean().item()
-                run.state["kl_coef"] = adaptive_kl_coef(
-                    kl_coef, sequence_kl, kl_target=args.kl_target, kl_horizon=args.kl_horizon, batch_size=batch_size
-                )
+                    pg_sum, vf_sum = pg_sum + pg_loss.item(), vf_sum + vf_loss.item()
+                    if logging_step:  # the TOKEN_STATS, summed over the real tokens
+                        approxkl = 0.5 * (logprobs - old_logprobs[mb]) ** 2
+                        stats = (approxkl, pg_clipped, token_entropy, vf_clipped, ratio, ratio**2)
+                        token_sums += torch.stack([(x.detach().float() * loss_mask[mb]).sum() for x in stats])
+                grad_norms.append(float(accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)))
+                vf_grad_norms.append(float(accelerator.clip_grad_norm_(value_model.parameters(), args.max_grad_norm)))
+                if not all(map(math.isfinite, (pg_sum, vf_sum, grad_norms[-1], vf_grad_norms[-1]))):  # not applied
+                    fail(f"step {step}: a loss or a gradient norm is not finite; the newest checkpoint is kept")
+                optimizer.step()
+                scheduler.step()
+                optimizer.zero_grad(set_to_none=True)
+                policy_losses.append(pg_sum)
+                value_losses.append(vf_sum)
 
-            # ==== 7. log: TRL's PPO statistics over the whole batch, from every process ====
-            if logging_step:
-                rollout = batch | dict(scores=scores, stopped=stopped, kl=kl, old_logprobs=old_logprobs)
-                losses = {"loss/policy_avg": policy_losses, "loss/value_avg": value_losses}
-                norms = {"grad_norm": grad_norms, "val/grad_norm": value_grad_norms}
-                token_means = token_sums / args.num_ppo_epochs
-                metrics = ppo_metrics(accelerator, rollout, kl_coef, token_means, losses | norms, reward_funcs)
-                if off_policy:
-                    metrics |= common.sampling_metrics(
-                        accelerator, old_logprobs, batch["sampler_logprobs"], is_weights, completion_mask
-                    )
-                run.log(step, metrics, (batch["prompts"], batch["completion_texts"], scores))
+        # ==== 6. the adaptive KL controller: kl_coef towards the target, from the batch's KL per completion ====
+        sequence_kl = accelerator.gather(kl.sum(1))  # (B,), every process's
+        if args.adaptive_kl:
+            state["kl_coef"] = adaptive_kl_coef(
+                kl_coef, sequence_kl.mean().item(), kl_target=args.kl_target, kl_horizon=args.kl_horizon,
+                batch_size=args.prompts_per_step,
+            )  # fmt: skip
+
+        # ==== 7. log: TRL's PPO statistics over the whole batch, from every process ====
+        state["num_tokens"] += accelerator.reduce(attention_mask.sum(), "sum").item()
+        if logging_step:
+            lengths, entropy = completion_mask.sum(1).float(), (-old_logprobs * completion_mask).sum(1)
+            is_mean = (is_weights * completion_mask).sum(1) / lengths  # per completion, over its tokens in token_*
+            gathered = [accelerator.gather(torch.as_tensor(x, device=device)) for x in (
+                rewards, rewards_per_func, scores, stopped, lengths, is_truncated, entropy, is_mean,
+            )]  # fmt: skip
+            all_rewards, per_func, all_scores, all_stopped, lengths, truncated, entropy, all_is_weights = gathered
+            count = all_sum(loss_mask.sum()).clamp(min=1) * args.num_ppo_epochs
+            token_means = dict(zip(TOKEN_STATS, (all_sum(token_sums) / count).tolist()))
+            token_means["val/ratio_var"] -= token_means["val/ratio"] ** 2  # E[ρ²] − E[ρ]²
+            mean_over_processes = lambda values: accelerator.reduce(torch.tensor(values, device=device).mean(), "mean")
+            metrics = {
+                "objective/kl": sequence_kl.mean().item(),
+                "objective/entropy": entropy.mean().item(),
+                "objective/non_score_reward": (-kl_coef * sequence_kl).mean().item(),
+                "objective/rlhf_reward": (all_scores - kl_coef * sequence_kl).nanmean().item(),
+                "objective/scores": all_scores.nanmean().item(),
+                "objective/kl_coef": kl_coef,
+                **token_means,
+                "loss/policy_avg": mean_over_processes(policy_losses).item(),
+                "loss/value_avg": mean_over_processes(value_losses).item(),
+                "val/num_eos_tokens": all_stopped.sum().item(),
+                "reward": all_rewards.nanmean().item(),
+                **{f"rewards/{name}/mean": per_func[:, j].nanmean().item() for j, name in enumerate(reward_funcs)},
+                "completions/mean_length": lengths.mean().item(),
+                "completions/clipped_ratio": truncated.float().mean().item(),
+                "grad_norm": sum(grad_norms) / len(grad_norms),
+                "val/grad_norm": sum(vf_grad_norms) / len(vf_grad_norms),
+                **({"sampling/importance_sampling_ratio/mean": all_is_weights.mean().item()} if off_policy else {}),
+            }
+
+        # ---- plumbing: log, evaluate, save, stop ----
+        state["step"] = step
+        if logging_step:
+            metrics |= {"learning_rate": scheduler.get_last_lr()[0], "num_tokens": state["num_tokens"]}
+            log(accelerator, args, step, metrics | {"step_time": time.perf_counter() - step_start})
+            progress.set_postfix(reward=f"{metrics['reward']:.3f}")
+            shown = args.num_completions_to_print if args.log_completions and accelerator.is_main_process else 0
+            for text, completion, reward in list(zip(texts, completions, rewards.tolist()))[:shown]:
+                tqdm.write(f"[step {step}] {text!r} → {completion!r}  reward {reward:.3f}")
+        if vllm is not None:  # the next step samples from the updated policy
+            vllm.sync_weights(accelerator, model)
+        if args.eval_steps and step % args.eval_steps == 0 and step < args.max_steps:
+            log(accelerator, args, step, evaluation())
+        stopping = accelerator.reduce(torch.tensor(float(bool(stop)), device=device), "sum").item() > 0
+        if (args.save_steps and step % args.save_steps == 0) or stopping:
+            folder = save_checkpoint(accelerator, args, model, tokenizer, state)
+        if stopping:
+            accelerator.print(f"interrupted at step {step}: saved {folder}; continue: --resume_from_checkpoint latest")
+            accelerator.end_training()
+            sys.exit(128 + (stop[0] if stop else signal.SIGTERM))
+
+    # ---- ppo: the value model beside the final model, in output_dir/value_model ----
+    save_model(accelerator, args, value_model, tokenizer, Path(args.output_dir) / "value_model", state)
+
+    # ---- plumbing: the final model and evaluation ----
+    for signum, handler in handlers.items():  # from here on, a signal stops at once
+        signal.signal(signum, handler)
+    progress.close()
+    save_model(accelerator, args, model, tokenizer, Path(args.output_dir), state)
+    last_eval = evaluation()
+    log(accelerator, args, args.max_steps, last_eval)
+    if first_eval and last_eval:
+        key = "eval/accuracy" if "eval/accuracy" in last_eval else "eval/reward"
+        before, after = (f"{first_eval[k]:.3f} → {last_eval[k]:.3f}" for k in (key, key + "_greedy"))
+        accelerator.print(f"held-out {key}: {before} sampled, {after} greedy")
+    accelerator.end_training()
+    accelerator.print(f"saved the model to {args.output_dir}")
 
 
 if __name__ == "__main__":
-    common.cli(main, Args)
+    try:
+        main(parse_args(Args))
+    except (BadInput, RewardError) as error:
+        fail(str(error))

@@ -165,7 +165,10 @@ def reward_model_function(path: str, device, prepare=None, batch_size: int = 32)
     `prepare(model)` readies it for scoring (default: eval mode on `device`)."""
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-    model = AutoModelForSequenceClassification.from_pretrained(path)
+    try:
+        model = AutoModelForSequenceClassification.from_pretrained(path)
+    except (OSError, ValueError) as error:
+        raise RewardError(f"--reward_model_path: cannot load {path!r}: {str(error).splitlines()[0]}") from None
     if model.config.num_labels != 1:
         raise RewardError(f"--reward_model_path: {path} has {model.config.num_labels} labels; a reward model has one")
     tokenizer = AutoTokenizer.from_pretrained(path)
