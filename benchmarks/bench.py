@@ -3,56 +3,67 @@ TRL's RLOOTrainer on the identical model and batch.
 
 What is measured, and how:
 
-- Each (config, algorithm, repeat) is one training run in its own child process: the script itself, unchanged, with
-  --logging_steps 1, no checkpoints, and no evaluation (the prompts, the arithmetic task's `train` split, come from a
-  one-split data file, so there is no held-out split to evaluate on). Runs go repeat by repeat, so a background load
+- Each (config, algorithm, repeat) is one training run in its own child process: the script's own `main`, unchanged,
+  with --logging_steps 1, no checkpoints, and no evaluation (the prompts, data/arithmetic/train.jsonl, are copied into
+  a one-split data file, so there is no held-out split to evaluate on). Runs go repeat by repeat, so a background load
   hits every algorithm alike; the table shows the median over repeats.
 - Step time: the script's own `step_time` in metrics.jsonl, the wall clock of a whole step (sample prompts, generate,
   score, forward and backward passes, optimizer step, metrics). The first --warmup_steps are dropped; the median of
   the rest is the run's step time. Also the child's median CPU time per step (from one step's metrics record to the
-  next), which other jobs on a shared machine inflate far less than the wall clock. completions/s = completions per
-  step / median step time; generated tokens/s = the median over steps of (real completion tokens of the step, up to
-  and including EOS) / step time.
-- Peak memory: on CPU, the child's peak resident set size (ru_maxrss from os.wait4), and the same above the child's
-  peak RSS right after its imports (torch alone is several hundred MB, which dilutes any ratio); on CUDA,
+  next: the child wraps the script's `log`), which other jobs on a shared machine inflate far less than the wall
+  clock. completions/s = completions per step / median step time; generated tokens/s = the median over steps of (real
+  completion tokens of the step, up to and including EOS) / step time.
+- Peak memory: on CPU, the child's peak resident set size (Linux's VmHWM, as the child reports it: os.wait4's
+  ru_maxrss would count the parent's resident size at the fork too), and the same above the child's peak RSS right
+  after its imports (torch alone is several hundred MB, which dilutes any ratio); on CUDA,
   torch.cuda.max_memory_allocated, reported by the child. Peak RSS depends on glibc's allocator, which keeps freed
   large blocks: with MALLOC_MMAP_THRESHOLD_=65536 in the environment (the children inherit it) it follows live memory
   more closely, at the cost of slower steps.
 - The same batch for all: 32 completions per step, 8 prompts × 4 completions (rloo, grpo, trl_rloo) or 32 prompts × 1
   (reinforce, ppo); β = 0.05 everywhere (ppo: --kl_coef 0.05), so every script loads a reference model. Every other
-  flag is the script's default (ppo: 4 PPO epochs on each batch, a value model from the policy's backbone).
+  flag is the script's default (ppo: its PPO epochs on each batch, a value model from the policy's backbone).
 - Configs: `embedded`, models/tiny-arith (0.83M parameters; completions of at most 24 tokens, the scripts' default;
   the model stops early at EOS); `random30m`, a randomly initialized 31.7M-parameter Qwen2 (hidden 512, 10 layers) with
   the embedded tokenizer and at most 64-token completions: compute-bound, and with random weights EOS is rare, so
-  nearly every completion is 64 tokens (the mean length is reported).
+  nearly every completion is 64 tokens (the mean length is reported); `llama135m`, a random Llama of SmolLM2-135M's
+  shape with a 49,152-token vocabulary, 64-token completions.
 - `trl_rloo`: TRL's RLOOTrainer in a child run by --trl_python (a separate environment with trl installed; trl is never
   a dependency of this project), configured like rloo.py: same model folder and tokenizer, the same train prompts,
   rewards.accuracy_reward, num_generations 4, per_device_train_batch_size 32 (TRL counts completions), β 0.05, the
-  same completion length, temperature 1, num_iterations 1, learning rate, scheduler and AdamW, and TRL's CPU-unfriendly
-  defaults turned off (bf16 and gradient_checkpointing default to True in TRL 1.16). Its step time is the wall clock
-  (and CPU time) from on_step_begin to on_step_end of a TrainerCallback.
+  same completion length, temperature 1, num_iterations 1, rloo.py's learning rate, schedule and warm-up, AdamW, and
+  TRL's CPU-unfriendly defaults turned off (bf16 and gradient_checkpointing default to True in TRL 1.16). Its step time
+  is the wall clock (and CPU time) from on_step_begin to on_step_end of a TrainerCallback.
 - Threads: each child runs with OMP_NUM_THREADS=--num_threads (default 1). On a machine shared with other jobs,
   PyTorch's default of one thread per core collapses when another process takes a core; 0 leaves it unset.
+- --logprob_gap, instead of training runs: how far, under --bf16, the log-probs the sampler draws with (generate under
+  bf16 autocast) are from those training computes (a forward pass under bf16 autocast) and from float32.
 
-    python bench.py                                  # all four, both configs (~15 min on a 2-core CPU)
-    python bench.py --algorithms rloo,trl_rloo --repeats 3 --trl_python /path/to/trl-venv/bin/python
+Run from the repository root:
+
+    python benchmarks/bench.py                       # all four, both configs (~15 min on a 2-core CPU)
+    python benchmarks/bench.py --algorithms rloo,trl_rloo --repeats 3 --trl_python /path/to/trl-venv/bin/python
 """
 
 import json
 import os
 import platform
+import re
 import resource
+import shutil
 import statistics
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-import common
-from common import arg, require
+from transformers import HfArgumentParser
 
-ROOT = Path(__file__).resolve().parent
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path.insert(0, str(ROOT))  # the scripts, common.py and rewards.py
+EMBEDDED = str(ROOT / "models" / "tiny-arith")
+PROMPTS = ROOT / "data" / "arithmetic" / "train.jsonl"
 ALGORITHMS = ("rloo", "grpo", "reinforce", "ppo", "trl_rloo")  # trl_rloo: TRL's RLOOTrainer
 GROUPED = {"rloo", "grpo", "trl_rloo"}  # prompts × num_generations; the others sample one completion per prompt
 CONFIGS = {"embedded": 24, "random30m": 64, "llama135m": 64}  # config → max_completion_length
@@ -75,6 +86,10 @@ LLAMA_135M = dict(
 )
 
 
+def arg(default, help: str):
+    return field(default=default, metadata={"help": help})
+
+
 @dataclass
 class Args:
     algorithms: str = arg(
@@ -90,40 +105,71 @@ class Args:
         "fp32", "comma-separated: fp32, bf16 (the scripts' --bf16; TRL's bf16=True); every algorithm runs in each"
     )
     steps: int = arg(8, "training steps per run, warm-up included")
-    warmup_steps: int = arg(
-        2, "first steps of each run left out of the median (allocator, caches, first-call overheads)"
-    )
+    warmup_steps: int = arg(2, "first steps of each run left out of the median (caches, first-call overheads)")
     repeats: int = arg(1, "runs per config and algorithm, interleaved; the table shows the median over runs")
     completions_per_step: int = arg(32, "completions per step, for every algorithm")
     num_generations: int = arg(4, "completions per prompt for rloo, grpo and trl_rloo (reinforce and ppo: 1)")
     beta: float = arg(0.05, "KL coefficient for every algorithm (ppo: --kl_coef)")
-    max_completion_length: int = arg(
-        0, "max generated tokens per completion (0: the config's, 24 embedded, 64 random30m)"
-    )
+    max_completion_length: int = arg(0, "max generated tokens per completion (0: the config's, 24 embedded, else 64)")
     script_flags: str = arg(
         "", "extra flags for every algorithm script, with '=': --script_flags='--use_peft --bf16' (not for trl_rloo)"
     )
     num_threads: int = arg(1, "OMP_NUM_THREADS in each child (0: leave unset, PyTorch's default of one per core)")
     trl_python: str = arg(sys.executable, "python of an environment with trl installed, for trl_rloo")
     logprob_gap: bool = arg(
-        False,
-        "instead of training runs: how far the bf16 sampler's log-probs are from the float32 policy's, on each config",
+        False, "instead of training runs: how far the bf16 sampler's log-probs are from training's, on each config"
     )
-    work_dir: str = arg("outputs/bench", "where the runs, the random model and the prompt file go")
+    work_dir: str = arg("outputs/bench", "where the runs, the random models and the prompt file go")
     output_json: str = arg("outputs/bench/bench.json", "the figures for machines: settings, every run and the summary")
+
+
+class BadInput(Exception):
+    """A bad flag: one line, exit status 2, nothing written."""
+
+
+def require(condition: bool, message: str):
+    if not condition:
+        raise BadInput(message)
+
+
+def fail(message: str):
+    print(f"error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+def flag_message(message: str) -> str:
+    """argparse's "argument --max_steps/--max-steps: invalid int value: 'x'" as "--max_steps: invalid int ..."."""
+    return re.sub(r"^argument (--[^/:]+)(/[^:]*)?: ", r"\1: ", message)
+
+
+def parse_args(argv: list[str] | None = None) -> Args:
+    parser = HfArgumentParser(Args, allow_abbrev=False)
+    parser.error = lambda message: fail(flag_message(message))
+    return Args(**vars(parser.parse_args(argv)))
+
+
+def split_list(text: str) -> list[str]:
+    return [item.strip() for item in text.split(",") if item.strip()]
+
+
+def read_metrics(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def read_prompts(count: int) -> list:
+    return [json.loads(line)["prompt"] for line in PROMPTS.read_text().splitlines()[:count]]
 
 
 # ----------------------------------------------------------------------------------------------------------------------
 # Children: one training run each. `child` runs in the child process, after the parent set its threads and environment.
 # ----------------------------------------------------------------------------------------------------------------------
 def peak_rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
-
-
-def rss_mb() -> float:
-    """The resident set size now (not the peak): what a leak or a growing heap shows in, step after step."""
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+    """This process's own peak resident set size: Linux's VmHWM (its getrusage counts the parent's too, from the fork),
+    else ru_maxrss."""
+    status = Path("/proc/self/status")
+    lines = status.read_text().splitlines() if status.exists() else []
+    kib = [int(line.split()[1]) for line in lines if line.startswith("VmHWM:")]
+    return (kib[0] if kib else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) / 1024  # Linux reports KiB
 
 
 def child(spec_json: str):
@@ -132,44 +178,45 @@ def child(spec_json: str):
     run_dir = Path(spec["output_dir"])
     report = {}
     try:
-        if spec["algorithm"] == "trl_rloo":
-            trl_run(spec, report)
-        else:
-            import importlib
-
-            module = importlib.import_module(spec["algorithm"])
-            report["baseline_rss_mb"] = peak_rss_mb()
-            cpu_times = report["cpu_times"] = []  # the process's CPU time at the end of each step
-            rss = report["rss_mb"] = []  # and its resident size
-            log = common.MetricsLogger.log
-
-            def timed_log(self, step, metrics):
-                if "step_time" in metrics:
-                    cpu_times.append(time.process_time())
-                    rss.append(rss_mb())
-                return log(self, step, metrics)
-
-            common.MetricsLogger.log = timed_log
-            release = common.release_freed_memory
-            kept = report["rss_between_steps_mb"] = []
-
-            def measured_release():  # the resident size that stays between steps, once freed pages are returned
-                release()
-                kept.append(rss_mb())
-
-            common.release_freed_memory = measured_release
-            common.cli(module.main, module.Args, spec["argv"])
+        (trl_run if spec["algorithm"] == "trl_rloo" else script_run)(spec, report)
     finally:
         import torch
 
+        report["peak_rss_mb"] = peak_rss_mb()
         if torch.cuda.is_available():
             report["cuda_max_allocated_mb"] = torch.cuda.max_memory_allocated() / 2**20
         (run_dir / "bench_child.json").write_text(json.dumps(report))
 
 
+def script_run(spec: dict, report: dict):
+    """The script as `python <algorithm>.py argv` runs it, with the process's CPU time noted at each step's record (the
+    script's own `log`, wrapped)."""
+    import importlib
+
+    from rewards import RewardError
+
+    module = importlib.import_module(spec["algorithm"])
+    report["baseline_rss_mb"] = peak_rss_mb()
+    cpu_times = report["cpu_times"] = []
+    log = module.log
+
+    def timed_log(accelerator, args, step, metrics):
+        if "step_time" in metrics:
+            cpu_times.append(time.process_time())
+        return log(accelerator, args, step, metrics)
+
+    module.log = timed_log
+    sys.argv = [f"{spec['algorithm']}.py", *spec["argv"]]
+    try:
+        module.main(module.parse_args(module.Args))
+    except (module.BadInput, RewardError) as error:
+        module.fail(str(error))
+
+
 def trl_run(spec: dict, report: dict):
     import torch
     import trl
+    from datasets import load_dataset
     from transformers import TrainerCallback
     from trl import RLOOConfig, RLOOTrainer
 
@@ -177,7 +224,7 @@ def trl_run(spec: dict, report: dict):
 
     report["baseline_rss_mb"] = peak_rss_mb()
     report["trl_version"] = trl.__version__
-    step_times, report["step_cpu_times"], report["rss_mb"] = [], [], []
+    step_times, report["step_cpu_times"] = [], []
 
     class StepTimer(TrainerCallback):
         def on_step_begin(self, args, state, control, **kwargs):
@@ -186,9 +233,8 @@ def trl_run(spec: dict, report: dict):
         def on_step_end(self, args, state, control, **kwargs):
             step_times.append(time.perf_counter() - self.start)
             report["step_cpu_times"].append(time.process_time() - self.cpu_start)
-            report["rss_mb"].append(rss_mb())
 
-    # rloo.py's learning rate, scheduler and optimizer; bf16 as asked (TRL's default is on), no gradient checkpointing
+    # rloo.py's learning rate, schedule and optimizer; bf16 as asked (TRL's default is on), no gradient checkpointing
     config = RLOOConfig(
         output_dir=spec["output_dir"],
         max_steps=spec["steps"],
@@ -199,9 +245,9 @@ def trl_run(spec: dict, report: dict):
         max_completion_length=spec["max_completion_length"],
         temperature=1.0,
         num_iterations=1,
-        learning_rate=2e-4,
-        lr_scheduler_type="constant_with_warmup",
-        warmup_steps=0.03,
+        learning_rate=spec["learning_rate"],
+        lr_scheduler_type=spec["lr_scheduler_type"],
+        warmup_steps=spec["warmup_ratio"],  # below 1: a fraction of the steps
         optim="adamw_torch",
         max_grad_norm=1.0,
         seed=0,
@@ -218,7 +264,7 @@ def trl_run(spec: dict, report: dict):
         model=spec["model"],
         reward_funcs=accuracy_reward,
         args=config,
-        train_dataset=common.arithmetic_dataset("train"),
+        train_dataset=load_dataset("json", data_files=str(PROMPTS), split="train"),
         callbacks=[StepTimer()],
     )
     trainer.train()
@@ -235,10 +281,9 @@ def build_random_model(path: Path) -> int:
     """A randomly initialized Qwen2 of RANDOM_MODEL's shape with the embedded tokenizer, saved to `path`; returns its
     parameter count."""
     import torch
-    from transformers import AutoModelForCausalLM, Qwen2Config
+    from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen2Config
 
-    tokenizer = common.load_tokenizer(common.EMBEDDED_MODEL)
-    embedded = Qwen2Config.from_pretrained(common.EMBEDDED_MODEL)
+    embedded = Qwen2Config.from_pretrained(EMBEDDED)
     config = Qwen2Config(
         **RANDOM_MODEL,
         vocab_size=embedded.vocab_size,
@@ -251,7 +296,7 @@ def build_random_model(path: Path) -> int:
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config)
     model.save_pretrained(path)
-    tokenizer.save_pretrained(path)
+    AutoTokenizer.from_pretrained(EMBEDDED).save_pretrained(path)
     return sum(p.numel() for p in model.parameters())
 
 
@@ -267,7 +312,9 @@ def build_llama135m(path: Path) -> int:
     from tokenizers import Tokenizer
     from transformers import AutoModelForCausalLM, LlamaConfig, PreTrainedTokenizerFast
 
-    tokenizer = common.load_tokenizer(common.EMBEDDED_MODEL)
+    import common
+
+    tokenizer = common.load_tokenizer(EMBEDDED)
     spec = json.loads(tokenizer.backend_tokenizer.to_str())
     vocab, merges = spec["model"]["vocab"], spec["model"]["merges"]
     byte_chars = [c for c in vocab if len(c) == 1][:256]  # the byte-level alphabet (one character per byte)
@@ -278,9 +325,7 @@ def build_llama135m(path: Path) -> int:
             if a + b not in vocab:
                 vocab[a + b] = len(vocab)
                 merges.append([a, b])
-    require(
-        len(vocab) == LLAMA_135M["vocab_size"], f"tokenizer: {len(vocab)} entries, expected {LLAMA_135M['vocab_size']}"
-    )
+    assert len(vocab) == LLAMA_135M["vocab_size"], f"tokenizer: {len(vocab)} entries"
     big = PreTrainedTokenizerFast(
         tokenizer_object=Tokenizer.from_str(json.dumps(spec)),
         eos_token=tokenizer.eos_token,
@@ -300,41 +345,39 @@ def build_llama135m(path: Path) -> int:
 
 
 def logprob_gap(model_path: str, args: Args, length: int) -> dict:
-    """How far the log-probs that --bf16 samples with (the bf16 copy of the policy) are from those training computes
-    (the float32 policy under bf16 autocast: π_θ_old and the KL's log π) and from pure float32, on one step's batch of
-    completions drawn by the bf16 sampler. Per token: the mean and largest |Δ log π|; per completion: the spread of
-    Σ_t Δ log π, the log of the sequence-level importance ratio that a sampler/learner mismatch would put in the
-    loss."""
+    """How far, under --bf16, the log-probs the sampler draws with (`generate` of the float32 policy under bf16
+    autocast, as the scripts sample) are from those training computes (a forward pass of the same policy under bf16
+    autocast: π_θ_old and the KL's log π) and from pure float32, on one step's batch of completions. Per token: the mean
+    and largest |Δ log π|; per completion: the spread of Σ_t Δ log π, the log of the sequence-level importance ratio
+    that a sampler/learner mismatch would put in the loss."""
     from types import SimpleNamespace
 
     import torch
+    from transformers import AutoModelForCausalLM
 
+    import common
     import rloo
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     tokenizer = common.load_tokenizer(model_path)
-    policy = common.load_causal_lm(model_path, dtype=torch.float32).to(device).eval()
-    sampler = common.load_causal_lm(model_path, dtype=torch.bfloat16).to(device).eval()
-    common.sync_sampler(sampler, policy)
+    policy = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).to(device).eval()
     G = args.num_generations
-    prompts = common.arithmetic_dataset("train")["prompt"][: args.completions_per_step // G]
-    texts = [common.prompt_text(tokenizer, p) for p in prompts for _ in range(G)]
+    texts = [common.prompt_text(tokenizer, p) for p in read_prompts(args.completions_per_step // G) for _ in range(G)]
     sampling = SimpleNamespace(temperature=1.0, top_p=1.0, top_k=0, max_completion_length=length)
+    generation_config = common.sampling_config(policy, tokenizer, sampling)
     torch.manual_seed(0)
-    generation_config = common.sampling_config(sampler, tokenizer, sampling)
-    out = common.generate(sampler, tokenizer, texts, generation_config)
-    mask, _ = rloo.end_of_completion(out["completion_ids"], generation_config.eos_token_id)
+    with torch.autocast(device, dtype=torch.bfloat16):
+        out = common.generate(policy, tokenizer, texts, generation_config, sampler_logprobs=True)
+    mask, _ = common.end_of_completion(out["completion_ids"], generation_config.eos_token_id)
     completion_ids = out["completion_ids"].masked_fill(mask == 0, tokenizer.pad_token_id)
-    input_ids, attention_mask = (
-        torch.cat([out["prompt_ids"], completion_ids], 1),
-        torch.cat([out["prompt_mask"], mask], 1),
-    )
+    input_ids = torch.cat([out["prompt_ids"], completion_ids], 1)
+    attention_mask = torch.cat([out["prompt_mask"], mask], 1)
     T = completion_ids.shape[1]
     with torch.no_grad():
-        sampled = rloo.completion_logprobs(sampler, input_ids, attention_mask, T, 1.0)[0]
         with torch.autocast(device, dtype=torch.bfloat16):
             autocast = rloo.completion_logprobs(policy, input_ids, attention_mask, T, 1.0)[0]
         fp32 = rloo.completion_logprobs(policy, input_ids, attention_mask, T, 1.0)[0]
+    sampled = out["sampler_logprobs"]
 
     def gap(a, b) -> dict:
         delta = (a - b) * mask
@@ -391,24 +434,22 @@ def script_argv(
 def run_child(args: Args, spec: dict, run_dir: Path) -> dict:
     """One training run in a child process; returns its figures."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    env["PYTHONPATH"] = os.pathsep.join([str(HERE), str(ROOT)])
     if args.num_threads:
         env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(args.num_threads)
     python = args.trl_python if spec["algorithm"] == "trl_rloo" else sys.executable
     code = "import sys, bench; bench.child(sys.argv[1])"
     start = time.perf_counter()
     with open(run_dir / "log.txt", "w") as log:
-        process = subprocess.Popen(
-            [python, "-c", code, json.dumps(spec)], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT
-        )
-        _, status, usage = os.wait4(process.pid, 0)
-        process.returncode = os.waitstatus_to_exitcode(status)
+        command = [python, "-c", code, json.dumps(spec)]
+        process = subprocess.run(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
     if process.returncode != 0:
         tail = (run_dir / "log.txt").read_text().strip().splitlines()[-1:] or ["(no output)"]
         raise RuntimeError(
             f"{spec['algorithm']} exited with status {process.returncode}: {tail[0]} (log: {run_dir / 'log.txt'})"
         )
-    records = [r for r in common.read_metrics(str(run_dir)) if "step_time" in r]
+    records = [r for r in read_metrics(run_dir) if "step_time" in r]
     measured = records[args.warmup_steps :]
     step_times = [r["step_time"] for r in measured]
     tokens = [r["completions/mean_length"] * args.completions_per_step for r in measured]  # real tokens, up to EOS
@@ -417,9 +458,8 @@ def run_child(args: Args, spec: dict, run_dir: Path) -> dict:
     if "cpu_times" in child_report:  # one step's CPU time: from the previous step's record to its own
         marks = child_report["cpu_times"]
         child_report["step_cpu_times"] = [None] + [b - a for a, b in zip(marks, marks[1:])]
-    step_cpu_times = child_report["step_cpu_times"][max(args.warmup_steps, 1) :]
-    peak_rss = usage.ru_maxrss / 1024
-    rss = child_report["rss_mb"]
+    step_cpu_times = [t for t in child_report["step_cpu_times"][args.warmup_steps :] if t is not None]
+    peak_rss = child_report["peak_rss_mb"]
     return {
         "median_step_time_s": median_step_time,
         "median_step_cpu_time_s": statistics.median(step_cpu_times) if step_cpu_times else None,
@@ -430,10 +470,6 @@ def run_child(args: Args, spec: dict, run_dir: Path) -> dict:
         "baseline_rss_mb": child_report["baseline_rss_mb"],
         "rss_above_baseline_mb": peak_rss - child_report["baseline_rss_mb"],
         "cuda_max_allocated_mb": child_report.get("cuda_max_allocated_mb"),
-        "rss_first_measured_mb": rss[args.warmup_steps] if len(rss) > args.warmup_steps else None,
-        "rss_last_mb": rss[-1] if rss else None,  # with the first measured step's: growth over the run
-        "rss_by_step_mb": rss,  # when each step logs its metrics, before freed heap pages are returned
-        "rss_between_steps_mb": child_report.get("rss_between_steps_mb"),  # once they are (not TRL's)
         "step_times_s": [r["step_time"] for r in records],
         "wall_s": time.perf_counter() - start,
         **({"trl_version": child_report["trl_version"]} if "trl_version" in child_report else {}),
@@ -450,8 +486,6 @@ FIGURES = [
     "baseline_rss_mb",
     "rss_above_baseline_mb",
     "cuda_max_allocated_mb",
-    "rss_first_measured_mb",
-    "rss_last_mb",
 ]
 
 
@@ -512,8 +546,7 @@ def print_table(summary: list[dict], cuda: bool):
 
 
 def main(args: Args):
-    algorithms, configs = common.split_list(args.algorithms), common.split_list(args.configs)
-    precisions = common.split_list(args.precisions)
+    algorithms, configs, precisions = split_list(args.algorithms), split_list(args.configs), split_list(args.precisions)
     for name in precisions:
         require(name in PRECISIONS, f"--precisions: unknown precision {name!r} (choose from {', '.join(PRECISIONS)})")
     for name in algorithms:
@@ -547,12 +580,13 @@ def main(args: Args):
         )
 
     import torch
+    from transformers import AutoModelForCausalLM
 
     work_dir = Path(args.work_dir)
     work_dir.mkdir(parents=True, exist_ok=True)
     data_file = work_dir / "arithmetic_train.jsonl"  # the train split alone: no test split, so no evaluation
-    common.arithmetic_dataset("train").to_json(str(data_file))
-    models = {"embedded": (common.EMBEDDED_MODEL, common.load_causal_lm(common.EMBEDDED_MODEL).num_parameters())}
+    shutil.copyfile(PROMPTS, data_file)
+    models = {"embedded": (EMBEDDED, AutoModelForCausalLM.from_pretrained(EMBEDDED).num_parameters())}
     if "random30m" in configs:
         models["random30m"] = (str(work_dir / "random30m"), build_random_model(work_dir / "random30m"))
     if "llama135m" in configs:
@@ -582,6 +616,13 @@ def main(args: Args):
         print(f"wrote {args.output_json}")
         return
 
+    schedule = {}
+    if "trl_rloo" in algorithms:  # TRL trains with rloo.py's learning rate, schedule and warm-up
+        import rloo
+
+        defaults = rloo.Args()
+        schedule = dict(learning_rate=defaults.learning_rate, warmup_ratio=defaults.warmup_ratio)
+        schedule["lr_scheduler_type"] = getattr(defaults.lr_scheduler_type, "value", defaults.lr_scheduler_type)
     runs = []
     for repeat in range(args.repeats):
         for config in configs:
@@ -601,6 +642,7 @@ def main(args: Args):
                     "max_completion_length": length,
                     "bf16": precision == "bf16",
                     "argv": script_argv(args, algorithm, model, data_file, length, run_dir, precision),
+                    **schedule,
                 }
                 result = run_child(args, spec, run_dir)
                 runs.append(
@@ -617,9 +659,7 @@ def main(args: Args):
                 print(
                     f"[{repeat + 1}/{args.repeats}] {config:>9} {algorithm:>9} {precision}: "
                     f"{result['median_step_time_s']:.3f} s/step, "
-                    f"peak RSS {result['peak_rss_mb']:.0f} MB, RSS {result['rss_first_measured_mb'] or 0:.0f} → "
-                    f"{result['rss_last_mb'] or 0:.0f} MB "
-                    f"({result['wall_s']:.0f} s)",
+                    f"peak RSS {result['peak_rss_mb']:.0f} MB ({result['wall_s']:.0f} s)",
                     flush=True,
                 )
 
@@ -639,5 +679,13 @@ def main(args: Args):
     print(f"wrote {args.output_json}")
 
 
+def cli(argv: list[str] | None = None):
+    """`python benchmarks/bench.py argv`: a bad flag is one line `error: ...` on stderr, exit status 2."""
+    try:
+        main(parse_args(argv))
+    except BadInput as error:
+        fail(str(error))
+
+
 if __name__ == "__main__":
-    common.cli(main, Args)
+    cli()

@@ -1,37 +1,31 @@
-"""How minimal the algorithm scripts are: the figures of docs/benchmarks.md's "Code size" table.
+"""How minimal the scripts are: the figures of docs/benchmarks.md's "Code size" table.
 
-    python tools/code_size.py
+    python benchmarks/code_size.py
 
-For each of rloo.py, grpo.py, reinforce.py and ppo.py:
+For each of rloo.py, grpo.py, reinforce.py, ppo.py, sft.py and reward_model.py:
 - lines: the file's lines, docstrings and worked examples included;
-- loop: the line where the training loop starts (`with common.Run(`), and its statement lines to the end of main;
-- algorithm: the share of the loop's statement lines that are the algorithm (rollout, score, log-probs, KL, advantage,
-  loss, update). The rest: the log phase (`# ==== 7. log`), calls on `run` (but `run.sample` and the algorithm's
-  `run.state`), `check_finite`, the `logging_step` flag, and the bookkeeping that only feeds the log (appends to the
-  clip, loss and norm lists, sums of `.item()` losses);
+- loop: the line where the training loop starts (`for step in ...` in main), and its statement lines;
+- algorithm: the share of the loop's statement lines that are the algorithm: those under a numbered phase header
+  (`# ==== 3. ... ====`), but the log phase (`# ==== 7. log: ...`), the non-finite check, the `logging_step` flag,
+  and the bookkeeping that only feeds the log (appends to the clip and loss lists, sums of `.item()` losses). The
+  rest: the plumbing blocks (`# ---- ... ----`: log, evaluate, save, stop) and the lines before the first phase;
 - names: distinct names a reader looks up in other project files (`common.X`, and what `from common import` and
   `from rewards import` bring);
-- copy set: the script plus every project file it imports at the top, transitively (vllm_colocate.py, imported only
-  with --use_vllm, is not counted).
+- copy set: the script plus every project file it imports at the top, transitively (common.py and rewards.py;
+  vllm_colocate.py, imported only with --use_vllm, is not counted).
 And `diff rloo.py grpo.py`: its changed lines.
 """
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPTS = ["rloo.py", "grpo.py", "reinforce.py", "ppo.py"]
-BOOKKEEPING = (
-    "clip_low.append",
-    "clip_high.append",
-    "losses.append",
-    "_sum +=",
-    "token_sums",
-    "stats = (",
-    "approxkl =",
-)
+SCRIPTS = ["rloo.py", "grpo.py", "reinforce.py", "ppo.py", "sft.py", "reward_model.py"]
+PHASE = re.compile(r"# ==== \d[\d-]*\. (.*)")  # "3." or "1-2."
+BOOKKEEPING = ("clip_low.append", "clip_high.append", "losses.append", "_sum +=", "token_sums", "isfinite", "fail(")
 
 
 def project_imports(path: Path) -> set[str]:
@@ -45,13 +39,14 @@ def project_imports(path: Path) -> set[str]:
 
 
 def copy_set(script: str) -> list[Path]:
+    """The script first, then the project files it needs, in name order."""
     todo, seen = [script.removesuffix(".py")], set()
     while todo:
         module = todo.pop()
         if module not in seen:
             seen.add(module)
             todo += project_imports(ROOT / f"{module}.py")
-    return sorted(ROOT / f"{m}.py" for m in seen)
+    return [ROOT / script] + sorted(ROOT / f"{m}.py" for m in seen if f"{m}.py" != script)
 
 
 def outside_names(tree: ast.Module) -> set[str]:
@@ -75,31 +70,31 @@ def leaf_statements(statements):
 
 
 def loop_figures(path: Path) -> tuple[int, int, float]:
+    """The training loop's first line, its statement lines, and the share of them that are the algorithm."""
     source = path.read_text()
     lines = source.splitlines()
-    tree = ast.parse(source)
-    main = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "main")
-    run = next(n for n in ast.walk(main) if isinstance(n, ast.With) and "common.Run" in ast.unparse(n.items[0]))
-    log_line = next(i + 1 for i, line in enumerate(lines) if "# ==== 7. log" in line)
+    main = next(n for n in ast.parse(source).body if isinstance(n, ast.FunctionDef) and n.name == "main")
+    loop = next(n for n in ast.walk(main) if isinstance(n, ast.For) and ast.unparse(n.target) == "step")
     algorithm = other = 0
-    for node, header in leaf_statements(run.body):
+    for node, header in leaf_statements(loop.body):
         span = range(node.lineno, (node.lineno if header else node.end_lineno) + 1)
         text = "\n".join(lines[i - 1] for i in span)
+        marks = [
+            line.strip() for line in lines[loop.lineno : node.lineno] if line.strip().startswith(("# ====", "# ----"))
+        ]
+        phase = PHASE.match(marks[-1]) if marks else None
         plumbing = (
-            node.lineno >= log_line
-            or "run." in text.replace("run.sample", "").replace("run.state", "")
-            or "check_finite" in text
+            phase is None
+            or phase.group(1).startswith("log:")
+            or any(b in text for b in BOOKKEEPING)
             or "logging_step =" in text
             or "if logging_step" in text
-            or any(b in text for b in BOOKKEEPING)
-            or isinstance(node, ast.For)
-            and "run.steps()" in text
         )
         if plumbing:
             other += len(span)
         else:
             algorithm += len(span)
-    return run.lineno, algorithm + other + 1, algorithm / (algorithm + other + 1)  # + 1: the `with` line
+    return loop.lineno, algorithm + other + 1, algorithm / (algorithm + other + 1)  # + 1: the `for` line
 
 
 def main():

@@ -29,54 +29,58 @@ Measured for each (algorithm, seed) run:
                          `completions/mean_length`. GRPO with β = 0 has no reference model and logs none, so the table
                          also has one uniform measurement, taken here after each run: Σ_t log π_final − log π_ref on
                          num_generations_eval samples of the final policy per held-out prompt
-    reward variance      the batch variance of each reward function's raw reward (`rewards/<f>/std` squared,
-                         unbiased), averaged over the run's logged steps
+    reward variance      the batch variance of the reward (`reward_std` squared, unbiased), averaged over the run's
+                         logged steps; "—" for a script that logs no reward_std (ppo.py)
     all-equal groups     `frac_reward_zero_std` (G ≥ 2 only): the share of prompts whose G rewards are all equal, whose
                          group baseline therefore leaves no reward signal
-    wall time, memory    of the child process: wall clock from start to exit, and its own peak resident set size
-                         (os.wait4's ru_maxrss; CPU memory, not GPU memory)
+    wall time, memory    of the child process: wall clock from start to exit, and its peak resident set size
+                         (os.wait4's ru_maxrss; CPU memory, not GPU memory; on Linux at least compare.py's own resident
+                         size at the fork, which the child's exceeds in practice: compare.py trains nothing)
 
 A second comparison, --experiment reward_model, puts the algorithms under Back to Basics' own condition: a learned
 reward and a separate judge. compare.py first trains a reward model with reward_model.py on pairs that differ only in
-the number (--arithmetic_pairs number; --reward_model_args), then every algorithm optimizes that proxy alone
+the number (data/arithmetic_preferences_number; --reward_model_args), then every algorithm optimizes that proxy alone
 (--reward_funcs none --reward_model_path DIR) with the same KL coefficient β = 0.05 (GRPO's own default is 0; it gets
-0.05 as a k3 term in its loss). The gold metric is eval/accuracy, the exact-match accuracy on held-out problems, which
-no algorithm sees. Every run saves a checkpoint at each evaluation; on each, and on the reference for step 0,
-compare.py measures on held-out prompts the KL to the reference per completion and the proxy reward of the same
-samples, then deletes the checkpoints. Gold and proxy are plotted against that KL (the frontier) and read off each
+0.05 as a k3 term in its loss). The gold metric is the exact-match accuracy on held-out problems, which no algorithm
+sees. Every run saves a checkpoint at each evaluation; on each, and on the reference for step 0, compare.py samples
+held-out prompts and measures the KL to the reference per completion, the proxy reward and the gold accuracy of the
+same samples, then deletes the checkpoints. Gold and proxy are plotted against that KL (the frontier) and read off each
 run's curve at the --frontier_kls (linear between evaluations; a run that never reaches a KL is counted out).
 
 Runs go one at a time, so that their wall times and memory are comparable. --model_name_or_path, --dataset_name,
 --reward_funcs and the other passed-through flags of Args reach every script; --script_args passes any other flag of
-the scripts (but not the budget, which is compare.py's to set).
+the scripts (but not the budget, which is compare.py's to set). Run it from the repository root:
 
-    python compare.py                                       # 6 algorithms × 3 seeds on the embedded model: 29 min on a
-                                                               # 2-core CPU shared with other jobs (results/compare.md)
-    python compare.py --quick --output_dir /tmp/compare        # a smoke test: 6 runs of 2 steps, 1.5–2 min
-    python compare.py --algorithms rloo_k2,ppo --seeds 0,1,2,3,4 --max_steps 100
-    python compare.py --experiment reward_model --max_steps 80  # the proxy and 18 runs: results/compare_rm.md
+    python benchmarks/compare.py                            # 6 algorithms × 3 seeds on the embedded model: 29 min on a
+                                                            # 2-core CPU shared with other jobs (results/compare.md)
+    python benchmarks/compare.py --quick --output_dir /tmp/compare     # a smoke test: 6 runs of 2 steps, 1.5–2 min
+    python benchmarks/compare.py --algorithms rloo_k2,ppo --seeds 0,1,2,3,4 --max_steps 100
+    python benchmarks/compare.py --experiment reward_model --max_steps 80   # the proxy and 18 runs: compare_rm.md
 """
 
 import dataclasses
 import importlib
 import json
 import os
+import re
 import shlex
 import shutil
 import statistics
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+from transformers import AutoModelForCausalLM, HfArgumentParser
 
-import common
-import reward_model
-from common import ConfigError, arg, require
-from rewards import accuracy_reward, extract_answer, reward_model_function
-from rloo import completion_logprobs, end_of_completion
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # the scripts, common.py and rewards.py
+
+import common  # noqa: E402
+from rewards import RewardError, accuracy_reward, as_completion, extract_answer, reward_model_function  # noqa: E402
+from rloo import completion_logprobs, load_split  # noqa: E402
 
 ALGORITHMS = {
     # name: (label, script, completions per prompt G, the flags that make it this algorithm)
@@ -95,6 +99,7 @@ ALGORITHMS = {
 PASSED_THROUGH = (
     "model_name_or_path",
     "dataset_name",
+    "dataset_config",
     "dataset_train_split",
     "dataset_test_split",
     "reward_funcs",
@@ -103,14 +108,17 @@ PASSED_THROUGH = (
     "max_completion_length",
 )
 QUICK = dict(seeds="0", completions_per_step=8, max_steps=2, eval_steps=2, num_generations_eval=1)
-QUICK_REWARD_MODEL = (
-    "--arithmetic_pairs number --max_steps 2 --train_batch_size 8 --pairs_per_problem 1 --eval_strategy no"
-)
+NUMBER_PAIRS = "data/arithmetic_preferences_number"  # pairs that only arithmetic separates (tools/make_data.py)
+QUICK_REWARD_MODEL = f"--dataset_name {NUMBER_PAIRS} --max_steps 2 --train_batch_size 8 --eval_strategy no"
 EXPERIMENTS = {
     # name: (report file stem, run folders under output_dir)
     "accuracy": ("compare", "runs"),
     "reward_model": ("compare_rm", "runs/rm"),
 }
+
+
+def arg(default, help: str):
+    return field(default=default, metadata={"help": help})
 
 
 @dataclass
@@ -141,7 +149,7 @@ class Args:
         "but 0.05 for all under --experiment reward_model, GRPO included, so that every run has a KL to trade",
     )
     reward_model_args: str = arg(
-        "--arithmetic_pairs number --max_steps 400",
+        f"--dataset_name {NUMBER_PAIRS} --max_steps 400",
         "--experiment reward_model without --reward_model_path: "
         "the flags of the reward_model.py run that trains the proxy (into {output_dir}/runs/rm/reward_model)",
     )
@@ -151,10 +159,9 @@ class Args:
         "and proxy reward are read off each run's curve",
     )
     # passed to every script when given (None: each script's own default)
-    model_name_or_path: str | None = arg(
-        None, "policy to train (default: the scripts' default, the embedded tiny model)"
-    )
-    dataset_name: str | None = arg(None, "dataset (default: the scripts' default, 'arithmetic')")
+    model_name_or_path: str | None = arg(None, "policy to train (default: the scripts' default, the embedded model)")
+    dataset_name: str | None = arg(None, "dataset (default: the scripts' default, data/arithmetic)")
+    dataset_config: str | None = arg(None, "the configuration of a dataset that has several")
     dataset_train_split: str | None = arg(None, "split to train on")
     dataset_test_split: str | None = arg(None, "held-out split with a ground_truth column")
     reward_funcs: str | None = arg(None, "comma-separated reward functions (default: the scripts' default, accuracy)")
@@ -166,8 +173,7 @@ class Args:
     quick: bool = arg(
         False,
         "a smoke test (1.5–2 min on a CPU): seed 0, 2 steps of 8 completions, 1 eval sample per prompt (overrides "
-        "those flags); "
-        "under --experiment reward_model also a 2-step reward model",
+        "those flags); under --experiment reward_model also a 2-step reward model",
     )
     output_dir: str = arg(
         "results",
@@ -179,16 +185,52 @@ class Args:
     )
 
 
+# ----------------------------------------------------------------------------------------------------------------------
+# The command line: compare.py's flags, and each script's flags parsed and checked by that script's own rules
+# ----------------------------------------------------------------------------------------------------------------------
+class BadInput(Exception):
+    """A bad flag: one line, exit status 2, nothing written."""
+
+
+def require(condition: bool, message: str):
+    if not condition:
+        raise BadInput(message)
+
+
+def fail(message: str):
+    print(f"error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+def flag_message(message: str) -> str:
+    """argparse's "argument --max_steps/--max-steps: invalid int value: 'x'" as "--max_steps: invalid int ..."."""
+    return re.sub(r"^argument (--[^/:]+)(/[^:]*)?: ", r"\1: ", message)
+
+
+def parse_args(argv: list[str] | None = None) -> Args:
+    parser = HfArgumentParser(Args, allow_abbrev=False)
+    parser.error = lambda message: fail(flag_message(message))
+    return Args(**vars(parser.parse_args(argv)))
+
+
+def split_list(text: str, kind=str) -> list:
+    return [kind(item.strip()) for item in text.split(",") if item.strip()]
+
+
+def read_metrics(run_dir) -> list[dict]:
+    return [json.loads(line) for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]
+
+
 def check_args(args: Args):
-    names = common.split_list(args.algorithms)
+    names = split_list(args.algorithms)
     require(bool(names), "--algorithms: none selected")
     for name in names:
         require(name in ALGORITHMS, f"--algorithms: unknown algorithm {name!r} (choose from {', '.join(ALGORITHMS)})")
     require(len(set(names)) == len(names), f"--algorithms: an algorithm is listed twice in {args.algorithms!r}")
     try:
-        seeds = common.split_list(args.seeds, int)
+        seeds = split_list(args.seeds, int)
     except ValueError:
-        raise ConfigError(f"--seeds: expected comma-separated integers, got {args.seeds!r}") from None
+        raise BadInput(f"--seeds: expected comma-separated integers, got {args.seeds!r}") from None
     require(
         bool(seeds) and len(set(seeds)) == len(seeds),
         f"--seeds: expected distinct comma-separated integers, got {args.seeds!r}",
@@ -210,9 +252,9 @@ def check_args(args: Args):
     )
     require(args.beta is None or args.beta >= 0, f"--beta: must be ≥ 0, got {args.beta}")
     try:
-        kls = common.split_list(args.frontier_kls, float)
+        kls = split_list(args.frontier_kls, float)
     except ValueError:
-        raise ConfigError(f"--frontier_kls: expected comma-separated numbers, got {args.frontier_kls!r}") from None
+        raise BadInput(f"--frontier_kls: expected comma-separated numbers, got {args.frontier_kls!r}") from None
     require(
         bool(kls) and all(k > 0 for k in kls),
         f"--frontier_kls: expected positive comma-separated numbers, got {args.frontier_kls!r}",
@@ -223,16 +265,10 @@ def check_args(args: Args):
             "--beta: must be > 0 under --experiment reward_model (the frontier needs a reference model)",
         )
         if args.reward_model_path is None:
-            check_reward_model_args(args.reward_model_args)
-
-
-def check_reward_model_args(flags: str):
-    """--reward_model_args parsed by reward_model.py's own parser: an unknown flag or a bad value stops here."""
-    try:
-        common.parse_args(reward_model.Args, shlex.split(flags))  # reward_model.py's parser: no abbreviations
-    except ConfigError as error:
-        raise ConfigError(f"--reward_model_args: reward_model.py: {error}") from None
-    require("--output_dir" not in flags, "--reward_model_args: the output folder is compare.py's to set")
+            require(
+                "--output_dir" not in args.reward_model_args, "--reward_model_args: the output folder is ours to set"
+            )
+            script_config("reward_model.py", shlex.split(args.reward_model_args), flag="--reward_model_args")
 
 
 def resolve_experiment(args: Args) -> Args:
@@ -265,9 +301,9 @@ def run_flags(args: Args, name: str, seed: int) -> list[str]:
         "--num_generations_eval",
         str(args.num_generations_eval),
     ]
-    for field in PASSED_THROUGH:
-        if getattr(args, field) is not None:
-            flags += [f"--{field}", str(getattr(args, field))]
+    for passed in PASSED_THROUGH:
+        if getattr(args, passed) is not None:
+            flags += [f"--{passed}", str(getattr(args, passed))]
     if args.beta is not None:
         flags += ["--kl_coef" if ALGORITHMS[name][1] == "ppo.py" else "--beta", str(args.beta)]
     flags += shlex.split(args.script_args)
@@ -286,14 +322,23 @@ def run_flags(args: Args, name: str, seed: int) -> list[str]:
     ]
 
 
-def script_config(script: str, flags: list[str]):
-    """The script's Args after its flags, checked by its own check_args: a bad flag stops here, before any run."""
+def script_config(script: str, flags: list[str], flag: str = "--script_args"):
+    """The script's Args after its flags, as its own command line parses them, checked by its own check_args: a bad
+    flag stops here, before any run."""
     module = importlib.import_module(script.removesuffix(".py"))
+    parser = HfArgumentParser(module.Args, allow_abbrev=False)
+
+    def error(message: str):
+        raise BadInput(f"{flag}: {script}: {flag_message(message)}")
+
+    parser.error = error
+    for action in parser._actions:  # --chat_template_kwargs '{"enable_thinking": false}'
+        action.type = json.loads if action.type is dict else action.type
+    config = module.Args(**vars(parser.parse_args(flags)))
     try:
-        config = common.parse_args(module.Args, flags)  # the script's own parser: no abbreviations, one-line errors
-    except ConfigError as error:
-        raise ConfigError(f"--script_args: {script}: {error}") from None
-    module.check_args(config)
+        module.check_args(config)
+    except module.BadInput as error:
+        raise BadInput(f"{script}: {error}") from None
     return config
 
 
@@ -303,9 +348,9 @@ def kl_coefficient(config) -> float:
 
 def updates_per_batch(config) -> int:
     """Optimizer steps taken on each batch of completions."""
-    return (
-        config.num_ppo_epochs * config.num_mini_batches if hasattr(config, "num_ppo_epochs") else config.num_iterations
-    )
+    if hasattr(config, "num_ppo_epochs"):
+        return config.num_ppo_epochs * config.num_mini_batches
+    return getattr(config, "num_iterations", 1)
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -314,7 +359,7 @@ def updates_per_batch(config) -> int:
 def run_script(script: str, flags: list[str]) -> dict:
     """Run `python script flags`, its output passing through. Returns its exit status, wall time and peak RSS."""
     start = time.perf_counter()
-    process = subprocess.Popen([sys.executable, str(common.ROOT / script), *flags])
+    process = subprocess.Popen([sys.executable, str(ROOT / script), *flags])
     _, status, rusage = os.wait4(process.pid, 0)  # the child's own rusage, not the sum over every child so far
     process.returncode = os.waitstatus_to_exitcode(status)
     peak_kib = rusage.ru_maxrss / (1024 if sys.platform == "darwin" else 1)  # bytes on macOS, KiB on Linux
@@ -332,34 +377,29 @@ def sequence_kl(record: dict) -> float:
     return record["kl"] * record["completions/mean_length"]  # token mean × tokens per completion = Σ_t kl_t / B
 
 
-def read_run(run_dir: str, config) -> dict:
-    """The curves and end points of one run from its metrics.jsonl."""
-    records = common.read_metrics(run_dir)
+def read_run(run_dir: str, config, frontier: dict | None = None) -> dict:
+    """The curves and end points of one run from its metrics.jsonl; under --experiment reward_model, whose runs
+    optimize the proxy alone and so log no accuracy, the gold accuracy from compare.py's measurement (`frontier`)."""
+    records = read_metrics(run_dir)
     evals = [r for r in records if "eval/accuracy" in r]
+    if frontier is not None:
+        evals = [{"step": s, "eval/accuracy": gold} for s, gold in zip(frontier["steps"], frontier["gold"])]
     train = [r for r in records if "step_time" in r]
-    has_kl = kl_coefficient(config) > 0 and any(
-        "kl" in r or "objective/kl" in r for r in train
-    )  # GRPO with β = 0 logs none
+    has_kl = kl_coefficient(config) > 0 and any("kl" in r or "objective/kl" in r for r in train)  # GRPO at β = 0: none
     kl = [sequence_kl(r) for r in train] if has_kl else []
-    zero_std = [
-        r["frac_reward_zero_std"] for r in train if r.get("frac_reward_zero_std") is not None
-    ]  # group methods only
-    variances = {
-        key.split("/")[1]: [r[key] ** 2 for r in train if r.get(key) is not None]
-        for key in train[0]
-        if key.startswith("rewards/") and key.endswith("/std")
-    }
+    zero_std = [r["frac_reward_zero_std"] for r in train if r.get("frac_reward_zero_std") is not None]  # G ≥ 2 only
+    variances = [r["reward_std"] ** 2 for r in train if r.get("reward_std") is not None]
     return {
         "eval_steps": [r["step"] for r in evals],
         "accuracy": [r["eval/accuracy"] for r in evals],
-        "accuracy_greedy": [r["eval/accuracy_greedy"] for r in evals],
+        "accuracy_greedy": [r.get("eval/accuracy_greedy") for r in evals],
         "kl_steps": [r["step"] for r in train] if has_kl else [],
         "kl": kl,
         "final_accuracy": evals[-1]["eval/accuracy"] if evals else None,
-        "final_accuracy_greedy": evals[-1]["eval/accuracy_greedy"] if evals else None,
+        "final_accuracy_greedy": evals[-1].get("eval/accuracy_greedy") if evals else None,
         "final_train_kl": kl[-1] if kl else None,
         "frac_reward_zero_std": sum(zero_std) / len(zero_std) if zero_std else None,
-        "reward_variance": {name: sum(values) / len(values) for name, values in variances.items() if values},
+        "reward_variance": sum(variances) / len(variances) if variances else None,
     }
 
 
@@ -375,52 +415,42 @@ def heldout_kl(run_dir: str, config) -> float | None:
 def heldout_measurements(policy_paths: list[str], config, reward_model_path: str | None = None) -> list[dict] | None:
     """For each policy: num_generations_eval samples y ~ π per held-out prompt (seeded by config.seed), and over them
     the mean KL per completion Σ_t log π(y_t) − log π_ref(y_t) (k1), with a reward model the mean proxy reward
-    r_φ(x, y),
-    and the exact-match accuracy on these same samples. None when the dataset has no held-out split."""
-    eval_dataset = common.load_split(
-        config.dataset_name,
-        config.dataset_test_split,
-        {"arithmetic": common.arithmetic_dataset},
-        config=config.dataset_config,
-    )
+    r_φ(x, y), and the exact-match accuracy on these same samples. None when the dataset has no held-out split."""
+    eval_dataset = load_split(config, config.dataset_test_split)  # as the scripts read it
     if eval_dataset is None:
         return None
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    tokenizer = common.load_tokenizer(config.model_name_or_path, **common.loading_options(config))
-    reference = common.load_causal_lm(config.model_name_or_path, **common.loading_options(config)).to(device).eval()
-    proxy = (
-        reward_model_function(reward_model_path, device) if reward_model_path else None
-    )  # what the scripts score with
+    tokenizer = common.load_tokenizer(config.model_name_or_path)
+    reference = AutoModelForCausalLM.from_pretrained(config.model_name_or_path).to(device).eval()
+    proxy = reward_model_function(reward_model_path, device) if reward_model_path else None  # the scripts' scorer
     prompts = [p for p in eval_dataset["prompt"] for _ in range(config.num_generations_eval)]
-    truths = (
-        [t for t in eval_dataset["ground_truth"] for _ in range(config.num_generations_eval)]
-        if "ground_truth" in eval_dataset.column_names
-        else None
-    )
+    truths = None
+    if "ground_truth" in eval_dataset.column_names:
+        truths = [t for t in eval_dataset["ground_truth"] for _ in range(config.num_generations_eval)]
     texts = [common.prompt_text(tokenizer, p, config.chat_template_kwargs) for p in prompts]
     generation_config = common.sampling_config(reference, tokenizer, config)
     measured = []
     for path in policy_paths:
-        policy = common.load_causal_lm(path, **common.loading_options(config, path)).to(device).eval()
+        policy = AutoModelForCausalLM.from_pretrained(path).to(device).eval()  # a LoRA run's adapter: on its base
         sums, completions = [], []
         with torch.random.fork_rng(devices=[torch.cuda.current_device()] if torch.cuda.is_available() else []):
             torch.manual_seed(config.seed)
             for start in range(0, len(texts), config.per_device_eval_batch_size):
-                out = common.generate(
-                    policy, tokenizer, texts[start : start + config.per_device_eval_batch_size], generation_config
-                )
-                completion_mask, _ = end_of_completion(out["completion_ids"], generation_config.eos_token_id)
-                input_ids = torch.cat([out["prompt_ids"], out["completion_ids"]], 1)
+                batch = texts[start : start + config.per_device_eval_batch_size]
+                out = common.generate(policy, tokenizer, batch, generation_config)
+                completion_mask, _ = common.end_of_completion(out["completion_ids"], generation_config.eos_token_id)
+                completion_ids = out["completion_ids"].masked_fill(completion_mask == 0, tokenizer.pad_token_id)
+                input_ids = torch.cat([out["prompt_ids"], completion_ids], 1)
                 attention_mask = torch.cat([out["prompt_mask"], completion_mask], 1)
-                T = out["completion_ids"].shape[1]
+                T = completion_ids.shape[1]
                 logprobs = completion_logprobs(policy, input_ids, attention_mask, T, config.temperature)[0]
                 ref_logprobs = completion_logprobs(reference, input_ids, attention_mask, T, config.temperature)[0]
                 sums += ((logprobs - ref_logprobs) * completion_mask).sum(1).tolist()
-                completions += tokenizer.batch_decode(out["completion_ids"], skip_special_tokens=True)
-        completions = [common.as_completion(p, c) for p, c in zip(prompts, completions)]
-        record = {"kl": sum(sums) / len(sums)}
+                completions += common.decode(tokenizer, completion_ids, completion_mask)[0]
+        shown, completions = map(list, zip(*(as_completion(p, c) for p, c in zip(prompts, completions))))  # as TRL
+        record = {"kl": sum(sums) / len(sums), "prompts": len(eval_dataset)}
         if proxy is not None:
-            record["proxy"] = statistics.mean(proxy(prompts=prompts, completions=completions))
+            record["proxy"] = statistics.mean(proxy(prompts=shown, completions=completions))
         if truths is not None:
             record["gold"] = statistics.mean(accuracy_reward(completions, ground_truth=truths))
         measured.append(record)
@@ -429,9 +459,8 @@ def heldout_measurements(policy_paths: list[str], config, reward_model_path: str
 
 def frontier(run_dir: str, config, eval_steps: list[int]) -> dict:
     """KL, proxy reward and exact-match accuracy of the policy at every evaluation step, measured on held-out prompts:
-    at
-    step 0 the reference itself (KL 0), then the checkpoints the run saved at its evaluations, and its final model. The
-    checkpoints are deleted afterwards (the numbers are kept in compare_run.json)."""
+    at step 0 the reference itself (KL 0), then the checkpoints the run saved at its evaluations (checkpoint-N), and
+    its final model (output_dir). The checkpoints are deleted afterwards (the numbers are kept in compare_run.json)."""
     paths = [
         config.model_name_or_path
         if s == 0
@@ -443,7 +472,8 @@ def frontier(run_dir: str, config, eval_steps: list[int]) -> dict:
     measured = heldout_measurements(paths, config, config.reward_model_path)
     for checkpoint in Path(run_dir).glob("checkpoint-*"):
         shutil.rmtree(checkpoint)
-    return {"steps": eval_steps, **{key: [m.get(key) for m in measured] for key in ("kl", "proxy", "gold")}}
+    keys = ("kl", "proxy", "gold")
+    return {"steps": eval_steps, "prompts": measured[0]["prompts"], **{k: [m.get(k) for m in measured] for k in keys}}
 
 
 def value_at_kl(kls: list[float], values: list[float], kl: float) -> float | None:
@@ -456,15 +486,12 @@ def value_at_kl(kls: list[float], values: list[float], kl: float) -> float | Non
 
 
 def reward_model_accuracy(path: str, pairs_per_problem: int = 8) -> dict:
-    """The reward model's pair accuracy (r_c > r_r, ties one half) on built-in pairs of held-out and of training
-    problems,
-    by kind: same-form pairs that differ only in the number (bare or worked, off by ±1/±2 or another number), and the
-    demonstrator's pairs, which form alone separates. With reward_model.py's defaults (seed 0, 8 pairs per problem) the
-    training problems' pairs are the ones it trained on."""
-    from transformers import AutoModelForSequenceClassification
-
-    tokenizer = common.load_tokenizer(path)
-    model = AutoModelForSequenceClassification.from_pretrained(path, num_labels=1).eval()
+    """The reward model's pair accuracy (r_c > r_r, ties one half), scored as the RL scripts score
+    (rewards.reward_model_function), on the built-in pairs of held-out and of training problems, by kind: same-form
+    pairs that differ only in the number (data/arithmetic_preferences_number: bare or worked, off by ±1/±2 or another
+    number), and the demonstrator's pairs (data/arithmetic_preferences), which form alone separates. The files hold 8
+    pairs per problem, in order; the first `pairs_per_problem` of each are scored."""
+    score = reward_model_function(path, "cuda" if torch.cuda.is_available() else "cpu")
     kinds = {
         "number pairs, all": lambda chosen, rejected: True,
         "bare answers off by ±1 or ±2": lambda chosen, rejected: (
@@ -477,24 +504,18 @@ def reward_model_accuracy(path: str, pairs_per_problem: int = 8) -> dict:
     }
     accuracies = {}
     for split in ("test", "train"):
-        for pairs in ("number", "demonstrator"):
-            dataset = reward_model.arithmetic_preference_dataset(split, pairs_per_problem, seed=0, pairs=pairs)
-            rows = reward_model.tokenize_pairs(tokenizer, dataset, max_length=10_000)
-            with torch.no_grad():
-                scored = [
-                    reward_model.pair_rewards(model, rows[i : i + 256], tokenizer.pad_token_id, "cpu")
-                    for i in range(0, len(rows), 256)
-                ]
-            chosen, rejected = torch.cat([c for c, _ in scored]), torch.cat([r for _, r in scored])
-            texts = [(c[0]["content"], r[0]["content"]) for c, r in zip(dataset["chosen"], dataset["rejected"])]
-            for kind, keep in (
-                kinds.items() if pairs == "number" else [("demonstrator pairs (form separates them)", None)]
-            ):
+        for folder in (NUMBER_PAIRS, "data/arithmetic_preferences"):
+            lines = (ROOT / folder / f"{split}.jsonl").read_text().splitlines()
+            rows = [json.loads(line) for i, line in enumerate(lines) if i % 8 < pairs_per_problem]
+            prompts = [row["prompt"] for row in rows]
+            chosen = torch.tensor(score(prompts=prompts, completions=[row["chosen"] for row in rows]))
+            rejected = torch.tensor(score(prompts=prompts, completions=[row["rejected"] for row in rows]))
+            correct = (chosen > rejected).float() + 0.5 * (chosen == rejected).float()
+            texts = [(row["chosen"][0]["content"], row["rejected"][0]["content"]) for row in rows]
+            selected = kinds.items() if folder == NUMBER_PAIRS else [("demonstrator pairs (form separates them)", None)]
+            for kind, keep in selected:
                 index = [i for i, (c, r) in enumerate(texts) if keep is None or keep(c, r)]
-                accuracies.setdefault(kind, {})[split] = {
-                    "accuracy": reward_model.pair_accuracy(chosen[index], rejected[index]),
-                    "pairs": len(index),
-                }
+                accuracies.setdefault(kind, {})[split] = {"accuracy": correct[index].mean().item(), "pairs": len(index)}
     return accuracies
 
 
@@ -516,9 +537,7 @@ def mean_std(values: list[float], digits: int = 3) -> str:
 def display_path(path: str) -> str:
     """A path inside the repository relative to it, so the report reads the same on every clone; anything else as is."""
     resolved = Path(path).resolve()
-    return (
-        str(resolved.relative_to(common.ROOT)) if Path(path).exists() and resolved.is_relative_to(common.ROOT) else path
-    )
+    return str(resolved.relative_to(ROOT)) if Path(path).exists() and resolved.is_relative_to(ROOT) else path
 
 
 def display_command(script: str, flags: list[str]) -> str:
@@ -527,7 +546,7 @@ def display_command(script: str, flags: list[str]) -> str:
 
 def summarize(name: str, runs: list[dict]) -> dict:
     label, script, G, _ = ALGORITHMS[name]
-    variance_names = runs[0]["reward_variance"].keys()
+    variances = [r["reward_variance"] for r in runs if r["reward_variance"] is not None]  # none: ppo.py logs no std
     accuracies = [r["final_accuracy"] for r in runs if r["final_accuracy"] is not None]
     return {
         "label": label,
@@ -540,10 +559,7 @@ def summarize(name: str, runs: list[dict]) -> dict:
         "heldout_kl": mean_std([r["heldout_kl"] for r in runs], 2),
         "train_kl": mean_std([r["final_train_kl"] for r in runs], 2),
         "frac_reward_zero_std": mean_std([r["frac_reward_zero_std"] for r in runs], 2),
-        "reward_variance": ", ".join(
-            f"{f} {statistics.mean(r['reward_variance'][f] for r in runs):.3f}" for f in variance_names
-        )
-        or "—",
+        "reward_variance": f"{statistics.mean(variances):.3f}" if variances else "—",
         "wall_s": mean_std([r["wall_s"] for r in runs], 0),
         "peak_mib": f"{max(r['peak_mib'] for r in runs):.0f}",
         "completions": runs[0]["completions"],
@@ -552,8 +568,8 @@ def summarize(name: str, runs: list[dict]) -> dict:
 
 
 def summarize_frontier(runs: list[dict], kls: list[float]) -> dict:
-    """Per algorithm under --experiment reward_model: gold (eval/accuracy) and proxy reward at the end and where each
-    run's curve reaches each of the KLs, and how far gold fell from its best evaluation by the end."""
+    """Per algorithm under --experiment reward_model: gold (exact-match accuracy) and proxy reward at the end and where
+    each run's curve reaches each of the KLs, and how far gold fell from its best evaluation by the end."""
     out = {
         "proxy": mean_std([r["frontier"]["proxy"][-1] for r in runs]),
         "proxy_start": mean_std([r["frontier"]["proxy"][0] for r in runs]),
@@ -577,7 +593,6 @@ def summarize_frontier(runs: list[dict], kls: list[float]) -> dict:
     out["proxy_after_peak"] = mean_std(
         [r["frontier"]["proxy"][-1] - r["frontier"]["proxy"][r["accuracy"].index(max(r["accuracy"]))] for r in runs]
     )
-    out["gold_same_samples"] = mean_std([r["frontier"]["gold"][-1] for r in runs])
     return out
 
 
@@ -593,11 +608,7 @@ def write_markdown_rm(
     kls: list[float],
 ):
     first = runs[0]
-    n_eval = (
-        len(common.arithmetic_split("test")) * args.num_generations_eval
-        if first["dataset_name"] == "arithmetic"
-        else None
-    )
+    n_eval = first["frontier"]["prompts"] * args.num_generations_eval  # the samples of one gold number
     finals = [r["final_accuracy"] for r in runs if r["final_accuracy"] is not None]
     p = statistics.mean(finals) if finals else 0.5
     standard_error = f"{(p * (1 - p) / n_eval) ** 0.5:.3f}" if n_eval else "—"
@@ -605,12 +616,10 @@ def write_markdown_rm(
     lines = [
         "# Online RL algorithms on a learned reward: proxy, gold and the KL frontier",
         "",
-        "Written by `compare.py --experiment reward_model`. Back to Basics (Ahmadian et al. 2024) optimized a learned "
-        "reward model and judged "
-        "the result separately; here every algorithm optimizes a reward model trained by `reward_model.py` (the "
-        "proxy, `--reward_funcs none`), "
-        "with its KL penalty, and exact-match accuracy on held-out problems (`eval/accuracy`, which no algorithm sees "
-        "as reward) is the gold metric.",
+        "Written by `benchmarks/compare.py --experiment reward_model`. Back to Basics (Ahmadian et al. 2024) "
+        "optimized a learned reward model and judged the result separately; here every algorithm optimizes a reward "
+        "model trained by `reward_model.py` (the proxy, `--reward_funcs none`), with its KL penalty, and exact-match "
+        "accuracy on held-out problems (which no algorithm sees as reward) is the gold metric.",
         "",
         f"Command: `{command}` — the reward model and {len(runs)} runs, {total_wall_s / 60:.1f} min in all (runs are "
         "sequential; "
@@ -701,11 +710,8 @@ def write_markdown_rm(
         "",
         "## How each column is computed",
         "",
-        "- gold: `eval/accuracy` of the script's own evaluation (exact match of samples at the training temperature "
-        "on the held-out split); "
-        "± is the sample standard deviation over seeds. compare.py's own samples give the same measure as a check "
-        "(`gold` in the json: final "
-        f"{mean_std([r['frontier']['gold'][-1] for r in runs])} over all runs).",
+        "- gold: the exact-match accuracy of the samples below (the accuracy reward on the held-out split's "
+        "ground_truth), measured by compare.py; ± is the sample standard deviation over seeds.",
         "- KL and proxy: measured by compare.py at every evaluation step on the checkpoint the run saved there (step "
         "0: the reference "
         f"itself), the same way for every algorithm: {args.num_generations_eval} sample(s) y ~ π per held-out prompt, "
@@ -735,15 +741,15 @@ def write_markdown_rm(
 def settings_table(summaries: dict, settings: dict) -> list[str]:
     """The markdown table of each algorithm's command and effective settings, for both reports."""
     lines = [
-        "| algorithm | command (seed 0 shown; the others differ only in --seed and --output_dir) | learning rate | KL "
-        "coefficient | prompts × completions per step | updates per batch |",
+        "| algorithm | command (seed 0 shown; the others differ only in --seed and --output_dir) | learning rate "
+        "(schedule) | KL coefficient | prompts × completions per step | updates per batch |",
         "|---|---|---|---|---|---|",
     ]
     for name, s in settings.items():
         lines.append(
-            f"| {summaries[name]['label']} | `{s['command']}` | {s['learning_rate']:g} | {s['kl_coefficient']:g} "
-            f"({s['kl_place']}) "
-            f"| {s['prompts_per_step']} × {s['num_generations']} | {s['updates_per_batch']} |"
+            f"| {summaries[name]['label']} | `{s['command']}` | {s['learning_rate']:g} ({s['schedule']}) | "
+            f"{s['kl_coefficient']:g} ({s['kl_place']}) | {s['prompts_per_step']} × {s['num_generations']} | "
+            f"{s['updates_per_batch']} |"
         )
     return lines
 
@@ -755,9 +761,9 @@ def write_markdown(
     lines = [
         "# Online RL algorithms at an equal sample budget",
         "",
-        "Written by `compare.py`. Back to Basics (Ahmadian et al. 2024, Table 1) found RLOO k=4 ≥ RLOO k=2 ≥ "
-        "REINFORCE w/ b_MA ≥ "
-        "Vanilla PG ≥ PPO; this is the same comparison on this repository's task, at this repository's scale.",
+        "Written by `benchmarks/compare.py`. Back to Basics (Ahmadian et al. 2024, Table 1) found RLOO k=4 ≥ "
+        "RLOO k=2 ≥ REINFORCE w/ b_MA ≥ Vanilla PG ≥ PPO; this is the same comparison on this repository's task, "
+        "at this repository's scale.",
         "",
         f"Command: `{command}` — {len(runs)} runs, {total_wall_s / 60:.1f} min in all (runs are sequential; "
         f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}, device: "
@@ -809,11 +815,10 @@ def write_markdown(
         "`objective/kl`; rloo.py and "
         "reinforce.py's token-mean `kl` × `completions/mean_length`. It is measured on that step's training batch "
         "with the policy before its update.",
-        "- reward variance: the variance over a step's batch of each reward function's raw reward "
-        "(`rewards/<function>/std` squared, "
-        "unbiased), averaged over the logged steps (every `logging_steps`), then over seeds. For a 0/1 reward it is "
-        "about p(1 − p) of the training "
-        "reward p, so it falls as the policy improves.",
+        "- reward variance: the variance over a step's batch of the reward (`reward_std` squared, unbiased), "
+        "averaged over the logged steps (every `logging_steps`), then over seeds; — for a script that logs no "
+        "`reward_std` (ppo.py). For a 0/1 reward it is about p(1 − p) of the training reward p, so it falls as the "
+        "policy improves.",
         "- groups with all-equal rewards: `frac_reward_zero_std` averaged over the logged steps, for the algorithms "
         "that sample a group per "
         "prompt (G ≥ 2): the share of prompts whose G raw rewards are all equal, so that the group baseline leaves no "
@@ -835,9 +840,7 @@ def write_markdown(
         f"Shared by all: model `{first['model_name_or_path']}`, dataset `{first['dataset_name']}`, reward "
         f"`{first['reward_funcs']}`, "
         f"max_completion_length {first['max_completion_length']}, temperature {first['temperature']}, each script's "
-        "learning-rate schedule "
-        "(constant after a 3% warm-up) and gradient clipping (1.0). Raw numbers, every run's curves and every "
-        "script's full settings: `compare.json`.",
+        "gradient clipping. Raw numbers, every run's curves and every script's full settings: `compare.json`.",
         "",
     ]
     path.write_text("\n".join(lines))
@@ -949,7 +952,18 @@ def format_duration(seconds: float) -> str:
     return f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.1f} min"
 
 
+def command_line(args: Args) -> str:
+    """The command that makes this comparison: the flags that differ from their defaults, --report_only aside."""
+    flags = []
+    for f in dataclasses.fields(Args):
+        value = getattr(args, f.name)
+        if value != f.default and f.name != "report_only":
+            flags += [f"--{f.name}"] + ([] if value is True else [str(value)])
+    return display_command("benchmarks/compare.py", flags)
+
+
 def main(args: Args):
+    command = command_line(args)
     if args.quick:
         args = dataclasses.replace(
             args, **QUICK, **({"reward_model_args": QUICK_REWARD_MODEL} if args.experiment == "reward_model" else {})
@@ -958,8 +972,8 @@ def main(args: Args):
     train_reward_model = args.experiment == "reward_model" and args.reward_model_path is None
     args = resolve_experiment(args)
     stem, _ = EXPERIMENTS[args.experiment]
-    names = common.split_list(args.algorithms)
-    seeds = common.split_list(args.seeds, int)
+    names = split_list(args.algorithms)
+    seeds = split_list(args.seeds, int)
     plan = [
         (name, seed, run_flags(args, name, seed)) for seed in seeds for name in names
     ]  # seed-major: the first seed finishes first
@@ -977,7 +991,6 @@ def main(args: Args):
             budget == (args.completions_per_step, args.max_steps, args.eval_steps, args.num_generations_eval),
             f"--script_args: changes the budget or the evaluation of {name} (set them with compare.py's own flags)",
         )
-    command = " ".join(["python compare.py", *map(shlex.quote, [a for a in sys.argv[1:] if a != "--report_only"])])
 
     # ---- the runs, one at a time: their wall time and memory are only comparable on an otherwise idle machine ----
     output_dir = Path(args.output_dir)
@@ -1000,7 +1013,7 @@ def main(args: Args):
                         f"[reward model]: stopped (exit status {result['returncode']}); its output is above",
                         file=sys.stderr,
                     )
-                    sys.exit(result["returncode"] if result["returncode"] in (2, 130) else 1)
+                    sys.exit(result["returncode"] if result["returncode"] in (2, 130, 143) else 1)
                 proxy.update(command=display_command("reward_model.py", flags), wall_s=result["wall_s"])
             proxy["accuracy"] = reward_model_accuracy(args.reward_model_path, pairs_per_problem=1 if args.quick else 8)
             proxy_record.write_text(json.dumps(proxy, indent=1))
@@ -1010,43 +1023,35 @@ def main(args: Args):
                 flush=True,
             )
         proxy = json.loads(proxy_record.read_text())
-    with common.graceful_interrupt() as interrupted:
-        for index, (name, seed, flags) in enumerate(plan):
-            config = configs[name, seed]
-            record_path = Path(config.output_dir) / "compare_run.json"
-            tag = f"[{index + 1}/{len(plan)}] {ALGORITHMS[name][0]} seed {seed}"
-            if args.report_only:
-                require(record_path.is_file(), f"--report_only: no finished run in {config.output_dir}")
-                continue
-            print(f"{tag}: {display_command(ALGORITHMS[name][1], flags)}", flush=True)
-            result = run_script(ALGORITHMS[name][1], flags)
-            if result["returncode"] == 2:
-                sys.exit(2)  # the script has printed its one line naming the flag
-            if result["returncode"] != 0 or interrupted.is_set():
-                print(f"{tag}: stopped (exit status {result['returncode']}); its output is above", file=sys.stderr)
-                sys.exit(130 if interrupted.is_set() else 1)
-            if args.experiment == "reward_model":
-                eval_steps = [r["step"] for r in common.read_metrics(config.output_dir) if "eval/accuracy" in r]
-                result["frontier"] = frontier(config.output_dir, config, eval_steps)
-                result["heldout_kl"] = result["frontier"]["kl"][-1]
-            else:
-                result["heldout_kl"] = heldout_kl(config.output_dir, config)
-            record_path.write_text(
-                json.dumps({**result, "command": display_command(ALGORITHMS[name][1], flags)}, indent=1)
-            )
-            if interrupted.is_set():
-                sys.exit(130)
-            walls.setdefault(name, []).append(result["wall_s"])
-            done = [w for ws in walls.values() for w in ws]
-            left = sum(statistics.mean(walls.get(n, done)) for n, _, _ in plan[index + 1 :])
-            final_accuracy = common.read_metrics(config.output_dir)[-1].get("eval/accuracy")
-            print(
-                f"{tag}: done in {format_duration(result['wall_s'])}, held-out accuracy {final_accuracy:.3f}, KL "
-                f"{result['heldout_kl'] or 0:.2f}, "
-                f"peak memory {result['peak_mib']:.0f} MiB; {index + 1} of {len(plan)} runs done, about "
-                f"{format_duration(left)} left",
-                flush=True,
-            )
+    for index, (name, seed, flags) in enumerate(plan):
+        config = configs[name, seed]
+        record_path = Path(config.output_dir) / "compare_run.json"
+        tag = f"[{index + 1}/{len(plan)}] {ALGORITHMS[name][0]} seed {seed}"
+        if args.report_only:
+            require(record_path.is_file(), f"--report_only: no finished run in {config.output_dir}")
+            continue
+        print(f"{tag}: {display_command(ALGORITHMS[name][1], flags)}", flush=True)
+        result = run_script(ALGORITHMS[name][1], flags)
+        if result["returncode"] != 0:  # 2: the script has printed its one line; 130, 143: stopped by a signal
+            print(f"{tag}: stopped (exit status {result['returncode']}); its output is above", file=sys.stderr)
+            sys.exit(result["returncode"] if result["returncode"] in (2, 130, 143) else 1)
+        if args.experiment == "reward_model":
+            eval_steps = [r["step"] for r in read_metrics(config.output_dir) if "eval/reward" in r]
+            result["frontier"] = frontier(config.output_dir, config, eval_steps)
+            result["heldout_kl"] = result["frontier"]["kl"][-1]
+        else:
+            result["heldout_kl"] = heldout_kl(config.output_dir, config)
+        record_path.write_text(json.dumps({**result, "command": display_command(ALGORITHMS[name][1], flags)}, indent=1))
+        walls.setdefault(name, []).append(result["wall_s"])
+        done = [w for ws in walls.values() for w in ws]
+        left = sum(statistics.mean(walls.get(n, done)) for n, _, _ in plan[index + 1 :])
+        final_accuracy = read_run(config.output_dir, config, result.get("frontier"))["final_accuracy"] or 0.0
+        print(
+            f"{tag}: done in {format_duration(result['wall_s'])}, held-out accuracy {final_accuracy:.3f}, KL "
+            f"{result['heldout_kl'] or 0:.2f}, peak memory {result['peak_mib']:.0f} MiB; {index + 1} of {len(plan)} "
+            f"runs done, about {format_duration(left)} left",
+            flush=True,
+        )
 
     # ---- read every run back, summarize per algorithm, write the report ----
     runs = []
@@ -1058,16 +1063,17 @@ def main(args: Args):
                 "algorithm": name,
                 "seed": seed,
                 **record,
-                **read_run(config.output_dir, config),
+                **read_run(config.output_dir, config, record.get("frontier")),
                 "completions": args.completions_per_step * args.max_steps,
                 "optimizer_steps": args.max_steps * updates_per_batch(config),
                 "model_name_or_path": display_path(config.model_name_or_path),
-                **{k: getattr(config, k) for k in ("dataset_name", "max_completion_length", "temperature")},
-                "reward_funcs": ",".join(common.split_list(config.reward_funcs)),
+                "dataset_name": display_path(config.dataset_name),
+                **{k: getattr(config, k) for k in ("max_completion_length", "temperature")},
+                "reward_funcs": ",".join(config.reward_funcs),
             }
         )
     summaries = {name: summarize(name, [r for r in runs if r["algorithm"] == name]) for name in names}
-    kls = common.split_list(args.frontier_kls, float)
+    kls = split_list(args.frontier_kls, float)
     if args.experiment == "reward_model":
         for name in names:
             summaries[name].update(summarize_frontier([r for r in runs if r["algorithm"] == name], kls))
@@ -1077,6 +1083,8 @@ def main(args: Args):
         settings[name] = {
             "command": display_command(ALGORITHMS[name][1], run_flags(args, name, seeds[0])),
             "learning_rate": config.learning_rate,
+            "schedule": f"{getattr(config.lr_scheduler_type, 'value', config.lr_scheduler_type)}, "
+            f"{config.warmup_ratio:.0%} warm-up",
             "kl_coefficient": kl_coefficient(config),
             "kl_place": {
                 "rloo.py": "in the reward",
@@ -1123,5 +1131,13 @@ def main(args: Args):
     )
 
 
+def cli(argv: list[str] | None = None):
+    """`python benchmarks/compare.py argv`: a bad flag is one line `error: ...` on stderr, exit status 2."""
+    try:
+        main(parse_args(argv))
+    except (BadInput, RewardError) as error:
+        fail(str(error))
+
+
 if __name__ == "__main__":
-    common.cli(main, Args)
+    cli()

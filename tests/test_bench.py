@@ -1,91 +1,88 @@
-"""bench.py end to end on a tiny config (two algorithms, three steps, the embedded model), and its bad inputs."""
+"""benchmarks/bench.py: every script gets the same batch, --bf16 sampling is on-policy up to rounding, a tiny benchmark
+end to end (rloo.py, three steps, the embedded model), and bad input's one line."""
 
+import importlib
 import json
-import os
-import subprocess
 import sys
-from pathlib import Path
 
 import pytest
+from transformers import HfArgumentParser
 
-ROOT = Path(__file__).resolve().parents[1]
-ENV = {**os.environ, "HF_HUB_OFFLINE": "1"}
+from conftest import EMBEDDED, ROOT
 
-
-def bench(*flags):
-    return subprocess.run(
-        [sys.executable, "bench.py", *flags], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300
-    )
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import bench  # noqa: E402
 
 
-def test_tiny_bench_prints_a_table_and_writes_positive_figures(tmp_path):
+@pytest.mark.parametrize("algorithm", ["rloo", "grpo", "reinforce", "ppo"])
+def test_every_script_gets_a_batch_of_32_completions_and_a_kl_coefficient_of_0_05(tmp_path, algorithm):
+    argv = bench.script_argv(bench.Args(), algorithm, EMBEDDED, tmp_path / "train.jsonl", 24, tmp_path / "run", "bf16")
+    module = importlib.import_module(algorithm)
+    (args,) = HfArgumentParser(module.Args).parse_args_into_dataclasses(argv)  # the script's own flags, no others
+    assert args.prompts_per_step * getattr(args, "num_generations", 1) == 32
+    assert (args.beta if hasattr(args, "beta") else args.kl_coef) == 0.05
+    assert (args.max_steps, args.logging_steps, args.save_steps, args.bf16) == (8, 1, 0, True)
+
+
+def test_under_bf16_the_samplers_log_probs_are_the_training_passs_up_to_rounding():
+    """The scripts sample from the float32 policy under bf16 autocast, and compute π_θ_old under the same autocast: the
+    two differ only by the kernels (a cache and one token at a time, or the whole sequence), far less than bf16 differs
+    from float32. That is why --bf16 needs no importance-sampling correction."""
+    gap = bench.logprob_gap(EMBEDDED, bench.Args(completions_per_step=16), 16)
+    assert gap["completions"] == 16 and gap["mean_length"] > 1
+    assert 0 < gap["autocast_vs_fp32"]["token_abs_mean"] < 0.01
+    assert gap["sampler_vs_autocast"]["token_abs_mean"] < gap["autocast_vs_fp32"]["token_abs_mean"] / 3
+
+
+@pytest.mark.slow
+def test_tiny_bench_prints_a_table_and_writes_positive_figures(tmp_path, capsys):
     output_json = tmp_path / "bench.json"
-    result = bench(
-        "--algorithms",
-        "rloo,reinforce",
-        "--configs",
-        "embedded",
-        "--steps",
-        "3",
-        "--warmup_steps",
-        "1",
-        "--completions_per_step",
-        "8",
-        "--work_dir",
-        str(tmp_path / "work"),
-        "--output_json",
-        str(output_json),
-    )
-    assert result.returncode == 0, result.stderr[-2000:]
-    table = [line for line in result.stdout.splitlines() if line.startswith("| embedded |")]
-    assert [line.split(" | ")[1] for line in table] == ["rloo", "reinforce"]
+    flags = ["--algorithms", "rloo", "--configs", "embedded", "--steps", "3", "--warmup_steps", "1"]
+    bench.cli([*flags, "--completions_per_step", "8", "--work_dir", str(tmp_path), "--output_json", str(output_json)])
+    table = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| embedded |")]
+    assert [line.split(" | ")[1] for line in table] == ["rloo"]
     report = json.loads(output_json.read_text())
-    assert [(row["config"], row["algorithm"]) for row in report["summary"]] == [
-        ("embedded", "rloo"),
-        ("embedded", "reinforce"),
-    ]
-    for row in report["summary"]:
-        for name in [
-            "median_step_time_s",
-            "median_step_cpu_time_s",
-            "completions_per_s",
-            "generated_tokens_per_s",
-            "mean_completion_length",
-            "peak_rss_mb",
-            "baseline_rss_mb",
-            "rss_above_baseline_mb",
-        ]:
-            assert row[name] > 0, (row["algorithm"], name)
-        assert row["peak_rss_mb"] > row["baseline_rss_mb"]
-        assert row["parameters"] > 0 and row["repeats"] == 1
-    for run in report["runs"]:
-        assert len(run["step_times_s"]) == 3  # every step logged; the median is over the last two
-        # the resident size at each step's log, and between steps once freed heap pages are returned
-        assert len(run["rss_by_step_mb"]) == len(run["rss_between_steps_mb"]) == 3
-        assert all(0 < kept <= logged + 16 for kept, logged in zip(run["rss_between_steps_mb"], run["rss_by_step_mb"]))
-        assert run["completions_per_s"] == pytest.approx(8 / run["median_step_time_s"])
+    (row,) = report["summary"]
+    assert (row["config"], row["algorithm"], row["precision"], row["repeats"]) == ("embedded", "rloo", "fp32", 1)
+    for name in [
+        "median_step_time_s",
+        "median_step_cpu_time_s",
+        "completions_per_s",
+        "generated_tokens_per_s",
+        "mean_completion_length",
+        "baseline_rss_mb",
+        "rss_above_baseline_mb",
+    ]:
+        assert row[name] > 0, name
+    assert row["peak_rss_mb"] > row["baseline_rss_mb"] and row["parameters"] > 0
+    (run,) = report["runs"]
+    assert len(run["step_times_s"]) == 3  # every step logged; the median is over the last two
+    assert run["completions_per_s"] == pytest.approx(8 / run["median_step_time_s"])
     assert report["settings"]["num_threads"] == 1
 
 
 @pytest.mark.parametrize(
     "flags, message",
     [
-        (["--algorithms", "sft"], "error: --algorithms: unknown algorithm 'sft'"),
-        (["--configs", "huge"], "error: --configs: unknown config 'huge'"),
-        (["--steps", "2", "--warmup_steps", "2"], "error: --steps: 2 leaves no measured step after --warmup_steps 2"),
         (
-            ["--completions_per_step", "30"],
-            "error: --completions_per_step: 30 is not a multiple of --num_generations 4",
+            ["--algorithms", "sft"],
+            "--algorithms: unknown algorithm 'sft' (choose from rloo, grpo, reinforce, ppo, trl_rloo)",
         ),
+        (["--configs", "huge"], "--configs: unknown config 'huge' (choose from embedded, random30m, llama135m)"),
+        (["--steps", "2", "--warmup_steps", "2"], "--steps: 2 leaves no measured step after --warmup_steps 2"),
+        (["--completions_per_step", "30"], "--completions_per_step: 30 is not a multiple of --num_generations 4"),
+        (["--steps", "x"], "--steps: invalid int value: 'x'"),
+        (["--no_such_flag"], "unrecognized arguments: --no_such_flag"),
         (
             ["--algorithms", "trl_rloo", "--trl_python", "/nonexistent/python"],
-            "error: --trl_python: /nonexistent/python cannot import trl",
+            "--trl_python: /nonexistent/python cannot import trl; install it in a separate environment (pip install "
+            "'trl==1.16.*') and pass its python",
         ),
     ],
 )
-def test_bad_input_prints_one_line_and_exits_2(tmp_path, flags, message):
-    result = bench(*flags, "--work_dir", str(tmp_path / "work"), "--output_json", str(tmp_path / "bench.json"))
-    assert result.returncode == 2
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith(message), result.stderr
-    assert not (tmp_path / "work").exists()  # nothing written before the inputs are checked
+def test_bad_input_prints_one_line_and_exits_2_before_anything_is_written(tmp_path, capsys, flags, message):
+    with pytest.raises(SystemExit) as stopped:
+        bench.cli([*flags, "--work_dir", str(tmp_path / "work"), "--output_json", str(tmp_path / "bench.json")])
+    assert stopped.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines() == [f"error: {message}"]
+    assert not (tmp_path / "work").exists()
