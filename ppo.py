@@ -127,7 +127,7 @@ class Args:
     micro_batch_size: int = arg(0, "completions per forward and backward, gradients accumulated (0: the mini-batch)")
     max_steps: int = arg(25, "training steps, one batch each")
     learning_rate: float = arg(1e-4, "AdamW learning rate of the policy and the value model (~3e-6 for a 0.5B model)")
-    lr_scheduler_type: SchedulerType = arg("constant_with_warmup", "transformers' learning-rate schedule")
+    lr_scheduler_type: SchedulerType = arg("cosine", "transformers' learning-rate schedule")
     warmup_ratio: float = arg(0.03, "fraction of the optimizer steps spent warming up")
     weight_decay: float = arg(0.0, "AdamW weight decay")
     max_grad_norm: float = arg(1.0, "gradient clipping norm, of the policy and of the value model separately")
