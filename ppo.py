@@ -496,11 +496,11 @@ def evaluate(accelerator, model, tokenizer, eval_dataset, eval_texts, reward_fun
 def claim_output_dir(args) -> Path | None:
     """The checkpoint to resume from, whose later metrics are dropped; None for a fresh run, into a fresh folder."""
     out, metrics = Path(args.output_dir), Path(args.output_dir) / "metrics.jsonl"
+    out.mkdir(parents=True, exist_ok=True)
     if args.resume_from_checkpoint:
         latest = args.resume_from_checkpoint == "latest"
         found = checkpoints(out)[-1:] if latest else [Path(args.resume_from_checkpoint)]
         require(found and (found[0] / "trainer_state.json").is_file(), f"--resume_from_checkpoint: none in {found}")
-        out.mkdir(parents=True, exist_ok=True)
         step = json.loads((found[0] / "trainer_state.json").read_text())["step"]
         records = [json.loads(line) for line in metrics.read_text().splitlines()] if metrics.is_file() else []
         metrics.write_text("".join(json.dumps(r) + "\n" for r in records if r["step"] <= step))
@@ -508,10 +508,8 @@ def claim_output_dir(args) -> Path | None:
     used = checkpoints(out) + ([metrics] if metrics.is_file() else [])
     require(not used or args.overwrite_output_dir, f"--output_dir: {out} holds another run: continue it with "
             "--resume_from_checkpoint latest, or start over with --overwrite_output_dir")  # fmt: skip
-    for path in used:
+    for path in used:  # --overwrite_output_dir
         shutil.rmtree(path) if path.is_dir() else path.unlink()
-    out.mkdir(parents=True, exist_ok=True)
-    return None
 
 
 def checkpoints(output_dir) -> list[Path]:
@@ -527,7 +525,7 @@ def save_model(accelerator, args, model, tokenizer, folder: Path, state: dict):
         accelerator.unwrap_model(model).save_pretrained(folder, state_dict=weights)
         tokenizer.save_pretrained(folder)
         (folder / "trainer_state.json").write_text(json.dumps(state))
-        (folder / "args.json").write_text(json.dumps(asdict(args), indent=2))
+        (folder / "args.json").write_text(json.dumps(asdict(args) | {"resume_from_checkpoint": None}, indent=2))
 
 
 def save_checkpoint(accelerator, args, model, tokenizer, state: dict) -> Path:
@@ -597,6 +595,8 @@ def main(args: Args):
     local_batch_size = local_prompts * G  # whole groups: a baseline never needs another process's rewards
     micro_batch_size = args.micro_batch_size or local_batch_size
     require(local_batch_size % micro_batch_size == 0, f"--micro_batch_size: must divide {local_batch_size} completions")
+    require(micro_batch_size == local_batch_size or not accelerator.state.deepspeed_plugin, "--micro_batch_size: 0 "
+            "under DeepSpeed, which takes its optimizer step at every backward pass")  # fmt: skip
 
     # ---- ppo: mini-batches, and one optimizer over two models (one process or DDP) ----
     engine = accelerator.distributed_type
