@@ -345,7 +345,7 @@ def prompt_texts(tokenizer, dataset, args, split: str) -> list[str]:
 def load_trained(args, path: str, model_class=AutoModelForCausalLM, task_type="CAUSAL_LM", **options):
     """A model to train: float32 master weights whatever the checkpoint's dtype (a frozen base is bf16 under --use_peft
     --bf16, 4-bit under --load_in_4bit), --use_peft's LoRA adapter, dropout off, --gradient_checkpointing."""
-    from peft import LoraConfig, cast_mixed_precision_params, get_peft_model
+    from peft import LoraConfig, get_peft_model
 
     compute = torch.bfloat16 if args.bf16 else torch.float32
     quantization = transformers.BitsAndBytesConfig(
@@ -360,12 +360,15 @@ def load_trained(args, path: str, model_class=AutoModelForCausalLM, task_type="C
         targets = "all-linear" if args.lora_target_modules == ["all-linear"] else args.lora_target_modules
         lora = dict(r=args.lora_r, lora_alpha=args.lora_alpha, lora_dropout=args.lora_dropout, target_modules=targets)
         model = get_peft_model(model, LoraConfig(task_type=task_type, **lora))
-        cast_mixed_precision_params(model, dtype)  # what trains in float32 (a score head too), the rest in dtype
+        for param in (p for p in model.parameters() if p.requires_grad):  # what trains in float32 (a score head too)
+            param.data = param.data.float()
     if args.disable_dropout:  # dropout layers, and the rates attention layers keep as floats (Llama's, GPT-2's)
         for module in model.modules():
             rates = [n for n, v in vars(module).items() if isinstance(v, float) and "drop" in n]
             for name in rates + (["p"] if isinstance(module, torch.nn.Dropout) else []):
                 setattr(module, name, 0.0)
+    for layer in [m for m in model.modules() if getattr(m, "support_avx512bf16_for_cpu", False)]:
+        layer.support_avx512bf16_for_cpu = False  # bitsandbytes repacks 4-bit layers one way at a no-grad CPU forward
     if args.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     return model.train()
@@ -452,7 +455,6 @@ def claim_output_dir(args) -> Path | None:
 
 
 def checkpoints(output_dir) -> list[Path]:
-    """The checkpoint-N folders in output_dir, oldest first; each is complete (written under another name)."""
     return sorted(Path(output_dir).glob("checkpoint-*"), key=lambda path: int(path.name.split("-")[1]))
 
 
@@ -476,8 +478,8 @@ def save_checkpoint(accelerator, args, model, tokenizer, state: dict) -> Path:
     hook = accelerator.register_save_state_pre_hook(lambda models, weights, _: weights.clear())  # saved just above
     accelerator.save_state(tmp / "state")
     hook.remove()
+    accelerator.wait_for_everyone()  # every process has written its part of state/
     if accelerator.is_main_process:
-        shutil.rmtree(folder, ignore_errors=True)
         tmp.rename(folder)
         for old in checkpoints(args.output_dir)[: -args.save_total_limit] if args.save_total_limit else []:
             shutil.rmtree(old)
@@ -498,7 +500,7 @@ def load_checkpoint(accelerator, args, model, checkpoint: Path) -> dict:
         if hasattr(unwrapped, "peft_config"):
             set_peft_model_state_dict(unwrapped, load_file(checkpoint / "adapter_model.safetensors"))
         else:
-            load_model(unwrapped, checkpoint / "model.safetensors", device=str(accelerator.device))
+            load_model(unwrapped, checkpoint / "model.safetensors")
     hook = accelerator.register_load_state_pre_hook(lambda models, _: models.clear())  # loaded just above
     accelerator.load_state(checkpoint / "state")
     hook.remove()
@@ -506,7 +508,6 @@ def load_checkpoint(accelerator, args, model, checkpoint: Path) -> dict:
 
 
 def log(accelerator, args, step: int, metrics: dict):
-    """One line of output_dir/metrics.jsonl, and the --report_to trackers."""
     if metrics and accelerator.is_main_process:
         with open(Path(args.output_dir) / "metrics.jsonl", "a") as f:
             f.write(json.dumps({"step": step, **metrics}) + "\n")
@@ -534,8 +535,6 @@ def main(args: Args):
     local_batch_size = local_prompts * G  # whole groups: a baseline never needs another process's rewards
     micro_batch_size = args.micro_batch_size or local_batch_size
     require(local_batch_size % micro_batch_size == 0, f"--micro_batch_size: must divide {local_batch_size} completions")
-    require(micro_batch_size == local_batch_size or not accelerator.state.deepspeed_plugin, "--micro_batch_size: 0 "
-            "under DeepSpeed, which takes its optimizer step at every backward pass")  # fmt: skip
 
     # ---- plumbing: the splits and their prompts ----
     tokenizer = common.load_tokenizer(args.model_name_or_path)
@@ -679,7 +678,8 @@ def main(args: Args):
         for iteration in range(args.num_iterations):
             loss_sum, policy_loss_sum = 0.0, 0.0
             for k, mb in enumerate(micro_batches):
-                all_reduce = k == len(micro_batches) - 1  # DDP all-reduces the accumulated gradients once per update
+                # DDP all-reduces the accumulated gradients, and DeepSpeed steps, once per update: at the last
+                accelerator.sync_gradients = all_reduce = k == len(micro_batches) - 1
                 with contextlib.nullcontext() if all_reduce else accelerator.no_sync(model):
                     if not (one_pass and iteration == 0):  # else phase 3's forward, graph and all
                         with accelerator.autocast():

@@ -1,85 +1,96 @@
-"""Run a training script with deterministic "sampling", so that a run on N processes can be compared with a run on one.
+"""Run a training script with fixed completions in place of sampling, so that runs on other process counts or engines
+train on the same batches:
 
-    python tests/fixed_rollouts.py rloo --max_steps 1 ...                                      # one process
-    ACCELERATE_USE_CPU=1 accelerate launch --multi_gpu --num_processes 2 tests/fixed_rollouts.py rloo ...  # two
-    PIN_GLOO_BACKEND=1 accelerate launch --config_file configs/fsdp.yaml --num_processes 2 tests/fixed_rollouts.py ...
-                                                     # DeepSpeed or FSDP on two CPU processes (pin_gloo_backend)
+    python tests/fixed_rollouts.py rloo --max_steps 1 --output_dir out ...                            # one process
+    ACCELERATE_USE_CPU=1 accelerate launch --multi_gpu --num_processes 2 tests/fixed_rollouts.py rloo ...   # DDP
+    PIN_GLOO_BACKEND=1 accelerate launch --config_file configs/fsdp.yaml --num_processes 2 \\
+        tests/fixed_rollouts.py rloo ...                  # DeepSpeed or FSDP on two CPU processes (`pin_gloo_backend`)
 
-`common.generate` is replaced by a function of the prompt text and of how many times that text has been seen in the
-call (the k-th completion of a prompt's group is always the same text; odd k answer in the format, even k do not),
-so both runs train on the same global batch.
-The gradient of the first update, after the all-reduce, is saved by the main process to {output_dir}/gradient.pt (not
-under DeepSpeed, which clips inside its engine, nor under FSDP, whose gradients are shards).
+The first argument names the script (rloo for rloo.py); the others are its flags, and it runs as `python rloo.py`
+does, with `common.generate` replaced by `fixed_generate` (completions that depend on the prompt text alone), and
+`Accelerator.clip_grad_norm_` by `gradient_saver`'s (which writes the first update's gradient, and the engine that
+accelerate set up, to the output folder).
 """
 
 import importlib
+import json
 import os
+import runpy
 import sys
 from pathlib import Path
 
 import torch
-from accelerate import Accelerator
+from accelerate import Accelerator, PartialState
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
 import common  # noqa: E402
 
 
-def fixed_generate(
-    model, tokenizer, texts, generation_config, sampler_logprobs=False
-):  # nothing is drawn: no log-probs
-    seen = {}
-    completion_lists = []
+def fixed_generate(model, tokenizer, texts, config, sampler_logprobs=False) -> dict:
+    """`common.generate`'s tensors, with completions that depend only on the text and on how many times the text came
+    before in the call: the k-th completion of a prompt's group is always the same. Odd k answer in the format, even k
+    do not, so that the rewards of a group differ; lengths differ between prompts, so the processes' shares hold
+    different numbers of tokens. Nothing is drawn, so there are no sampler log-probs."""
+    seen, completions = {}, []
     for text in texts:
         k = seen[text] = seen.get(text, -1) + 1
-        padding = " so" * (len(text) % 3)  # lengths differ between prompts, so processes hold different token counts
+        padding = " so" * (len(text) % 3)
         words = f"{k}{padding} = <answer>{k + len(text) % 5}</answer>" if k % 2 else f"{k} {len(text) % 5}{padding}"
-        completion_lists.append(
-            tokenizer(words, add_special_tokens=False).input_ids[: generation_config.max_new_tokens - 1]
-            + [tokenizer.eos_token_id]
-        )
-    device = next(model.parameters()).device
-    enc = tokenizer(texts, return_tensors="pt", padding=True, padding_side="left", add_special_tokens=False).to(device)
-    T = max(map(len, completion_lists))
-    completion_ids = torch.tensor(
-        [ids + [tokenizer.pad_token_id] * (T - len(ids)) for ids in completion_lists], device=device
-    )
-    return {"prompt_ids": enc.input_ids, "prompt_mask": enc.attention_mask, "completion_ids": completion_ids}
+        ids = tokenizer(words, add_special_tokens=False).input_ids[: config.max_new_tokens - 1]
+        completions.append(ids + [tokenizer.eos_token_id])
+    prompt_ids, prompt_mask = common.encode(tokenizer, texts, next(model.parameters()).device)
+    with torch.no_grad():  # a forward pass, as sampling runs them: through the engine's hooks (ZeRO-3's, FSDP's)
+        model(input_ids=prompt_ids, attention_mask=prompt_mask)
+    T = max(map(len, completions))
+    padded = [ids + [tokenizer.pad_token_id] * (T - len(ids)) for ids in completions]
+    return {"prompt_ids": prompt_ids, "prompt_mask": prompt_mask, "completion_ids": torch.tensor(padded).to(prompt_ids)}
+
+
+def gradient_saver(output_dir: Path):
+    """An `Accelerator.clip_grad_norm_` that, called the first time, has the main process write what it was given to
+    output_dir: the gradient, all-reduced and not yet clipped, to gradient.pt (a plain tensor's only: not under
+    DeepSpeed, which keeps it in its engine, nor under FSDP, whose gradients are shards), and the engine that
+    accelerate set up to engine.json."""
+    clip = Accelerator.clip_grad_norm_
+
+    def save_then_clip(self, parameters, max_norm, **kwargs):
+        parameters = list(parameters)
+        if self.is_main_process and not (output_dir / "engine.json").exists():
+            grads = [p.grad for p in parameters if p.grad is not None]
+            if grads and all(type(grad) is torch.Tensor for grad in grads):
+                torch.save(torch.cat([grad.flatten() for grad in grads]), output_dir / "gradient.pt")
+            deepspeed, fsdp = self.state.deepspeed_plugin, getattr(self.state, "fsdp_plugin", None)
+            engine = {"type": self.distributed_type.value, "processes": self.num_processes}
+            engine |= {"zero_stage": deepspeed and deepspeed.zero_stage, "fsdp_version": fsdp and fsdp.fsdp_version}
+            (output_dir / "engine.json").write_text(json.dumps(engine))
+        return clip(self, parameters, max_norm, **kwargs)
+
+    return save_then_clip
 
 
 def pin_gloo_backend():
-    """Make accelerate set up DeepSpeed or FSDP (as `accelerate launch` with their config asked) over gloo on the CPU.
-    accelerate only enables them on a GPU: without one, its PartialState finds no backend and each process runs alone
-    (common.make_accelerator then stops). Here the backend search answers gloo as on GPUs, and the device is the CPU."""
+    """Make accelerate set up DeepSpeed or FSDP, as `accelerate launch` with their config asks, over gloo on the CPU.
+    accelerate enables them on a GPU only: without one, its PartialState finds no backend, and each process runs alone.
+    Here its backend search answers gloo, as it answers nccl on GPUs, and the device is the CPU."""
     from accelerate import DistributedType
-    from accelerate.state import PartialState
 
     os.environ["ACCELERATE_TORCH_DEVICE"] = "cpu"
     PartialState._prepare_backend = lambda self, *args, **kwargs: ("gloo", DistributedType.MULTI_GPU)
 
 
 def main():
-    if os.environ.get("ACCELERATE_USE_DEEPSPEED") == "true":  # without DeepSpeed's CPU shared-memory all-reduce, an
-        # op it compiles at first use (minutes, with a C++ compiler): gloo reduces the same numbers
-        importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None
     if os.environ.get("PIN_GLOO_BACKEND") == "1":
         pin_gloo_backend()
-    script = importlib.import_module(sys.argv[1])
-    argv = sys.argv[2:]
-    output_dir = Path(argv[argv.index("--output_dir") + 1])
+    if os.environ.get("ACCELERATE_USE_DEEPSPEED") == "true":  # not DeepSpeed's CPU shared-memory all-reduce, an op it
+        # compiles at first use (minutes, with a C++ compiler): gloo reduces the same numbers
+        importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None
+    script, flags = sys.argv[1], sys.argv[2:]
+    output_dir = Path(flags[flags.index("--output_dir") + 1])
     common.generate = fixed_generate
-    clip = Accelerator.clip_grad_norm_
-
-    def save_first_gradient(self, params, max_norm, **kwargs):
-        params = list(params)
-        path = output_dir / "gradient.pt"
-        grads = [p.grad for p in params if p.grad is not None]
-        plain = grads and all(type(grad) is torch.Tensor for grad in grads)  # not DeepSpeed's (none) nor FSDP's shards
-        if common.PartialState().is_main_process and plain and not path.exists():
-            torch.save(torch.cat([grad.flatten() for grad in grads]), path)
-        return clip(self, params, max_norm, **kwargs)
-
-    Accelerator.clip_grad_norm_ = save_first_gradient
-    common.cli(script.main, script.Args, argv)
+    Accelerator.clip_grad_norm_ = gradient_saver(output_dir)
+    sys.argv = [str(ROOT / f"{script}.py"), *flags]
+    runpy.run_path(sys.argv[0], run_name="__main__")  # as `python rloo.py flags`
 
 
 if __name__ == "__main__":
