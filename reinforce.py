@@ -422,6 +422,7 @@ def save_checkpoint(accelerator, args, model, tokenizer, state: dict) -> Path:
     hook.remove()
     accelerator.wait_for_everyone()  # every process has written its part of state/
     if accelerator.is_main_process:
+        shutil.rmtree(folder, ignore_errors=True)  # the same step saved again (a run resumed from an earlier one)
         tmp.rename(folder)
         for old in checkpoints(args.output_dir)[: -args.save_total_limit] if args.save_total_limit else []:
             shutil.rmtree(old)
@@ -681,7 +682,6 @@ def main(args: Args):
     # ---- plumbing: the final model and evaluation ----
     for signum, handler in handlers.items():  # from here on, a signal stops at once
         signal.signal(signum, handler)
-    progress.close()
     save_model(accelerator, args, model, tokenizer, Path(args.output_dir), state)
     last_eval = evaluation()
     log(accelerator, args, args.max_steps, last_eval)
