@@ -90,3 +90,20 @@ def tiny_tokenizer():
     import common
 
     return common.load_tokenizer(EMBEDDED)
+
+
+@pytest.fixture
+def recorded_gradients(monkeypatch) -> list:
+    """The accumulated gradient of every clipped model (ppo.py: the policy, then the value model), just before it is
+    clipped."""
+    from accelerate import Accelerator
+
+    gradients, clip = [], Accelerator.clip_grad_norm_
+
+    def record_then_clip(self, parameters, max_norm, **kwargs):
+        parameters = [p for p in parameters if p.grad is not None]
+        gradients.append(torch.cat([p.grad.flatten() for p in parameters]))
+        return clip(self, parameters, max_norm, **kwargs)
+
+    monkeypatch.setattr(Accelerator, "clip_grad_norm_", record_then_clip)
+    return gradients

@@ -8,7 +8,6 @@ import math
 
 import pytest
 import torch
-from accelerate import Accelerator
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
@@ -37,20 +36,6 @@ def args(tmp_path, **overrides) -> grpo.Args:
 
 def training(output_dir) -> list[dict]:
     return [{k: v for k, v in r.items() if k != "step_time"} for r in read_metrics(output_dir) if "loss" in r]
-
-
-@pytest.fixture
-def recorded_gradients(monkeypatch) -> list:
-    """The accumulated gradient of every update, just before it is clipped."""
-    gradients, clip = [], Accelerator.clip_grad_norm_
-
-    def record_then_clip(self, parameters, max_norm, **kwargs):
-        parameters = [p for p in parameters if p.grad is not None]
-        gradients.append(torch.cat([p.grad.flatten() for p in parameters]))
-        return clip(self, parameters, max_norm, **kwargs)
-
-    monkeypatch.setattr(Accelerator, "clip_grad_norm_", record_then_clip)
-    return gradients
 
 
 # ---- the group-relative advantage ----

@@ -48,20 +48,6 @@ def training(output_dir) -> list[dict]:
     return [{k: v for k, v in r.items() if k != "step_time"} for r in read_metrics(output_dir) if "loss/value_avg" in r]
 
 
-@pytest.fixture
-def recorded_gradients(monkeypatch) -> list:
-    """The accumulated gradient of every clipped model (the policy, then the value model), just before clipping."""
-    gradients, clip = [], Accelerator.clip_grad_norm_
-
-    def record_then_clip(self, parameters, max_norm, **kwargs):
-        parameters = [p for p in parameters if p.grad is not None]
-        gradients.append(torch.cat([p.grad.flatten() for p in parameters]))
-        return clip(self, parameters, max_norm, **kwargs)
-
-    monkeypatch.setattr(Accelerator, "clip_grad_norm_", record_then_clip)
-    return gradients
-
-
 # ---- the estimator, on hand-computed numbers ----
 REWARDS, VALUES, FULL = torch.tensor([[0.0, 0.0, 1.0]]), torch.tensor([[0.5, 0.6, 0.7]]), torch.ones(1, 3)
 

@@ -9,7 +9,6 @@ import shutil
 
 import pytest
 import torch
-from accelerate import Accelerator
 from safetensors.torch import load_file
 
 import reinforce
@@ -151,20 +150,6 @@ def test_a_stopped_and_resumed_run_equals_the_uninterrupted_run(tmp_path):
     assert trainer_state(stopped / "checkpoint-4") == trainer_state(out / "checkpoint-4")
     final, again = (load_file(run / "model.safetensors") for run in (out, stopped))
     assert all(torch.equal(final[k], again[k]) for k in final)
-
-
-@pytest.fixture
-def recorded_gradients(monkeypatch) -> list:
-    """The accumulated gradient of every update, just before it is clipped."""
-    gradients, clip = [], Accelerator.clip_grad_norm_
-
-    def record_then_clip(self, parameters, max_norm, **kwargs):
-        parameters = [p for p in parameters if p.grad is not None]
-        gradients.append(torch.cat([p.grad.flatten() for p in parameters]))
-        return clip(self, parameters, max_norm, **kwargs)
-
-    monkeypatch.setattr(Accelerator, "clip_grad_norm_", record_then_clip)
-    return gradients
 
 
 @pytest.mark.parametrize("baseline", ["moving_average", "reinforce_pp"])
