@@ -142,18 +142,19 @@ def flag_message(message: str) -> str:
     return re.sub(r"^argument (--[^/:]+)(/[^:]*)?: ", r"\1: ", message)
 
 
-def parse_args(argv: list[str] | None = None) -> Args:
-    parser = HfArgumentParser(Args, allow_abbrev=False)
+def parse_args(args_class, argv: list[str] | None = None):
+    """`args_class` (bench.py's or compare.py's flags) from the command line; a bad flag is one line."""
+    parser = HfArgumentParser(args_class, allow_abbrev=False)
     parser.error = lambda message: fail(flag_message(message))
-    return Args(**vars(parser.parse_args(argv)))
+    return args_class(**vars(parser.parse_args(argv)))
 
 
-def split_list(text: str) -> list[str]:
-    return [item.strip() for item in text.split(",") if item.strip()]
+def split_list(text: str, kind=str) -> list:
+    return [kind(item.strip()) for item in text.split(",") if item.strip()]
 
 
-def read_metrics(run_dir: Path) -> list[dict]:
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+def read_metrics(run_dir) -> list[dict]:
+    return [json.loads(line) for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]
 
 
 def read_prompts(count: int) -> list:
@@ -682,7 +683,7 @@ def main(args: Args):
 def cli(argv: list[str] | None = None):
     """`python benchmarks/bench.py argv`: a bad flag is one line `error: ...` on stderr, exit status 2."""
     try:
-        main(parse_args(argv))
+        main(parse_args(Args, argv))
     except BadInput as error:
         fail(str(error))
 

@@ -62,14 +62,13 @@ import dataclasses
 import importlib
 import json
 import os
-import re
 import shlex
 import shutil
 import statistics
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -79,6 +78,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # the scripts, common.py and rewards.py
 
 import common  # noqa: E402
+from bench import BadInput, arg, fail, flag_message, parse_args, read_metrics, require, split_list  # noqa: E402
 from rewards import RewardError, accuracy_reward, as_completion, extract_answer, reward_model_function  # noqa: E402
 from rloo import completion_logprobs, load_split  # noqa: E402
 
@@ -115,10 +115,6 @@ EXPERIMENTS = {
     "accuracy": ("compare", "runs"),
     "reward_model": ("compare_rm", "runs/rm"),
 }
-
-
-def arg(default, help: str):
-    return field(default=default, metadata={"help": help})
 
 
 @dataclass
@@ -188,39 +184,6 @@ class Args:
 # ----------------------------------------------------------------------------------------------------------------------
 # The command line: compare.py's flags, and each script's flags parsed and checked by that script's own rules
 # ----------------------------------------------------------------------------------------------------------------------
-class BadInput(Exception):
-    """A bad flag: one line, exit status 2, nothing written."""
-
-
-def require(condition: bool, message: str):
-    if not condition:
-        raise BadInput(message)
-
-
-def fail(message: str):
-    print(f"error: {message}", file=sys.stderr)
-    sys.exit(2)
-
-
-def flag_message(message: str) -> str:
-    """argparse's "argument --max_steps/--max-steps: invalid int value: 'x'" as "--max_steps: invalid int ..."."""
-    return re.sub(r"^argument (--[^/:]+)(/[^:]*)?: ", r"\1: ", message)
-
-
-def parse_args(argv: list[str] | None = None) -> Args:
-    parser = HfArgumentParser(Args, allow_abbrev=False)
-    parser.error = lambda message: fail(flag_message(message))
-    return Args(**vars(parser.parse_args(argv)))
-
-
-def split_list(text: str, kind=str) -> list:
-    return [kind(item.strip()) for item in text.split(",") if item.strip()]
-
-
-def read_metrics(run_dir) -> list[dict]:
-    return [json.loads(line) for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]
-
-
 def check_args(args: Args):
     names = split_list(args.algorithms)
     require(bool(names), "--algorithms: none selected")
@@ -1134,7 +1097,7 @@ def main(args: Args):
 def cli(argv: list[str] | None = None):
     """`python benchmarks/compare.py argv`: a bad flag is one line `error: ...` on stderr, exit status 2."""
     try:
-        main(parse_args(argv))
+        main(parse_args(Args, argv))
     except (BadInput, RewardError) as error:
         fail(str(error))
 
