@@ -529,7 +529,6 @@ def main(args: Args):
     # ---- plumbing: the final model and evaluation: one update a step ----
     for signum, handler in handlers.items():  # from here on, a signal stops at once
         signal.signal(signum, handler)
-    progress.close()
     save_model(accelerator, args, model, tokenizer, Path(args.output_dir), state)
     last_eval = evaluation()
     log(accelerator, args, args.max_steps, last_eval)
