@@ -1,50 +1,47 @@
 """Benchmark: step time, throughput and peak memory of rloo.py, grpo.py, reinforce.py and ppo.py, and optionally of
-TRL's RLOOTrainer on the identical model and batch.
+TRL's RLOOTrainer on the identical model and batch; with --phases, where a step's time goes. docs/benchmarks.md says
+what each figure is, and shows them.
 
-What is measured, and how:
-
-- Each (config, algorithm, repeat) is one training run in its own child process: the script's own `main`, unchanged,
-  with --logging_steps 1, no checkpoints, and no evaluation (the prompts, data/arithmetic/train.jsonl, are copied into
-  a one-split data file, so there is no held-out split to evaluate on). Runs go repeat by repeat, so a background load
-  hits every algorithm alike; the table shows the median over repeats.
-- Step time: the script's own `step_time` in metrics.jsonl, the wall clock of a whole step (sample prompts, generate,
-  score, forward and backward passes, optimizer step, metrics). The first --warmup_steps are dropped; the median of
-  the rest is the run's step time. Also the child's median CPU time per step (from one step's metrics record to the
-  next: the child wraps the script's `log`), which other jobs on a shared machine inflate far less than the wall
-  clock. completions/s = completions per step / median step time; generated tokens/s = the median over steps of (real
-  completion tokens of the step, up to and including EOS) / step time.
-- Peak memory: on CPU, the child's peak resident set size (Linux's VmHWM, as the child reports it: os.wait4's
-  ru_maxrss would count the parent's resident size at the fork too), and the same above the child's peak RSS right
-  after its imports (torch alone is several hundred MB, which dilutes any ratio); on CUDA,
-  torch.cuda.max_memory_allocated, reported by the child. Peak RSS depends on glibc's allocator, which keeps freed
-  large blocks: with MALLOC_MMAP_THRESHOLD_=65536 in the environment (the children inherit it) it follows live memory
-  more closely, at the cost of slower steps.
+- Each (config, algorithm, repeat) is one training run in a child process: the script, unchanged, as `python
+  <algorithm>.py` runs it, with --logging_steps 1, no checkpoints and no evaluation (the train prompts are copied into
+  a one-split data file). Runs go repeat by repeat, so a background load hits every algorithm alike; the tables show
+  medians over repeats. The child uses no name of the script's: it hooks the libraries the scripts call.
+- Step time: the script's own `step_time` in metrics.jsonl, the first --warmup_steps dropped, the median of the rest.
+  CPU time per step: from one step's end to the next (the scripts log `step_time` through accelerate's `log`, which
+  the child wraps). Peak memory: on CPU, the child's own peak RSS (Linux's VmHWM: os.wait4's ru_maxrss counts the
+  parent's at the fork), also above its RSS after importing the libraries; on CUDA, torch.cuda.max_memory_allocated.
 - The same batch for all: 32 completions per step, 8 prompts × 4 completions (rloo, grpo, trl_rloo) or 32 prompts × 1
-  (reinforce, ppo); β = 0.05 everywhere (ppo: --kl_coef 0.05), so every script loads a reference model. Every other
-  flag is the script's default (ppo: its PPO epochs on each batch, a value model from the policy's backbone).
-- Configs: `embedded`, models/tiny-arith (0.83M parameters; completions of at most 24 tokens, the scripts' default;
-  the model stops early at EOS); `random30m`, a randomly initialized 31.7M-parameter Qwen2 (hidden 512, 10 layers) with
-  the embedded tokenizer and at most 64-token completions: compute-bound, and with random weights EOS is rare, so
-  nearly every completion is 64 tokens (the mean length is reported); `llama135m`, a random Llama of SmolLM2-135M's
-  shape with a 49,152-token vocabulary, 64-token completions.
-- `trl_rloo`: TRL's RLOOTrainer in a child run by --trl_python (a separate environment with trl installed; trl is never
-  a dependency of this project), configured like rloo.py: same model folder and tokenizer, the same train prompts,
-  rewards.accuracy_reward, num_generations 4, per_device_train_batch_size 32 (TRL counts completions), β 0.05, the
-  same completion length, temperature 1, num_iterations 1, rloo.py's learning rate, schedule and warm-up, AdamW, and
-  TRL's CPU-unfriendly defaults turned off (bf16 and gradient_checkpointing default to True in TRL 1.16). Its step time
-  is the wall clock (and CPU time) from on_step_begin to on_step_end of a TrainerCallback.
-- Threads: each child runs with OMP_NUM_THREADS=--num_threads (default 1). On a machine shared with other jobs,
-  PyTorch's default of one thread per core collapses when another process takes a core; 0 leaves it unset.
-- --logprob_gap, instead of training runs: how far, under --bf16, the log-probs the sampler draws with (generate under
-  bf16 autocast) are from those training computes (a forward pass under bf16 autocast) and from float32.
+  (reinforce, ppo); β = 0.05 everywhere (ppo: --kl_coef); every other flag is the script's default. Configs:
+  `embedded`, models/tiny-arith (0.83M parameters, at most 24 tokens); `llama135m`, a random Llama of SmolLM2-135M's
+  shape with a 49,152-token vocabulary and 64 tokens (with random weights EOS is rare).
+- `trl_rloo`: TRL's RLOOTrainer in a child run by --trl_python (a separate environment: trl is never a dependency of
+  this project), configured like rloo.py (trl_run); its step time is from on_step_begin to on_step_end.
+- Each child runs with OMP_NUM_THREADS=--num_threads (default 1): PyTorch's one thread per core collapses when another
+  job takes a core.
+- --phases: each step's time by phase, next to what this machine could do each phase in, measured in the same run.
+  In the child, a call of transformers' `generate` is generation; a forward of a top-level transformers model outside
+  it (torch's global module hooks) is a reference forward if none of its parameters trains, else a policy forward;
+  `torch.autograd.backward` (which `loss.backward()` calls) is the backward; torch's global optimizer step hooks time
+  the optimizer; the rest is the step time less its phases.
+  The bounds, at the run's precision (bf16 under --bf16, else float32) on the children's threads: a pass of B
+  sequences of L tokens takes the larger of two times. One is its FLOPs at the matmul rate measured at the pass's own
+  shapes: 2·B·L·in·out per linear layer (`x @ w.T` timed at (B·L, in, out)), the output head at the kept positions
+  only, and 4·B·heads·head_dim·Σ(positions attended, causally) per layer for attention, at the linears' mean rate.
+  The other is its bytes read (weights and KV cache) at the bandwidth of a 256 MB copy. Generation is a prefill and
+  T − 1 one-token passes that attend to the cache; a backward is 2 forwards of each pass that kept a graph (3 with
+  gradient checkpointing); AdamW reads a parameter, its gradient and both moments and writes three: 28 bytes per
+  trained parameter at the bandwidth. The table shows medians over the measured steps.
 
 Run from the repository root:
 
-    python benchmarks/bench.py                       # all four, both configs (~15 min on a 2-core CPU)
+    python benchmarks/bench.py                       # all four on the embedded model
     python benchmarks/bench.py --algorithms rloo,trl_rloo --repeats 3 --trl_python /path/to/trl-venv/bin/python
+    python benchmarks/bench.py --algorithms rloo --phases
 """
 
+import collections
 import json
+import math
 import os
 import platform
 import re
@@ -54,6 +51,7 @@ import statistics
 import subprocess
 import sys
 import time
+import timeit
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -66,11 +64,9 @@ EMBEDDED = str(ROOT / "models" / "tiny-arith")
 PROMPTS = ROOT / "data" / "arithmetic" / "train.jsonl"
 ALGORITHMS = ("rloo", "grpo", "reinforce", "ppo", "trl_rloo")  # trl_rloo: TRL's RLOOTrainer
 GROUPED = {"rloo", "grpo", "trl_rloo"}  # prompts × num_generations; the others sample one completion per prompt
-CONFIGS = {"embedded": 24, "random30m": 64, "llama135m": 64}  # config → max_completion_length
+CONFIGS = {"embedded": 24, "llama135m": 64}  # config → max_completion_length
 PRECISIONS = ("fp32", "bf16")  # bf16: the scripts' --bf16, TRL's bf16=True
-RANDOM_MODEL = dict(
-    hidden_size=512, intermediate_size=1536, num_hidden_layers=10, num_attention_heads=8, num_key_value_heads=4
-)
+PHASES = ("generation", "policy forward", "reference forward", "backward", "optimizer")  # --phases
 # the architecture of a popular ~135M chat model (SmolLM2-135M-Instruct's config), randomly initialized
 LLAMA_135M = dict(
     hidden_size=576,
@@ -97,9 +93,8 @@ class Args:
         "comma-separated: rloo, grpo, reinforce, ppo, trl_rloo (TRL's RLOOTrainer, needs --trl_python)",
     )
     configs: str = arg(
-        "embedded,random30m",
-        "comma-separated: embedded (models/tiny-arith), random30m (a random 31.7M Qwen2, 64-token completions), "
-        "llama135m (a random 135M Llama with a 49,152-token vocabulary, 64-token completions)",
+        "embedded",
+        "comma-separated: embedded (models/tiny-arith), llama135m (a random 135M Llama, 49,152-token vocabulary)",
     )
     precisions: str = arg(
         "fp32", "comma-separated: fp32, bf16 (the scripts' --bf16; TRL's bf16=True); every algorithm runs in each"
@@ -116,9 +111,7 @@ class Args:
     )
     num_threads: int = arg(1, "OMP_NUM_THREADS in each child (0: leave unset, PyTorch's default of one per core)")
     trl_python: str = arg(sys.executable, "python of an environment with trl installed, for trl_rloo")
-    logprob_gap: bool = arg(
-        False, "instead of training runs: how far the bf16 sampler's log-probs are from training's, on each config"
-    )
+    phases: bool = arg(False, "also each phase of a step (generation, forwards, backward, optimizer) and its bound")
     work_dir: str = arg("outputs/bench", "where the runs, the random models and the prompt file go")
     output_json: str = arg("outputs/bench/bench.json", "the figures for machines: settings, every run and the summary")
 
@@ -157,10 +150,6 @@ def read_metrics(run_dir) -> list[dict]:
     return [json.loads(line) for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]
 
 
-def read_prompts(count: int) -> list:
-    return [json.loads(line)["prompt"] for line in PROMPTS.read_text().splitlines()[:count]]
-
-
 # ----------------------------------------------------------------------------------------------------------------------
 # Children: one training run each. `child` runs in the child process, after the parent set its threads and environment.
 # ----------------------------------------------------------------------------------------------------------------------
@@ -174,11 +163,13 @@ def peak_rss_mb() -> float:
 
 
 def child(spec_json: str):
-    """Import the script (or TRL), note the RSS after imports, train, write bench_child.json next to metrics.jsonl."""
+    """Install the hooks, run the script (or TRL), write bench_child.json next to metrics.jsonl; then, with --phases,
+    measure the bounds (after the peak memory is noted: their buffers are not the run's) and write it again."""
     spec = json.loads(spec_json)
-    run_dir = Path(spec["output_dir"])
+    report_file = Path(spec["output_dir"]) / "bench_child.json"
     report = {}
     try:
+        install_hooks(report, spec["phases"])
         (trl_run if spec["algorithm"] == "trl_rloo" else script_run)(spec, report)
     finally:
         import torch
@@ -186,32 +177,192 @@ def child(spec_json: str):
         report["peak_rss_mb"] = peak_rss_mb()
         if torch.cuda.is_available():
             report["cuda_max_allocated_mb"] = torch.cuda.max_memory_allocated() / 2**20
-        (run_dir / "bench_child.json").write_text(json.dumps(report))
+        report_file.write_text(json.dumps(report))
+    if spec["phases"]:
+        report["bounds"] = phase_bounds(report, spec["bf16"])
+        report_file.write_text(json.dumps(report))
 
 
 def script_run(spec: dict, report: dict):
-    """The script as `python <algorithm>.py argv` runs it, with the process's CPU time noted at each step's record (the
-    script's own `log`, wrapped)."""
+    """The script as `python <algorithm>.py argv` runs it, after the libraries every script imports."""
     import importlib
+    import runpy
 
-    from rewards import RewardError
-
-    module = importlib.import_module(spec["algorithm"])
+    for library in ("torch", "transformers", "accelerate", "datasets"):
+        importlib.import_module(library)
     report["baseline_rss_mb"] = peak_rss_mb()
-    cpu_times = report["cpu_times"] = []
-    log = module.log
+    script = str(ROOT / f"{spec['algorithm']}.py")
+    sys.argv = [script, *spec["argv"]]
+    runpy.run_path(script, run_name="__main__")
+    marks = report["cpu_marks"]  # a step's CPU time: from the previous step's end to its own
+    report["step_cpu_times"] = [None] + [b - a for a, b in zip(marks, marks[1:])]
 
-    def timed_log(accelerator, args, step, metrics):
-        if "step_time" in metrics:
-            cpu_times.append(time.process_time())
-        return log(accelerator, args, step, metrics)
 
-    module.log = timed_log
-    sys.argv = [f"{spec['algorithm']}.py", *spec["argv"]]
-    try:
-        module.main(module.parse_args(module.Args))
-    except (module.BadInput, RewardError) as error:
-        module.fail(str(error))
+def now() -> float:
+    """The wall clock once the GPU's queued work is done: a phase ends when its kernels do."""
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    return time.perf_counter()
+
+
+def install_hooks(report: dict, phases: bool):
+    """Hooks in the libraries: accelerate's `log` notes the CPU time at each step's end (the scripts log `step_time`
+    through it); with `phases`, hooks in torch and transformers note each phase of a step in report["steps"]."""
+    import accelerate
+    import torch
+    import transformers
+    from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
+    from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+
+    steps, cpu_marks, starts = [[]], [], []
+    generating = False
+    report.update(steps=steps, cpu_marks=cpu_marks)
+    log = accelerate.Accelerator.log
+
+    def timed_log(accelerator, values: dict, *args, **kwargs):
+        if "step_time" in values:
+            cpu_marks.append(time.process_time())
+            steps.append([])
+        return log(accelerator, values, *args, **kwargs)
+
+    accelerate.Accelerator.log = timed_log
+    if not phases:
+        return
+
+    def note(phase: str, start: float, model=None, **shapes):
+        seconds = now() - start
+        if model is not None:
+            shapes |= model_shapes(model)
+        steps[-1].append(dict(phase=phase, seconds=seconds, **shapes))
+
+    generate = transformers.GenerationMixin.generate
+
+    def timed_generate(model, *args, **kwargs):
+        nonlocal generating
+        start = now()
+        generating = True
+        output = generate(model, *args, **kwargs)
+        generating = False
+        B, P = kwargs["input_ids"].shape if "input_ids" in kwargs else args[0].shape
+        T = getattr(output, "sequences", output).shape[1] - P
+        note("generation", start, model, B=B, P=P, T=T)
+        return output
+
+    transformers.GenerationMixin.generate = timed_generate
+
+    def forward_start(module, args):
+        if isinstance(module, transformers.PreTrainedModel):
+            starts.append(now())
+
+    def forward_end(module, args, kwargs, output):
+        if not isinstance(module, transformers.PreTrainedModel):
+            return
+        start = starts.pop()
+        if starts or generating:  # a model inside another's forward, or inside generate
+            return
+        trains = any(p.requires_grad for p in module.parameters())
+        B, L = kwargs["input_ids"].shape if "input_ids" in kwargs else args[0].shape
+        kept = output.logits.shape[1] if hasattr(output, "logits") else 0  # positions with logits
+        backward = 0  # how many forwards' worth of work its backward does
+        if trains and torch.is_grad_enabled():
+            backward = 3 if module.is_gradient_checkpointing else 2
+        phase = "policy forward" if trains else "reference forward"
+        note(phase, start, module, B=B, L=L, kept=kept, backward=backward)
+
+    register_module_forward_pre_hook(forward_start)
+    register_module_forward_hook(forward_end, with_kwargs=True)
+    backward = torch.autograd.backward
+
+    def timed_backward(*args, **kwargs):  # loss.backward() and accelerator.backward(loss) call it
+        start = now()
+        backward(*args, **kwargs)
+        note("backward", start)
+
+    torch.autograd.backward = timed_backward
+    optimizer_starts = []
+    register_optimizer_step_pre_hook(lambda *_: optimizer_starts.append(now()))
+
+    def optimizer_end(optimizer, args, kwargs):
+        trained = sum(p.numel() for group in optimizer.param_groups for p in group["params"] if p.requires_grad)
+        note("optimizer", optimizer_starts.pop(), parameters=trained)
+
+    register_optimizer_step_post_hook(optimizer_end)
+
+
+def model_shapes(model) -> dict:
+    """What a pass's bound reads of a model: (in, out, count) of its linear layers but the output head, the head's
+    (in, out) (None in a model without one), and per position attended and per token cached, the attention's sizes."""
+    import torch
+
+    config, head = model.config, model.get_output_embeddings()
+    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear) and m is not head]
+    counts = collections.Counter((m.in_features, m.out_features) for m in linears)
+    heads = config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    kv_heads = getattr(config, "num_key_value_heads", heads)
+    return {
+        "linears": [[i, o, count] for (i, o), count in counts.items()],
+        "head": [head.in_features, head.out_features] if head is not None else None,
+        "attention": config.num_hidden_layers * heads * head_dim,  # query·key and the sum of values: 2 FLOPs each
+        "cache": 2 * config.num_hidden_layers * kv_heads * head_dim,  # keys and values
+    }
+
+
+def phase_bounds(report: dict, bf16: bool) -> list[dict]:
+    """Each step's bound of each phase, in seconds (--phases says how), at matmul rates and a bandwidth measured now."""
+    import torch
+
+    dtype = torch.bfloat16 if bf16 else torch.float32
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    seconds_per_flop = {}
+
+    def best_of_3(work) -> float:  # after a warm-up; `now` waits for a GPU
+        return min(timeit.repeat(lambda: (work(), now()), repeat=4, number=1)[1:])
+
+    def matmul_seconds(tokens: int, n_in: int, n_out: int, count: int = 1) -> float:
+        """`count` matmuls of (tokens, n_in) by (n_in, n_out), at the rate of that shape."""
+        flops = 2 * tokens * n_in * n_out
+        if (tokens, n_in, n_out) not in seconds_per_flop:
+            x = torch.randn(tokens, n_in, dtype=dtype, device=device)
+            w = torch.randn(n_out, n_in, dtype=dtype, device=device)
+            seconds_per_flop[tokens, n_in, n_out] = best_of_3(lambda: x @ w.T) / flops
+        return count * flops * seconds_per_flop[tokens, n_in, n_out]
+
+    source = torch.empty(2**26, device=device)  # 256 MB of float32
+    copy = torch.empty_like(source)
+    bandwidth = 2 * source.nbytes / best_of_3(lambda: copy.copy_(source))  # bytes read and written per second
+
+    def pass_seconds(shapes: dict, B: int, L: int, past: int, kept: int) -> float:
+        """B sequences of L tokens after `past` cached ones, logits at `kept` positions: the larger of its FLOPs' time
+        and its bytes' time."""
+        linears = sum(matmul_seconds(B * L, i, o, count) for i, o, count in shapes["linears"])
+        linear_flops = sum(2 * B * L * i * o * count for i, o, count in shapes["linears"])
+        attended = L * past + L * (L + 1) / 2  # each token attends to the cache, to itself and to the ones before
+        attention_flops = 4 * B * shapes["attention"] * attended
+        head = matmul_seconds(B * kept, *shapes["head"]) if shapes["head"] and kept else 0.0
+        compute = linears * (1 + attention_flops / linear_flops) + head  # attention at the linears' mean rate
+        weights = sum(i * o * count for i, o, count in shapes["linears"]) + math.prod(shapes["head"] or [0])
+        cache = B * shapes["cache"] * (past + L)
+        return max(compute, (weights + cache) * dtype.itemsize / bandwidth)
+
+    bounds = []
+    for events in report["steps"]:
+        bound = dict.fromkeys(PHASES, 0.0)
+        for event in events:
+            if event["phase"] == "generation":  # a prefill, then one token at a time: the t-th after P + t - 1
+                B, P, T = event["B"], event["P"], event["T"]
+                decoding = sum(pass_seconds(event, B, 1, P + t - 1, 1) for t in range(1, T))
+                bound["generation"] += pass_seconds(event, B, P, 0, 1) + decoding
+            elif event["phase"] == "optimizer":  # AdamW: 4 float32 reads and 3 writes per trained parameter
+                bound["optimizer"] += 28 * event["parameters"] / bandwidth
+            elif event["phase"] != "backward":
+                forward = pass_seconds(event, event["B"], event["L"], 0, event["kept"])
+                bound[event["phase"]] += forward
+                bound["backward"] += event["backward"] * forward
+        bounds.append(bound)
+    return bounds
 
 
 def trl_run(spec: dict, report: dict):
@@ -278,37 +429,10 @@ def trl_run(spec: dict, report: dict):
 # ----------------------------------------------------------------------------------------------------------------------
 # Parent: build the inputs, run the children one at a time, summarize.
 # ----------------------------------------------------------------------------------------------------------------------
-def build_random_model(path: Path) -> int:
-    """A randomly initialized Qwen2 of RANDOM_MODEL's shape with the embedded tokenizer, saved to `path`; returns its
-    parameter count."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen2Config
-
-    embedded = Qwen2Config.from_pretrained(EMBEDDED)
-    config = Qwen2Config(
-        **RANDOM_MODEL,
-        vocab_size=embedded.vocab_size,
-        max_position_embeddings=512,
-        tie_word_embeddings=True,
-        eos_token_id=embedded.eos_token_id,
-        pad_token_id=embedded.pad_token_id,
-        bos_token_id=None,
-    )
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(config)
-    model.save_pretrained(path)
-    AutoTokenizer.from_pretrained(EMBEDDED).save_pretrained(path)
-    return sum(p.numel() for p in model.parameters())
-
-
 def build_llama135m(path: Path) -> int:
-    """A randomly initialized Llama of LLAMA_135M's shape (134.5M parameters) saved to `path` with a 49,152-entry
-    tokenizer; returns its parameter count.
-
-    The tokenizer is the embedded byte-level BPE (361 entries: the same special tokens and chat template as the real
-    model's) extended to 49,152 entries by merges of byte pairs, so that every id the random model samples decodes to
-    text and the prompts still tokenize; no download, no corpus. The compute depends on the vocabulary's size, not on
-    which strings it holds."""
+    """A randomly initialized Llama of LLAMA_135M's shape (134.5M parameters) saved to `path`; returns its parameter
+    count. Its tokenizer is the embedded byte-level BPE (the same special tokens and chat template) extended to 49,152
+    entries by merges of byte pairs: every id decodes to text, the prompts still tokenize, nothing is downloaded."""
     import torch
     from tokenizers import Tokenizer
     from transformers import AutoModelForCausalLM, LlamaConfig, PreTrainedTokenizerFast
@@ -342,94 +466,32 @@ def build_llama135m(path: Path) -> int:
     model = AutoModelForCausalLM.from_config(config)
     model.save_pretrained(path)
     big.save_pretrained(path)
-    return sum(p.numel() for p in model.parameters())
-
-
-def logprob_gap(model_path: str, args: Args, length: int) -> dict:
-    """How far, under --bf16, the log-probs the sampler draws with (`generate` of the float32 policy under bf16
-    autocast, as the scripts sample) are from those training computes (a forward pass of the same policy under bf16
-    autocast: π_θ_old and the KL's log π) and from pure float32, on one step's batch of completions. Per token: the mean
-    and largest |Δ log π|; per completion: the spread of Σ_t Δ log π, the log of the sequence-level importance ratio
-    that a sampler/learner mismatch would put in the loss."""
-    from types import SimpleNamespace
-
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    import common
-    import rloo
-
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    tokenizer = common.load_tokenizer(model_path)
-    policy = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).to(device).eval()
-    G = args.num_generations
-    texts = [common.prompt_text(tokenizer, p) for p in read_prompts(args.completions_per_step // G) for _ in range(G)]
-    sampling = SimpleNamespace(temperature=1.0, top_p=1.0, top_k=0, max_completion_length=length)
-    generation_config = common.sampling_config(policy, tokenizer, sampling)
-    torch.manual_seed(0)
-    with torch.autocast(device, dtype=torch.bfloat16):
-        out = common.generate(policy, tokenizer, texts, generation_config, sampler_logprobs=True)
-    mask, _ = common.end_of_completion(out["completion_ids"], generation_config.eos_token_id)
-    completion_ids = out["completion_ids"].masked_fill(mask == 0, tokenizer.pad_token_id)
-    input_ids = torch.cat([out["prompt_ids"], completion_ids], 1)
-    attention_mask = torch.cat([out["prompt_mask"], mask], 1)
-    T = completion_ids.shape[1]
-    with torch.no_grad():
-        with torch.autocast(device, dtype=torch.bfloat16):
-            autocast = rloo.completion_logprobs(policy, input_ids, attention_mask, T, 1.0)[0]
-        fp32 = rloo.completion_logprobs(policy, input_ids, attention_mask, T, 1.0)[0]
-    sampled = out["sampler_logprobs"]
-
-    def gap(a, b) -> dict:
-        delta = (a - b) * mask
-        sequence = delta.sum(1)
-        return {
-            "token_abs_mean": (delta.abs().sum() / mask.sum()).item(),
-            "token_abs_max": delta.abs().max().item(),
-            "sequence_mean": sequence.mean().item(),
-            "sequence_std": sequence.std().item(),
-            "sequence_abs_max": sequence.abs().max().item(),
-        }
-
-    return {
-        "completions": len(texts),
-        "mean_length": mask.sum(1).float().mean().item(),
-        "mean_token_logprob": ((fp32 * mask).sum() / mask.sum()).item(),
-        "sampler_vs_autocast": gap(sampled, autocast),
-        "sampler_vs_fp32": gap(sampled, fp32),
-        "autocast_vs_fp32": gap(autocast, fp32),
-    }
+    return model.num_parameters()
 
 
 def script_argv(
     args: Args, algorithm: str, model: str, data_file: Path, length: int, run_dir: Path, precision: str
 ) -> list[str]:
     G = args.num_generations if algorithm in GROUPED else 1
-    argv = [
-        "--model_name_or_path",
-        model,
-        "--dataset_name",
-        str(data_file),
-        "--max_completion_length",
-        str(length),
-        "--max_steps",
-        str(args.steps),
-        "--logging_steps",
-        "1",
-        "--eval_steps",
-        "0",
-        "--save_steps",
-        "0",
-        "--output_dir",
-        str(run_dir),
-        "--overwrite_output_dir",
-        "--prompts_per_step",
-        str(args.completions_per_step // G),
-    ] + (["--bf16"] if precision == "bf16" else [])
-    argv += args.script_flags.split()
+    flags = {
+        "--model_name_or_path": model,
+        "--dataset_name": data_file,
+        "--max_completion_length": length,
+        "--max_steps": args.steps,
+        "--logging_steps": 1,
+        "--eval_steps": 0,
+        "--save_steps": 0,
+        "--output_dir": run_dir,
+        "--prompts_per_step": args.completions_per_step // G,
+    }
     if algorithm == "ppo":
-        return argv + ["--kl_coef", str(args.beta)]
-    return argv + ["--num_generations", str(G), "--beta", str(args.beta)]
+        flags["--kl_coef"] = args.beta
+    else:
+        flags |= {"--num_generations": G, "--beta": args.beta}
+    argv = [str(item) for flag in flags.items() for item in flag] + ["--overwrite_output_dir"]
+    if precision == "bf16":
+        argv.append("--bf16")
+    return argv + args.script_flags.split()
 
 
 def run_child(args: Args, spec: dict, run_dir: Path) -> dict:
@@ -456,9 +518,6 @@ def run_child(args: Args, spec: dict, run_dir: Path) -> dict:
     tokens = [r["completions/mean_length"] * args.completions_per_step for r in measured]  # real tokens, up to EOS
     child_report = json.loads((run_dir / "bench_child.json").read_text())
     median_step_time = statistics.median(step_times)
-    if "cpu_times" in child_report:  # one step's CPU time: from the previous step's record to its own
-        marks = child_report["cpu_times"]
-        child_report["step_cpu_times"] = [None] + [b - a for a, b in zip(marks, marks[1:])]
     step_cpu_times = [t for t in child_report["step_cpu_times"][args.warmup_steps :] if t is not None]
     peak_rss = child_report["peak_rss_mb"]
     return {
@@ -474,20 +533,35 @@ def run_child(args: Args, spec: dict, run_dir: Path) -> dict:
         "step_times_s": [r["step_time"] for r in records],
         "wall_s": time.perf_counter() - start,
         **({"trl_version": child_report["trl_version"]} if "trl_version" in child_report else {}),
+        **({"phases": phase_medians(records, child_report, args.warmup_steps)} if args.phases else {}),
     }
 
 
-FIGURES = [
-    "median_step_time_s",
-    "median_step_cpu_time_s",
-    "completions_per_s",
-    "generated_tokens_per_s",
-    "mean_completion_length",
-    "peak_rss_mb",
-    "baseline_rss_mb",
-    "rss_above_baseline_mb",
-    "cuda_max_allocated_mb",
-]
+def phase_medians(records: list[dict], child_report: dict, warmup_steps: int) -> dict:
+    """Each phase's median seconds and bound over the measured steps. The rest: the step time less its phases; the
+    step: its time, and the sum of its phases' bounds."""
+    seconds, bounds = [], []
+    for record, events, bound in list(zip(records, child_report["steps"], child_report["bounds"]))[warmup_steps:]:
+        phases = {name: sum(e["seconds"] for e in events if e["phase"] == name) for name in PHASES}
+        seconds.append(phases | {"rest": record["step_time"] - sum(phases.values()), "step": record["step_time"]})
+        bounds.append(bound | {"rest": None, "step": sum(bound.values())})
+    return {
+        name: {"seconds": median([s[name] for s in seconds]), "bound": median([b[name] for b in bounds])}
+        for name in seconds[0]
+    }
+
+
+FIGURES = {  # each run's figures, the median over the repeats in the summary: the column and format in the table
+    "median_step_time_s": ("step time (s)", "{:.3f}"),
+    "median_step_cpu_time_s": ("CPU s/step", "{:.3f}"),
+    "completions_per_s": ("completions/s", "{:.1f}"),
+    "generated_tokens_per_s": ("gen tokens/s", "{:.0f}"),
+    "mean_completion_length": ("mean length", "{:.1f}"),
+    "peak_rss_mb": ("peak RSS (MB)", "{:.0f}"),
+    "baseline_rss_mb": (None, None),  # in the JSON only
+    "rss_above_baseline_mb": ("RSS above imports (MB)", "{:.0f}"),
+    "cuda_max_allocated_mb": ("CUDA max allocated (MB)", "{:.0f}"),  # on CUDA only
+}
 
 
 def summarize(runs: list[dict]) -> list[dict]:
@@ -495,90 +569,70 @@ def summarize(runs: list[dict]) -> list[dict]:
     summary = []
     for key in dict.fromkeys((r["config"], r["algorithm"], r["precision"]) for r in runs):
         group = [r for r in runs if (r["config"], r["algorithm"], r["precision"]) == key]
-        row = {
-            "config": key[0],
-            "algorithm": key[1],
-            "precision": key[2],
-            "repeats": len(group),
-            "parameters": group[0]["parameters"],
-        }
+        row = dict(
+            zip(("config", "algorithm", "precision"), key), repeats=len(group), parameters=group[0]["parameters"]
+        )
         for name in FIGURES:
-            values = [r[name] for r in group if r[name] is not None]
-            row[name] = statistics.median(values) if values else None
+            row[name] = median([r[name] for r in group])
+        for name in group[0].get("phases", {}):  # each phase's medians over the repeats
+            figures = [r["phases"][name] for r in group]
+            row.setdefault("phases", {})[name] = {k: median([f[k] for f in figures]) for k in ("seconds", "bound")}
         summary.append(row)
     return summary
 
 
+def median(values: list):
+    """The median of those that are not None; None if none is."""
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else None
+
+
 def print_table(summary: list[dict], cuda: bool):
-    header = [
-        "config",
-        "algorithm",
-        "precision",
-        "runs",
-        "step time (s)",
-        "CPU s/step",
-        "completions/s",
-        "gen tokens/s",
-        "mean length",
-        "peak RSS (MB)",
-        "RSS above imports (MB)",
-    ] + (["CUDA max allocated (MB)"] if cuda else [])
-    rows = [
-        [
-            r["config"],
-            r["algorithm"],
-            r["precision"],
-            str(r["repeats"]),
-            f"{r['median_step_time_s']:.3f}",
-            "-" if r["median_step_cpu_time_s"] is None else f"{r['median_step_cpu_time_s']:.3f}",
-            f"{r['completions_per_s']:.1f}",
-            f"{r['generated_tokens_per_s']:.0f}",
-            f"{r['mean_completion_length']:.1f}",
-            f"{r['peak_rss_mb']:.0f}",
-            f"{r['rss_above_baseline_mb']:.0f}",
-        ]
-        + ([f"{r['cuda_max_allocated_mb']:.0f}"] if cuda else [])
-        for r in summary
-    ]
-    print("| " + " | ".join(header) + " |")
-    print("|" + "---|" * len(header))
-    for row in rows:
-        print("| " + " | ".join(row) + " |")
+    shown = [name for name, (column, _) in FIGURES.items() if column and (cuda or name != "cuda_max_allocated_mb")]
+    print("| config | algorithm | precision | runs | " + " | ".join(FIGURES[name][0] for name in shown) + " |")
+    print("|" + "---|" * (4 + len(shown)))
+    for r in summary:
+        cells = [r["config"], r["algorithm"], r["precision"], str(r["repeats"])]
+        cells += ["-" if r[name] is None else FIGURES[name][1].format(r[name]) for name in shown]
+        print("| " + " | ".join(cells) + " |")
+
+
+def print_phases(row: dict):
+    """One run's phases in markdown: median seconds, bound and ratio; the step's bound is the sum of its phases'."""
+    print(f"\n{row['config']}, {row['algorithm']}, {row['precision']}: medians over the measured steps")
+    print("| phase | seconds | bound | ratio |\n|---|---|---|---|")
+    for name, figure in row["phases"].items():
+        seconds, bound = figure["seconds"], figure["bound"]
+        if bound is None:
+            print(f"| {name} | {seconds:.3g} | – | – |")
+        else:
+            print(f"| {name} | {seconds:.3g} | {bound:.3g} | {seconds / bound:.2f}× |")
 
 
 def main(args: Args):
     algorithms, configs, precisions = split_list(args.algorithms), split_list(args.configs), split_list(args.precisions)
-    for name in precisions:
-        require(name in PRECISIONS, f"--precisions: unknown precision {name!r} (choose from {', '.join(PRECISIONS)})")
-    for name in algorithms:
-        require(name in ALGORITHMS, f"--algorithms: unknown algorithm {name!r} (choose from {', '.join(ALGORITHMS)})")
-    for name in configs:
-        require(name in CONFIGS, f"--configs: unknown config {name!r} (choose from {', '.join(CONFIGS)})")
-    require(
-        bool(algorithms) and bool(configs) and bool(precisions), "--algorithms, --configs, --precisions: nothing to run"
-    )
-    require(
-        args.steps > args.warmup_steps >= 0,
-        f"--steps: {args.steps} leaves no measured step after --warmup_steps {args.warmup_steps}",
-    )
+    chosen = {
+        "algorithm": (algorithms, ALGORITHMS),
+        "config": (configs, CONFIGS),
+        "precision": (precisions, PRECISIONS),
+    }
+    for kind, (names, known) in chosen.items():
+        require(bool(names), f"--{kind}s: nothing to run")
+        for name in names:
+            require(name in known, f"--{kind}s: unknown {kind} {name!r} (choose from {', '.join(known)})")
+    unmeasured = f"{args.steps} leaves no measured step after --warmup_steps {args.warmup_steps}"
+    require(args.steps > args.warmup_steps >= 0, f"--steps: {unmeasured}")
     require(args.repeats >= 1, f"--repeats: must be ≥ 1, got {args.repeats}")
+    require(not (args.phases and "trl_rloo" in algorithms), "--phases: for the scripts, not for trl_rloo")
     require(args.num_generations >= 2, f"--num_generations: RLOO and GRPO need at least 2, got {args.num_generations}")
-    require(
-        args.completions_per_step % args.num_generations == 0,
-        f"--completions_per_step: {args.completions_per_step} is not a multiple of --num_generations "
-        f"{args.num_generations}",
-    )
+    not_multiple = f"{args.completions_per_step} is not a multiple of --num_generations {args.num_generations}"
+    require(args.completions_per_step % args.num_generations == 0, f"--completions_per_step: {not_multiple}")
     require(args.max_completion_length >= 0, f"--max_completion_length: must be ≥ 0, got {args.max_completion_length}")
     if "trl_rloo" in algorithms:
-        found = (
-            Path(args.trl_python).exists()
-            and subprocess.run([args.trl_python, "-c", "import trl"], capture_output=True).returncode == 0
-        )
-        require(
-            found,
-            f"--trl_python: {args.trl_python} cannot import trl; install it in a separate environment (pip install "
-            "'trl==1.16.*') and pass its python",
-        )
+        command = [args.trl_python, "-c", "import trl"]
+        found = Path(args.trl_python).exists() and subprocess.run(command, capture_output=True).returncode == 0
+        install = "install it in a separate environment (pip install 'trl==1.16.*') and pass its python"
+        require(found, f"--trl_python: {args.trl_python} cannot import trl; {install}")
 
     import torch
     from transformers import AutoModelForCausalLM
@@ -588,34 +642,8 @@ def main(args: Args):
     data_file = work_dir / "arithmetic_train.jsonl"  # the train split alone: no test split, so no evaluation
     shutil.copyfile(PROMPTS, data_file)
     models = {"embedded": (EMBEDDED, AutoModelForCausalLM.from_pretrained(EMBEDDED).num_parameters())}
-    if "random30m" in configs:
-        models["random30m"] = (str(work_dir / "random30m"), build_random_model(work_dir / "random30m"))
     if "llama135m" in configs:
         models["llama135m"] = (str(work_dir / "llama135m"), build_llama135m(work_dir / "llama135m"))
-
-    if args.logprob_gap:
-        if args.num_threads:
-            torch.set_num_threads(args.num_threads)
-        gaps = {
-            config: logprob_gap(models[config][0], args, args.max_completion_length or CONFIGS[config])
-            for config in configs
-        }
-        for config, result in gaps.items():
-            print(
-                f"{config}: {result['completions']} completions, mean length {result['mean_length']:.1f}, mean log π "
-                f"{result['mean_token_logprob']:.3f}"
-            )
-            for pair in ("sampler_vs_autocast", "sampler_vs_fp32", "autocast_vs_fp32"):
-                g = result[pair]
-                print(
-                    f"  {pair:>19}: |Δ log π| per token mean {g['token_abs_mean']:.5f} max {g['token_abs_max']:.4f}; "
-                    f"Σ_t Δ per completion mean {g['sequence_mean']:+.4f} std {g['sequence_std']:.4f} max |·| "
-                    f"{g['sequence_abs_max']:.4f}"
-                )
-        Path(args.output_json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.output_json).write_text(json.dumps({"settings": asdict(args), "logprob_gap": gaps}, indent=1))
-        print(f"wrote {args.output_json}")
-        return
 
     schedule = {}
     if "trl_rloo" in algorithms:  # TRL trains with rloo.py's learning rate, schedule and warm-up
@@ -625,48 +653,28 @@ def main(args: Args):
         schedule = dict(learning_rate=defaults.learning_rate, warmup_ratio=defaults.warmup_ratio)
         schedule["lr_scheduler_type"] = getattr(defaults.lr_scheduler_type, "value", defaults.lr_scheduler_type)
     runs = []
-    for repeat in range(args.repeats):
+    for repeat in range(args.repeats):  # one run of each, then the next
         for config in configs:
             model, parameters = models[config]
             length = args.max_completion_length or CONFIGS[config]
             for algorithm, precision in [(a, p) for a in algorithms for p in precisions]:
                 run_dir = work_dir / f"{config}-{algorithm}-{precision}-{repeat}"
                 G = args.num_generations if algorithm in GROUPED else 1
-                spec = {
-                    "algorithm": algorithm,
-                    "output_dir": str(run_dir),
-                    "model": model,
-                    "steps": args.steps,
-                    "completions_per_step": args.completions_per_step,
-                    "num_generations": G,
-                    "beta": args.beta,
-                    "max_completion_length": length,
-                    "bf16": precision == "bf16",
-                    "argv": script_argv(args, algorithm, model, data_file, length, run_dir, precision),
-                    **schedule,
-                }
+                spec = asdict(args) | schedule  # the child reads its steps, batch, β and --phases there
+                spec |= dict(algorithm=algorithm, output_dir=str(run_dir), model=model, num_generations=G)
+                spec |= dict(max_completion_length=length, bf16=precision == "bf16")
+                spec["argv"] = script_argv(args, algorithm, model, data_file, length, run_dir, precision)
                 result = run_child(args, spec, run_dir)
-                runs.append(
-                    {
-                        "config": config,
-                        "algorithm": algorithm,
-                        "precision": precision,
-                        "repeat": repeat,
-                        "parameters": parameters,
-                        "max_completion_length": length,
-                        **result,
-                    }
-                )
-                print(
-                    f"[{repeat + 1}/{args.repeats}] {config:>9} {algorithm:>9} {precision}: "
-                    f"{result['median_step_time_s']:.3f} s/step, "
-                    f"peak RSS {result['peak_rss_mb']:.0f} MB ({result['wall_s']:.0f} s)",
-                    flush=True,
-                )
+                run = dict(config=config, precision=precision, repeat=repeat, parameters=parameters)
+                runs.append(run | {"algorithm": algorithm, "max_completion_length": length} | result)
+                figures = f"{result['median_step_time_s']:.3f} s/step, peak RSS {result['peak_rss_mb']:.0f} MB"
+                print(f"[{repeat + 1}/{args.repeats}] {config:>9} {algorithm:>9} {precision}: {figures}", flush=True)
 
     summary = summarize(runs)
     cuda = torch.cuda.is_available()
     print_table(summary, cuda)
+    for row in [r for r in summary if "phases" in r]:
+        print_phases(row)
     machine = {
         "device": torch.cuda.get_device_name() if cuda else f"cpu ({os.cpu_count()} cores)",
         "torch": torch.__version__,
