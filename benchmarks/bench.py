@@ -11,9 +11,7 @@ what each figure is, and shows them.
   the child wraps). Peak memory: on CPU, the child's own peak RSS (Linux's VmHWM: os.wait4's ru_maxrss counts the
   parent's at the fork), also above its RSS after importing the libraries; on CUDA, torch.cuda.max_memory_allocated.
 - The same batch for all: 32 completions per step, 8 prompts × 4 completions (rloo, grpo, trl_rloo) or 32 prompts × 1
-  (reinforce, ppo); β = 0.05 everywhere (ppo: --kl_coef); every other flag is the script's default. Configs:
-  `embedded`, models/tiny-arith (0.83M parameters, at most 24 tokens); `llama135m`, a random Llama of SmolLM2-135M's
-  shape with a 49,152-token vocabulary and 64 tokens (with random weights EOS is rare).
+  (reinforce, ppo); β = 0.05 everywhere (ppo: --kl_coef); every other flag is the script's default.
 - `trl_rloo`: TRL's RLOOTrainer in a child run by --trl_python (a separate environment: trl is never a dependency of
   this project), configured like rloo.py (trl_run); its step time is from on_step_begin to on_step_end.
 - Each child runs with OMP_NUM_THREADS=--num_threads (default 1): PyTorch's one thread per core collapses when another
@@ -22,7 +20,7 @@ what each figure is, and shows them.
   In the child, a call of transformers' `generate` is generation; a forward of a top-level transformers model outside
   it (torch's global module hooks) is a reference forward if none of its parameters trains, else a policy forward;
   `torch.autograd.backward` (which `loss.backward()` calls) is the backward; torch's global optimizer step hooks time
-  the optimizer; the rest is the step time less its phases.
+  the optimizer; the rest is the step's time less its phases'. On a CPU every figure is CPU time (see `clock`).
   The bounds, at the run's precision (bf16 under --bf16, else float32) on the children's threads: a pass of B
   sequences of L tokens takes the larger of two times. One is its FLOPs at the matmul rate measured at the pass's own
   shapes: 2·B·L·in·out per linear layer (`x @ w.T` timed at (B·L, in, out)), the output head at the kept positions
@@ -45,7 +43,6 @@ import math
 import os
 import platform
 import re
-import resource
 import shutil
 import statistics
 import subprocess
@@ -96,9 +93,7 @@ class Args:
         "embedded",
         "comma-separated: embedded (models/tiny-arith), llama135m (a random 135M Llama, 49,152-token vocabulary)",
     )
-    precisions: str = arg(
-        "fp32", "comma-separated: fp32, bf16 (the scripts' --bf16; TRL's bf16=True); every algorithm runs in each"
-    )
+    precisions: str = arg("fp32", "comma-separated: fp32, bf16 (the scripts' --bf16; TRL's bf16=True), each for all")
     steps: int = arg(8, "training steps per run, warm-up included")
     warmup_steps: int = arg(2, "first steps of each run left out of the median (caches, first-call overheads)")
     repeats: int = arg(1, "runs per config and algorithm, interleaved; the table shows the median over runs")
@@ -154,12 +149,9 @@ def read_metrics(run_dir) -> list[dict]:
 # Children: one training run each. `child` runs in the child process, after the parent set its threads and environment.
 # ----------------------------------------------------------------------------------------------------------------------
 def peak_rss_mb() -> float:
-    """This process's own peak resident set size: Linux's VmHWM (its getrusage counts the parent's too, from the fork),
-    else ru_maxrss."""
-    status = Path("/proc/self/status")
-    lines = status.read_text().splitlines() if status.exists() else []
-    kib = [int(line.split()[1]) for line in lines if line.startswith("VmHWM:")]
-    return (kib[0] if kib else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) / 1024  # Linux reports KiB
+    """This process's own peak resident set size: Linux's VmHWM (getrusage counts the parent's too, from the fork)."""
+    lines = Path("/proc/self/status").read_text().splitlines()
+    return [int(line.split()[1]) for line in lines if line.startswith("VmHWM:")][0] / 1024  # in KiB
 
 
 def child(spec_json: str):
@@ -198,12 +190,14 @@ def script_run(spec: dict, report: dict):
     report["step_cpu_times"] = [None] + [b - a for a, b in zip(marks, marks[1:])]
 
 
-def now() -> float:
-    """The wall clock once the GPU's queued work is done: a phase ends when its kernels do."""
+def clock() -> float:
+    """The clock of --phases. On a CPU, this process's CPU time: with one thread it is an idle machine's wall clock, and
+    other jobs inflate it far less. On CUDA, the wall clock once the GPU's queued work is done."""
     import torch
 
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
+    if not torch.cuda.is_available():
+        return time.process_time()
+    torch.cuda.synchronize()
     return time.perf_counter()
 
 
@@ -232,7 +226,7 @@ def install_hooks(report: dict, phases: bool):
         return
 
     def note(phase: str, start: float, model=None, **shapes):
-        seconds = now() - start
+        seconds = clock() - start
         if model is not None:
             shapes |= model_shapes(model)
         steps[-1].append(dict(phase=phase, seconds=seconds, **shapes))
@@ -241,7 +235,7 @@ def install_hooks(report: dict, phases: bool):
 
     def timed_generate(model, *args, **kwargs):
         nonlocal generating
-        start = now()
+        start = clock()
         generating = True
         output = generate(model, *args, **kwargs)
         generating = False
@@ -254,7 +248,7 @@ def install_hooks(report: dict, phases: bool):
 
     def forward_start(module, args):
         if isinstance(module, transformers.PreTrainedModel):
-            starts.append(now())
+            starts.append(clock())
 
     def forward_end(module, args, kwargs, output):
         if not isinstance(module, transformers.PreTrainedModel):
@@ -276,13 +270,13 @@ def install_hooks(report: dict, phases: bool):
     backward = torch.autograd.backward
 
     def timed_backward(*args, **kwargs):  # loss.backward() and accelerator.backward(loss) call it
-        start = now()
+        start = clock()
         backward(*args, **kwargs)
         note("backward", start)
 
     torch.autograd.backward = timed_backward
     optimizer_starts = []
-    register_optimizer_step_pre_hook(lambda *_: optimizer_starts.append(now()))
+    register_optimizer_step_pre_hook(lambda *_: optimizer_starts.append(clock()))
 
     def optimizer_end(optimizer, args, kwargs):
         trained = sum(p.numel() for group in optimizer.param_groups for p in group["params"] if p.requires_grad)
@@ -318,8 +312,8 @@ def phase_bounds(report: dict, bf16: bool) -> list[dict]:
     device = "cuda" if torch.cuda.is_available() else "cpu"
     seconds_per_flop = {}
 
-    def best_of_3(work) -> float:  # after a warm-up; `now` waits for a GPU
-        return min(timeit.repeat(lambda: (work(), now()), repeat=4, number=1)[1:])
+    def best_of_3(work) -> float:  # after a warm-up
+        return min(timeit.repeat(work, timer=clock, repeat=4, number=1)[1:])
 
     def matmul_seconds(tokens: int, n_in: int, n_out: int, count: int = 1) -> float:
         """`count` matmuls of (tokens, n_in) by (n_in, n_out), at the rate of that shape."""
@@ -538,12 +532,16 @@ def run_child(args: Args, spec: dict, run_dir: Path) -> dict:
 
 
 def phase_medians(records: list[dict], child_report: dict, warmup_steps: int) -> dict:
-    """Each phase's median seconds and bound over the measured steps. The rest: the step time less its phases; the
-    step: its time, and the sum of its phases' bounds."""
+    """Each phase's median seconds and bound over the measured steps, in `clock`'s time. The rest: the step's time less
+    its phases'; the step: its time (on a CPU its CPU time), and the sum of its phases' bounds."""
+    cuda = "cuda_max_allocated_mb" in child_report
+    step_seconds = [r["step_time"] for r in records] if cuda else child_report["step_cpu_times"]
     seconds, bounds = [], []
-    for record, events, bound in list(zip(records, child_report["steps"], child_report["bounds"]))[warmup_steps:]:
+    for step, events, bound in list(zip(step_seconds, child_report["steps"], child_report["bounds"]))[warmup_steps:]:
         phases = {name: sum(e["seconds"] for e in events if e["phase"] == name) for name in PHASES}
-        seconds.append(phases | {"rest": record["step_time"] - sum(phases.values()), "step": record["step_time"]})
+        if step is None:  # the first step's CPU time: nothing marks its start
+            continue
+        seconds.append(phases | {"rest": step - sum(phases.values()), "step": step})
         bounds.append(bound | {"rest": None, "step": sum(bound.values())})
     return {
         name: {"seconds": median([s[name] for s in seconds]), "bound": median([b[name] for b in bounds])}
@@ -599,8 +597,10 @@ def print_table(summary: list[dict], cuda: bool):
 
 def print_phases(row: dict):
     """One run's phases in markdown: median seconds, bound and ratio; the step's bound is the sum of its phases'."""
-    print(f"\n{row['config']}, {row['algorithm']}, {row['precision']}: medians over the measured steps")
-    print("| phase | seconds | bound | ratio |\n|---|---|---|---|")
+    unit = "seconds" if row["cuda_max_allocated_mb"] else "CPU seconds"
+    wall = f"(the wall clock's step: {row['median_step_time_s']:.3g} s)"
+    print(f"\n{row['config']}, {row['algorithm']}, {row['precision']}: medians over the measured steps {wall}")
+    print(f"| phase | {unit} | bound | ratio |\n|---|---|---|---|")
     for name, figure in row["phases"].items():
         seconds, bound = figure["seconds"], figure["bound"]
         if bound is None:
@@ -611,12 +611,11 @@ def print_phases(row: dict):
 
 def main(args: Args):
     algorithms, configs, precisions = split_list(args.algorithms), split_list(args.configs), split_list(args.precisions)
-    chosen = {
-        "algorithm": (algorithms, ALGORITHMS),
-        "config": (configs, CONFIGS),
-        "precision": (precisions, PRECISIONS),
-    }
-    for kind, (names, known) in chosen.items():
+    for kind, names, known in (
+        ("algorithm", algorithms, ALGORITHMS),
+        ("config", configs, CONFIGS),
+        ("precision", precisions, PRECISIONS),
+    ):
         require(bool(names), f"--{kind}s: nothing to run")
         for name in names:
             require(name in known, f"--{kind}s: unknown {kind} {name!r} (choose from {', '.join(known)})")
