@@ -55,6 +55,7 @@ import torch.utils.checkpoint
 import transformers
 import yaml
 from accelerate import Accelerator, DistributedType
+from accelerate.tracking import get_available_trackers
 from accelerate.utils import gather_object, set_seed
 from datasets import load_dataset
 from tqdm.auto import tqdm
@@ -116,7 +117,7 @@ class Args:
     lr_scheduler_type: SchedulerType = arg("cosine", "transformers' learning-rate schedule")
     warmup_ratio: float = arg(0.03, "fraction of the optimizer steps spent warming up")
     weight_decay: float = arg(0.0, "AdamW weight decay")
-    max_grad_norm: float = arg(1.0, "gradient clipping norm")
+    max_grad_norm: float = arg(1.0, "gradient clipping norm (0: none)")
     seed: int = arg(0, "random seed (sampling, data order)")
     disable_dropout: bool = arg(True, "dropout off, so that sampling, π_θ_old and the loss see one policy")
     # logging, evaluation, checkpoints
@@ -271,8 +272,20 @@ def require(condition: bool, message: str):
         raise BadInput(message)
 
 
+@contextlib.contextmanager
+def loading(flag: str, value):
+    """What goes wrong while a flag's input loads is bad input: the flag, its value and the library's first line."""
+    try:
+        yield
+    except Exception as error:
+        reason = (str(error).strip() or type(error).__name__).splitlines()[0]
+        raise BadInput(f"{flag} {value}: {reason}") from None
+
+
 def fail(message: str):
-    tqdm.write(f"error: {message}", file=sys.stderr)  # on a line of its own, below the progress bar
+    for bar in list(tqdm._instances):  # closed first: the error is the log's last line
+        bar.close()
+    print(f"error: {message}", file=sys.stderr)
     sys.exit(2)
 
 
@@ -285,10 +298,8 @@ def parse_args(args_class):
         action.type = json.loads if action.type is dict else action.type
     namespace = parser.parse_args()
     if namespace.config:
-        try:
+        with loading("--config", namespace.config):
             config = yaml.safe_load(Path(namespace.config).read_text())
-        except (OSError, yaml.YAMLError) as error:
-            raise BadInput(f"--config: {str(error).splitlines()[0]}") from None
         require(isinstance(config, dict), f"--config {namespace.config}: expected a mapping of flag: value")
         unknown = sorted(set(config) - set(vars(namespace)))
         require(not unknown, f"--config {namespace.config}: unknown flags {unknown}")
@@ -319,30 +330,30 @@ def check_shared_args(args):
 def load_split(args, split: str):
     """A split of --dataset_name (a hub dataset, a folder, or a json, csv or parquet file: its train split), or None."""
     path = Path(args.dataset_name)
-    try:
-        if path.is_file():
-            builder = {".csv": "csv", ".parquet": "parquet"}.get(path.suffixes[0], "json")
-            splits = load_dataset(builder, data_files={"train": str(path)})
+    with loading("--dataset_name", args.dataset_name):
+        if path.is_file():  # datasets reads the format from the extension
+            splits = load_dataset(str(path.parent), data_files={"train": path.name})
         else:
             splits = load_dataset(args.dataset_name, args.dataset_config)
-    except Exception as error:  # no such dataset, file or configuration, or a file that does not parse
-        raise BadInput(f"--dataset_name: cannot load {args.dataset_name!r}: {str(error).splitlines()[0]}") from None
     require(split in splits or split != args.dataset_train_split, f"--dataset_train_split: no {split!r} split")
     return splits.get(split)
 
 
 # ---- plumbing: prompts ----
 def prompt_texts(tokenizer, dataset, args, split: str) -> list[str]:
-    """Every prompt of a split as the model reads it; one that cannot be rendered is one line that quotes it."""
+    """Every prompt of a split as the model reads it; one that cannot be rendered is one line that names its row."""
     require("prompt" in dataset.column_names, f"--dataset_name: the {split} split has no 'prompt' column")
-    try:
-        return [common.prompt_text(tokenizer, prompt, args.chat_template_kwargs) for prompt in dataset["prompt"]]
-    except Exception as error:
-        raise BadInput(f"--dataset_name: a prompt of the {split} split: {error}") from None
+    texts = []
+    for row, prompt in enumerate(dataset["prompt"]):
+        with loading("--dataset_name", f"row {row} of the {split} split"):
+            texts.append(common.prompt_text(tokenizer, prompt, args.chat_template_kwargs))
+    return texts
 
 
 # ---- plumbing: models ----
-def load_trained(args, path: str, model_class=AutoModelForCausalLM, task_type="CAUSAL_LM", **options):
+def load_trained(
+    args, path: str, model_class=AutoModelForCausalLM, task_type="CAUSAL_LM", flag="--model_name_or_path", **options
+):
     """A model to train: float32 master weights whatever the checkpoint's dtype (a frozen base is bf16 under --use_peft
     --bf16, 4-bit under --load_in_4bit), --use_peft's LoRA adapter, dropout off, --gradient_checkpointing."""
     from peft import LoraConfig, get_peft_model
@@ -353,13 +364,15 @@ def load_trained(args, path: str, model_class=AutoModelForCausalLM, task_type="C
     ) if args.load_in_4bit else None  # fmt: skip
     dtype = torch.bfloat16 if args.use_peft and args.bf16 else torch.float32
     attention = args.attn_implementation
-    model = model_class.from_pretrained(
-        path, dtype=dtype, quantization_config=quantization, attn_implementation=attention, **options
-    )
+    with loading(flag, path):
+        model = model_class.from_pretrained(
+            path, dtype=dtype, quantization_config=quantization, attn_implementation=attention, **options
+        )
     if args.use_peft:
         targets = "all-linear" if args.lora_target_modules == ["all-linear"] else args.lora_target_modules
         lora = dict(r=args.lora_r, lora_alpha=args.lora_alpha, lora_dropout=args.lora_dropout, target_modules=targets)
-        model = get_peft_model(model, LoraConfig(task_type=task_type, **lora))
+        with loading("--lora_target_modules", targets):
+            model = get_peft_model(model, LoraConfig(task_type=task_type, **lora))
         for param in (p for p in model.parameters() if p.requires_grad):  # what trains in float32 (a score head too)
             param.data = param.data.float()
     if args.disable_dropout:  # dropout layers, and the rates attention layers keep as floats (Llama's, GPT-2's)
@@ -438,11 +451,14 @@ def evaluate(accelerator, model, tokenizer, eval_dataset, eval_texts, reward_fun
 def claim_output_dir(args) -> Path | None:
     """The checkpoint to resume from, whose later metrics are dropped; None for a fresh run, into a fresh folder."""
     out, metrics = Path(args.output_dir), Path(args.output_dir) / "metrics.jsonl"
-    out.mkdir(parents=True, exist_ok=True)
     if args.resume_from_checkpoint:
         latest = args.resume_from_checkpoint == "latest"
         found = checkpoints(out)[-1:] if latest else [Path(args.resume_from_checkpoint)]
-        require(found and (found[0] / "trainer_state.json").is_file(), f"--resume_from_checkpoint: none in {found}")
+        where = found[0] if found else out
+        require(found and (where / "trainer_state.json").is_file(), f"--resume_from_checkpoint: none in {where}")
+    with loading("--output_dir", out):
+        out.mkdir(parents=True, exist_ok=True)
+    if args.resume_from_checkpoint:
         step = json.loads((found[0] / "trainer_state.json").read_text())["step"]
         records = [json.loads(line) for line in metrics.read_text().splitlines()] if metrics.is_file() else []
         metrics.write_text("".join(json.dumps(r) + "\n" for r in records if r["step"] <= step))
@@ -518,6 +534,8 @@ def log(accelerator, args, step: int, metrics: dict):
 def main(args: Args):
     # ---- plumbing: setup ----
     check_args(args)
+    known = {"none", "all", *map(str, get_available_trackers())}  # accelerate skips the others silently
+    require(set(args.report_to) <= known, f"--report_to {args.report_to}: expected some of {sorted(known)}")
     precision, trackers = "bf16" if args.bf16 else "no", None if args.report_to == ["none"] else args.report_to
     # the scheduler steps once per update (accelerate's default steps it once per process: for a split DataLoader)
     accelerator = Accelerator(
@@ -538,7 +556,8 @@ def main(args: Args):
     require(local_batch_size % micro_batch_size == 0, f"--micro_batch_size: must divide {local_batch_size} completions")
 
     # ---- plumbing: the splits and their prompts ----
-    tokenizer = common.load_tokenizer(args.model_name_or_path)
+    with loading("--model_name_or_path", args.model_name_or_path):
+        tokenizer = common.load_tokenizer(args.model_name_or_path)
     train_dataset, eval_dataset = load_split(args, args.dataset_train_split), load_split(args, args.dataset_test_split)
     require(len(train_dataset) >= args.prompts_per_step, f"--prompts_per_step: more than the {len(train_dataset)} rows")
     eval_dataset = eval_dataset if args.eval_strategy == "steps" else None
@@ -553,6 +572,12 @@ def main(args: Args):
 
     # ---- plumbing: the policy π_θ, the reference π_ref (β > 0; with LoRA: the policy without its adapter) ----
     model, ref_model = load_trained(args, args.model_name_or_path), None
+    longest = max(map(len, tokenizer([*train_texts, *(eval_texts or [])], add_special_tokens=False).input_ids))
+    room = model.config.max_position_embeddings - longest
+    require(
+        args.max_completion_length <= room,
+        f"--max_completion_length {args.max_completion_length}: {room} fit the context after a {longest}-token prompt",
+    )
     if args.beta > 0 and not args.use_peft:  # frozen: bf16 under --bf16
         ref = dict(dtype=torch.bfloat16 if args.bf16 else torch.float32, attn_implementation=args.attn_implementation)
         ref_model = prepare_frozen(accelerator, AutoModelForCausalLM.from_pretrained(args.model_name_or_path, **ref))
@@ -573,9 +598,10 @@ def main(args: Args):
     state = load_checkpoint(accelerator, args, model, checkpoint) if checkpoint else {"step": 0, "num_tokens": 0}
     vllm = None
     if args.use_vllm:  # a colocated engine, sent the policy's weights now and after every update
-        from vllm_colocate import VLLMGenerator
+        with loading("--use_vllm", args.use_vllm):
+            from vllm_colocate import VLLMGenerator
 
-        vllm = VLLMGenerator(accelerator, args, tokenizer, model, end_ids)
+            vllm = VLLMGenerator(accelerator, args, tokenizer, model, end_ids)
     accelerator.init_trackers("huggingface", {k: str(v) for k, v in asdict(args).items()})
     evaluation = lambda: evaluate(accelerator, model, tokenizer, eval_dataset, eval_texts, reward_funcs, weights, args)
     first_eval = evaluation() if state["step"] == 0 else {}
@@ -698,7 +724,7 @@ def main(args: Args):
                 mask = mask / mask.sum().clamp(min=1)  # the clipped fractions are over the completion tokens
                 clip_low.append((((ratio < 1 - args.epsilon) & (A < 0)) * mask).sum().item())
                 clip_high.append((((ratio > 1 + args.epsilon_high) & (A > 0)) * mask).sum().item())
-            grad_norms.append(float(accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)))
+            grad_norms.append(float(accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm or math.inf)))
             if not (math.isfinite(loss_sum) and math.isfinite(grad_norms[-1])):  # before the update: nothing saved
                 fail(f"step {step}: the loss or the gradient norm is not finite; the newest checkpoint is kept")
             optimizer.step()

@@ -165,13 +165,14 @@ def reward_model_function(path: str, device, prepare=None, batch_size: int = 32)
     `prepare(model)` readies it for scoring (default: eval mode on `device`)."""
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-    try:
+    try:  # whatever goes wrong while loading it is one line naming the flag
         model = AutoModelForSequenceClassification.from_pretrained(path)
-    except (OSError, ValueError) as error:
-        raise RewardError(f"--reward_model_path: cannot load {path!r}: {str(error).splitlines()[0]}") from None
+        tokenizer = AutoTokenizer.from_pretrained(path)
+    except Exception as error:
+        reason = (str(error).strip() or type(error).__name__).splitlines()[0]  # the library's first line
+        raise RewardError(f"--reward_model_path {path}: {reason}") from None
     if model.config.num_labels != 1:
         raise RewardError(f"--reward_model_path: {path} has {model.config.num_labels} labels; a reward model has one")
-    tokenizer = AutoTokenizer.from_pretrained(path)
     tokenizer.pad_token = tokenizer.pad_token or tokenizer.eos_token
     model.config.pad_token_id = tokenizer.pad_token_id
     model = prepare(model) if prepare else model.to(device).eval().requires_grad_(False)
@@ -231,8 +232,9 @@ def reward_weights(weights: list[str], reward_funcs: dict) -> torch.Tensor:
 
 
 def check_columns(reward_funcs: dict, dataset, split: str):
-    """Every column a reward function needs (a parameter without a default, or one of its `one_of_columns`) is in
-    the dataset split (if any): said before training rather than at its first step."""
+    """Every reward function can be called as `compute_rewards` calls it, with the dataset split's columns (if any): a
+    column it needs (a parameter without a default, or one of its `one_of_columns`), or a keyword it does not take
+    (TRL's functions end with **kwargs), is said before training rather than at its first step."""
     columns = dataset.column_names if dataset is not None else None
     for name, function in reward_funcs.items() if columns is not None else ():
         one_of = getattr(function, "one_of_columns", ())
@@ -240,17 +242,11 @@ def check_columns(reward_funcs: dict, dataset, split: str):
             raise RewardError(
                 f"reward function {name} needs a column {' or '.join(one_of)}; the {split} split has {columns}"
             )
-        needed = [
-            p.name
-            for p in inspect.signature(function).parameters.values()
-            if p.default is p.empty and p.kind is p.POSITIONAL_OR_KEYWORD
-            and p.name not in ("prompts", "completions", "completion_ids")
-        ]  # fmt: skip
-        for column in needed:
-            if column not in columns:
-                raise RewardError(
-                    f"reward function {name} needs the column {column!r}; the {split} split has {columns}"
-                )
+        keywords = ["prompts", "completions", "completion_ids", *(c for c in columns if c != "prompt")]
+        try:
+            inspect.signature(function).bind(**dict.fromkeys(keywords))
+        except TypeError as error:  # a column it needs is missing, or it takes no **kwargs
+            raise RewardError(f"reward function {name} called with {keywords} (the {split} split's): {error}") from None
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -273,7 +269,9 @@ def compute_rewards(reward_funcs: dict, weights, prompts: list, texts: list[str]
     per_func = torch.full((len(prompts), len(reward_funcs)), math.nan)
     for j, (name, function) in enumerate(reward_funcs.items()):
         values = function(prompts=prompts, completions=completions, completion_ids=completion_ids, **columns)
-        values = values.tolist() if hasattr(values, "tolist") else list(values)  # a list, a numpy array, a tensor
+        values = values.tolist() if hasattr(values, "tolist") else values  # a numpy array, a tensor
+        if not isinstance(values, (list, tuple)):
+            raise RewardError(f"reward function {name} returned {str(values)[:80]}: expected a list, one value each")
         if len(values) != len(prompts):
             raise RewardError(f"reward function {name} returned {len(values)} values for {len(prompts)} completions")
         try:

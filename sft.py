@@ -48,6 +48,7 @@ import torch
 import transformers
 import yaml
 from accelerate import Accelerator, DistributedType
+from accelerate.tracking import get_available_trackers
 from accelerate.utils import gather_object, set_seed
 from datasets import load_dataset
 from tqdm.auto import tqdm
@@ -82,7 +83,7 @@ class Args:
     lr_scheduler_type: SchedulerType = arg("cosine", "transformers' learning-rate schedule")
     warmup_ratio: float = arg(0.05, "fraction of the steps spent warming up")
     weight_decay: float = arg(0.0, "AdamW weight decay")
-    max_grad_norm: float = arg(1.0, "gradient clipping norm")
+    max_grad_norm: float = arg(1.0, "gradient clipping norm (0: none)")
     seed: int = arg(0, "random seed (data order, evaluation sampling, a LoRA adapter's start)")
     disable_dropout: bool = arg(True, "dropout off (LoRA's too)")
     # evaluation: sampling from the held-out prompts
@@ -136,10 +137,10 @@ def tokenize(tokenizer, dataset, args, split: str) -> list[dict]:
     --max_length of them) and `labels`: the same ids, with −100 (no loss) on the prompt's. The prompt is rendered by
     `prompt_texts`, as the RL scripts render it; prompt and completion are tokenized apart, as a model samples them."""
     require("completion" in dataset.column_names, f"--dataset_name: the {split} split has no 'completion' column")
-    try:
-        completions = [text_of(completion) for completion in dataset["completion"]]
-    except Exception as error:
-        raise BadInput(f"--dataset_name: a completion of the {split} split: {error!r}") from None
+    completions = []
+    for row, completion in enumerate(dataset["completion"]):
+        with loading("--dataset_name", f"row {row} of the {split} split"):
+            completions.append(text_of(completion))
     prompt_ids = token_ids(tokenizer, prompt_texts(tokenizer, dataset, args, split))
     completion_ids = token_ids(tokenizer, completions)
     rows = []
@@ -207,8 +208,20 @@ def require(condition: bool, message: str):
         raise BadInput(message)
 
 
+@contextlib.contextmanager
+def loading(flag: str, value):
+    """What goes wrong while a flag's input loads is bad input: the flag, its value and the library's first line."""
+    try:
+        yield
+    except Exception as error:
+        reason = (str(error).strip() or type(error).__name__).splitlines()[0]
+        raise BadInput(f"{flag} {value}: {reason}") from None
+
+
 def fail(message: str):
-    tqdm.write(f"error: {message}", file=sys.stderr)  # on a line of its own, below the progress bar
+    for bar in list(tqdm._instances):  # closed first: the error is the log's last line
+        bar.close()
+    print(f"error: {message}", file=sys.stderr)
     sys.exit(2)
 
 
@@ -221,10 +234,8 @@ def parse_args(args_class):
         action.type = json.loads if action.type is dict else action.type
     namespace = parser.parse_args()
     if namespace.config:
-        try:
+        with loading("--config", namespace.config):
             config = yaml.safe_load(Path(namespace.config).read_text())
-        except (OSError, yaml.YAMLError) as error:
-            raise BadInput(f"--config: {str(error).splitlines()[0]}") from None
         require(isinstance(config, dict), f"--config {namespace.config}: expected a mapping of flag: value")
         unknown = sorted(set(config) - set(vars(namespace)))
         require(not unknown, f"--config {namespace.config}: unknown flags {unknown}")
@@ -238,30 +249,30 @@ def parse_args(args_class):
 def load_split(args, split: str):
     """A split of --dataset_name (a hub dataset, a folder, or a json, csv or parquet file: its train split), or None."""
     path = Path(args.dataset_name)
-    try:
-        if path.is_file():
-            builder = {".csv": "csv", ".parquet": "parquet"}.get(path.suffixes[0], "json")
-            splits = load_dataset(builder, data_files={"train": str(path)})
+    with loading("--dataset_name", args.dataset_name):
+        if path.is_file():  # datasets reads the format from the extension
+            splits = load_dataset(str(path.parent), data_files={"train": path.name})
         else:
             splits = load_dataset(args.dataset_name, args.dataset_config)
-    except Exception as error:  # no such dataset, file or configuration, or a file that does not parse
-        raise BadInput(f"--dataset_name: cannot load {args.dataset_name!r}: {str(error).splitlines()[0]}") from None
     require(split in splits or split != args.dataset_train_split, f"--dataset_train_split: no {split!r} split")
     return splits.get(split)
 
 
 # ---- plumbing: prompts ----
 def prompt_texts(tokenizer, dataset, args, split: str) -> list[str]:
-    """Every prompt of a split as the model reads it; one that cannot be rendered is one line that quotes it."""
+    """Every prompt of a split as the model reads it; one that cannot be rendered is one line that names its row."""
     require("prompt" in dataset.column_names, f"--dataset_name: the {split} split has no 'prompt' column")
-    try:
-        return [common.prompt_text(tokenizer, prompt, args.chat_template_kwargs) for prompt in dataset["prompt"]]
-    except Exception as error:
-        raise BadInput(f"--dataset_name: a prompt of the {split} split: {error}") from None
+    texts = []
+    for row, prompt in enumerate(dataset["prompt"]):
+        with loading("--dataset_name", f"row {row} of the {split} split"):
+            texts.append(common.prompt_text(tokenizer, prompt, args.chat_template_kwargs))
+    return texts
 
 
 # ---- plumbing: models ----
-def load_trained(args, path: str, model_class=AutoModelForCausalLM, task_type="CAUSAL_LM", **options):
+def load_trained(
+    args, path: str, model_class=AutoModelForCausalLM, task_type="CAUSAL_LM", flag="--model_name_or_path", **options
+):
     """A model to train: float32 master weights whatever the checkpoint's dtype (a frozen base is bf16 under --use_peft
     --bf16, 4-bit under --load_in_4bit), --use_peft's LoRA adapter, dropout off, --gradient_checkpointing."""
     from peft import LoraConfig, get_peft_model
@@ -272,13 +283,15 @@ def load_trained(args, path: str, model_class=AutoModelForCausalLM, task_type="C
     ) if args.load_in_4bit else None  # fmt: skip
     dtype = torch.bfloat16 if args.use_peft and args.bf16 else torch.float32
     attention = args.attn_implementation
-    model = model_class.from_pretrained(
-        path, dtype=dtype, quantization_config=quantization, attn_implementation=attention, **options
-    )
+    with loading(flag, path):
+        model = model_class.from_pretrained(
+            path, dtype=dtype, quantization_config=quantization, attn_implementation=attention, **options
+        )
     if args.use_peft:
         targets = "all-linear" if args.lora_target_modules == ["all-linear"] else args.lora_target_modules
         lora = dict(r=args.lora_r, lora_alpha=args.lora_alpha, lora_dropout=args.lora_dropout, target_modules=targets)
-        model = get_peft_model(model, LoraConfig(task_type=task_type, **lora))
+        with loading("--lora_target_modules", targets):
+            model = get_peft_model(model, LoraConfig(task_type=task_type, **lora))
         for param in (p for p in model.parameters() if p.requires_grad):  # what trains in float32 (a score head too)
             param.data = param.data.float()
     if args.disable_dropout:  # dropout layers, and the rates attention layers keep as floats (Llama's, GPT-2's)
@@ -342,11 +355,14 @@ def evaluate(accelerator, model, tokenizer, eval_dataset, eval_texts, reward_fun
 def claim_output_dir(args) -> Path | None:
     """The checkpoint to resume from, whose later metrics are dropped; None for a fresh run, into a fresh folder."""
     out, metrics = Path(args.output_dir), Path(args.output_dir) / "metrics.jsonl"
-    out.mkdir(parents=True, exist_ok=True)
     if args.resume_from_checkpoint:
         latest = args.resume_from_checkpoint == "latest"
         found = checkpoints(out)[-1:] if latest else [Path(args.resume_from_checkpoint)]
-        require(found and (found[0] / "trainer_state.json").is_file(), f"--resume_from_checkpoint: none in {found}")
+        where = found[0] if found else out
+        require(found and (where / "trainer_state.json").is_file(), f"--resume_from_checkpoint: none in {where}")
+    with loading("--output_dir", out):
+        out.mkdir(parents=True, exist_ok=True)
+    if args.resume_from_checkpoint:
         step = json.loads((found[0] / "trainer_state.json").read_text())["step"]
         records = [json.loads(line) for line in metrics.read_text().splitlines()] if metrics.is_file() else []
         metrics.write_text("".join(json.dumps(r) + "\n" for r in records if r["step"] <= step))
@@ -422,6 +438,8 @@ def log(accelerator, args, step: int, metrics: dict):
 def main(args: Args):
     # ---- plumbing: setup, a batch of rows a step ----
     check_args(args)
+    known = {"none", "all", *map(str, get_available_trackers())}  # accelerate skips the others silently
+    require(set(args.report_to) <= known, f"--report_to {args.report_to}: expected some of {sorted(known)}")
     precision, trackers = "bf16" if args.bf16 else "no", None if args.report_to == ["none"] else args.report_to
     accelerator = Accelerator(
         mixed_precision=precision, log_with=trackers, project_dir=args.output_dir, step_scheduler_with_optimizer=False
@@ -438,7 +456,8 @@ def main(args: Args):
     my_rows = slice(accelerator.process_index * local_batch_size, (accelerator.process_index + 1) * local_batch_size)
 
     # ---- sft: data, the model ----
-    tokenizer = common.load_tokenizer(args.model_name_or_path)
+    with loading("--model_name_or_path", args.model_name_or_path):
+        tokenizer = common.load_tokenizer(args.model_name_or_path)
     train_dataset, eval_dataset = load_split(args, args.dataset_train_split), load_split(args, args.dataset_test_split)
     eval_dataset = eval_dataset if args.eval_strategy == "steps" else None
     rows = tokenize(tokenizer, train_dataset, args, args.dataset_train_split)
@@ -493,7 +512,7 @@ def main(args: Args):
 
         # ==== 3. update ====
         accelerator.backward(loss)
-        grad_norm = float(accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm))
+        grad_norm = float(accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm or math.inf))
         if not (math.isfinite(loss.item()) and math.isfinite(grad_norm)):  # before the update: nothing saved
             fail(f"step {step}: the loss or the gradient norm is not finite; the newest checkpoint is kept")
         optimizer.step()

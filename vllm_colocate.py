@@ -20,7 +20,7 @@ class VLLMGenerator:
         import vllm  # pip install vllm
 
         if args.load_in_4bit:
-            raise ValueError("--use_vllm: vLLM is sent the policy's full weights, which a 4-bit base does not have")
+            raise ValueError("vLLM is sent the policy's full weights, which a 4-bit base (--load_in_4bit) lacks")
         # vLLM's "external_launcher" joins the process group that `accelerate launch` (or a single process) describes
         for key, value in {
             "RANK": accelerator.process_index,

@@ -188,10 +188,10 @@ def test_sigterm_in_the_loop_saves_a_checkpoint_and_exits_143(tmp_path):
         (["--center_rewards_coefficient", "-1"], "--center_rewards_coefficient: must be ≥ 0, got -1.0"),
         (["--train_batch_size", "100"], "--train_batch_size: more than the 64 pairs"),
         (["--max_step", "3"], "unrecognized arguments: --max_step 3"),
-        (["--dataset_name", "no/such/pairs.jsonl"], "--dataset_name: cannot load 'no/such/pairs.jsonl'"),
+        (["--dataset_name", "no/such/pairs.jsonl"], "--dataset_name no/such/pairs.jsonl: "),
         (["--dataset_name", "{no_chosen}"], "--dataset_name: the train split has no 'chosen' column"),
-        (["--dataset_name", "{bad_margin}"], "--dataset_name: a pair of the train split: ValueError"),
-        (["--dataset_name", "{mixed}"], "--dataset_name: a pair of the train split: TypeError"),
+        (["--dataset_name", "{bad_margin}"], "row 0 of the train split: could not convert"),
+        (["--dataset_name", "{mixed}"], "row 0 of the train split: can only concatenate"),
     ],
 )
 def test_bad_input_is_one_line_with_exit_status_2_and_nothing_written(tmp_path, flags, line, capsys):

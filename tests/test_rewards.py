@@ -137,7 +137,7 @@ def test_a_missing_column_is_said_before_training():
     with pytest.raises(RewardError, match="accuracy_reward needs a column solution or ground_truth"):
         check_columns(funcs("accuracy"), Dataset.from_list([{"prompt": "p"}]), "train")
     needs = lambda completions, difficulty, **kwargs: [0.0] * len(completions)
-    with pytest.raises(RewardError, match="needs the column 'difficulty'"):
+    with pytest.raises(RewardError, match="missing a required argument: 'difficulty'"):
         check_columns({"needs": needs}, Dataset.from_list([{"prompt": "p"}]), "train")
     check_columns(funcs("accuracy"), None, "test")  # no such split: nothing to check
 

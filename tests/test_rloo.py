@@ -220,7 +220,7 @@ def test_a_non_finite_update_stops_before_it_is_applied(tmp_path, capsys):
         (["--seed", "-1"], "--seed: must be in [0, 2**32), got -1"),
         (["--kl_estimator", "k2"], "--kl_estimator/--kl-estimator: invalid choice: 'k2' (choose from 'k1', 'k3')"),
         (["--load_in_4bit"], "--load_in_4bit: only a LoRA adapter trains on it: add --use_peft"),
-        (["--dataset_name", "no/such/data.jsonl"], "--dataset_name: cannot load 'no/such/data.jsonl'"),
+        (["--dataset_name", "no/such/data.jsonl"], "--dataset_name no/such/data.jsonl: "),
         (["--dataset_train_split", "validation"], "--dataset_train_split: no 'validation' split"),
         (["--reward_funcs", "acuracy"], "--reward_funcs: unknown reward function 'acuracy'"),
         (["--dataset_name", "{questions}"], "--dataset_name: the train split has no 'prompt' column"),

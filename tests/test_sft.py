@@ -182,7 +182,7 @@ def test_a_stop_in_the_loop_saves_a_checkpoint_and_exits_130(tmp_path):
         (["--dataset_train_split", "validation"], "--dataset_train_split: no 'validation' split"),
         (["--dataset_name", "{no_completion}"], "--dataset_name: the train split has no 'completion' column"),
         (["--dataset_name", "{no_prompt}"], "--dataset_name: the train split has no 'prompt' column"),
-        (["--dataset_name", "{null_completion}"], "--dataset_name: a completion of the train split: TypeError"),
+        (["--dataset_name", "{null_completion}"], "--dataset_name row 0 of the train split: "),
     ],
 )
 def test_bad_input_is_one_line_with_exit_status_2_and_nothing_written(tmp_path, flags, line, capsys):

@@ -1,0 +1,201 @@
+"""Bad input is one line, and no value is a silent no-op (issue #34), by cause, in the scripts each cause applies to.
+
+Whatever goes wrong while a flag's input is loaded or first used is `error: --flag value: ...` (with the library's own
+first line), exit status 2, nothing written; a row that cannot be read is named by its number; the error is the log's
+last line; --max_grad_norm 0 is no clipping; a completion length that cannot fit the model's context is refused."""
+
+import gzip
+import json
+import shutil
+import sys
+
+import pytest
+from accelerate.tracking import get_available_trackers
+from datasets import Dataset
+from safetensors.torch import load_file
+
+import common
+import grpo
+import ppo
+import reinforce
+import reward_model
+import rloo
+import sft
+from conftest import EMBEDDED, ROOT, error_line, one_line_error, run_main, run_script
+from rewards import RewardError
+
+RL = [rloo, grpo, reinforce, ppo]
+SCRIPTS = [*RL, sft, reward_model]
+DATA = {sft: ROOT / "data/arithmetic_sft/test.jsonl", reward_model: ROOT / "data/arithmetic_preferences/test.jsonl"}
+
+
+def small(module, out) -> list:
+    """The flags of a one-step run of `module` on little data, without evaluation, into `out`."""
+    if module in RL:
+        size = ["--prompts_per_step", "4"]
+    else:
+        size = ["--train_batch_size", "8", "--dataset_name", DATA[module]]
+    return [*size, "--max_steps", "1", "--eval_strategy", "no", "--output_dir", out]
+
+
+def unloadable(case: str, tmp_path) -> list:
+    """The flags of each case: a flag whose input cannot be loaded (a later flag wins over `small`'s)."""
+    if case == "a config that is not text":
+        (tmp_path / "run.yaml").write_bytes(b"\xff\xfe\x00")
+        return ["--config", tmp_path / "run.yaml"]
+    if case == "a folder without a model":
+        return ["--model_name_or_path", tmp_path]
+    if case == "an empty data file":
+        (tmp_path / "pairs.json").write_text("")
+        return ["--dataset_name", tmp_path / "pairs.json"]
+    if case == "a LoRA target no module has":
+        return ["--use_peft", "--lora_target_modules", "q_projection"]
+    if case == "a tracker that is not installed":
+        installed = [str(tracker) for tracker in get_available_trackers()]
+        return ["--report_to", next(t for t in ("wandb", "mlflow", "comet_ml", "aim") if t not in installed)]
+    if case == "a misspelt tracker":
+        return ["--report_to", "tensorbord"]
+    if case == "an output folder inside a file":
+        (tmp_path / "notes.txt").write_text("a file")
+        return ["--output_dir", tmp_path / "notes.txt" / "out"]
+    if case == "vllm not installed":
+        return ["--use_vllm"]
+    if case == "a reward model whose tokenizer does not parse":  # its weights load: a classifier of one label
+        shutil.copytree(EMBEDDED, tmp_path / "scorer")
+        config = json.loads((tmp_path / "scorer/config.json").read_text()) | {"id2label": {"0": "LABEL_0"}}
+        (tmp_path / "scorer/config.json").write_text(json.dumps(config))
+        (tmp_path / "scorer/tokenizer_config.json").write_text("{")
+        return ["--reward_funcs", "none", "--reward_model_path", tmp_path / "scorer"]
+
+
+@pytest.mark.parametrize(
+    "module, flag, case",
+    [
+        (rloo, "--config", "a config that is not text"),
+        (sft, "--model_name_or_path", "a folder without a model"),
+        (reward_model, "--dataset_name", "an empty data file"),
+        (grpo, "--lora_target_modules", "a LoRA target no module has"),
+        (reinforce, "--report_to", "a tracker that is not installed"),
+        (sft, "--report_to", "a misspelt tracker"),
+        (ppo, "--output_dir", "an output folder inside a file"),
+        (ppo, "--use_vllm", "vllm not installed"),
+        (rloo, "--reward_model_path", "a reward model whose tokenizer does not parse"),
+    ],
+)
+def test_an_input_that_cannot_be_loaded_is_one_line_naming_its_flag(module, flag, case, tmp_path, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "vllm", None)  # `import vllm` fails, whether it is installed or not
+    flags = unloadable(case, tmp_path)
+    line = one_line_error(module, *small(module, tmp_path / "out"), *flags, capsys=capsys)
+    value = [*flags, True][flags.index(flag) + 1]  # --use_vllm: True
+    named = line.split(": ")[1]  # error: --flag value: the library's first line
+    assert named.startswith(f"{flag} ") and str(value) in named, line
+    assert not (tmp_path / "out").exists() or not list((tmp_path / "out").iterdir())
+    assert not (tmp_path / "notes.txt").exists() or (tmp_path / "notes.txt").read_text() == "a file"
+
+
+def test_a_script_copied_without_the_embedded_model_says_so_in_one_line(tmp_path):
+    """A copier who took the script, common.py and rewards.py, but not models/, runs the script as it is."""
+    for name in ("reward_model.py", "common.py", "rewards.py"):
+        shutil.copy(ROOT / name, tmp_path / name)
+    result = run_script("reward_model.py", "--output_dir", "out", cwd=tmp_path)
+    model = tmp_path.resolve() / "models" / "tiny-arith"
+    assert error_line(result).startswith(f"error: --model_name_or_path {model}: ")
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("module", RL)
+def test_a_reward_function_that_cannot_take_trls_keywords_is_one_line_before_any_model(module, tmp_path, capsys):
+    (tmp_path / "mine.py").write_text("def exact(prompts, completions, ground_truth):\n    return [1.0] * 8\n")
+    flags = ["--reward_funcs", f"{tmp_path / 'mine.py'}:exact"]
+    line = one_line_error(module, *small(module, tmp_path / "out"), *flags, capsys=capsys)
+    assert line.startswith("error: reward function exact called with ['prompts', 'completions', 'completion_ids'")
+    assert line.endswith("(the train split's): got an unexpected keyword argument 'completion_ids'")
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_reward_function_that_returns_no_list_is_one_line_naming_it(tmp_path, capsys):
+    (tmp_path / "mine.py").write_text("def forgot(completions, **kwargs):\n    scores = [1.0] * len(completions)\n")
+    flags = ["--reward_funcs", f"{tmp_path / 'mine.py'}:forgot"]
+    line = one_line_error(grpo, *small(grpo, tmp_path / "out"), *flags, capsys=capsys)
+    assert line == "error: reward function forgot returned None: expected a list, one value each"
+    assert not list((tmp_path / "out").iterdir())
+
+
+@pytest.mark.parametrize("module", SCRIPTS)
+def test_max_grad_norm_0_is_no_clipping_as_in_transformers_trainer(module, tmp_path):
+    """Clipping at 0 would make every update zero; in transformers' Trainer, 0 turns clipping off."""
+    (tmp_path / "mine.py").write_text(
+        "def length(completions, **kwargs):\n    return list(map(len, map(str, completions)))"
+    )
+    rewards = ["--reward_funcs", f"{tmp_path / 'mine.py'}:length"] if module in RL else []  # never all equal
+    run_main(module, *small(module, tmp_path / "out"), *rewards, "--max_grad_norm", "0")
+    before, after = load_file(f"{EMBEDDED}/model.safetensors"), load_file(tmp_path / "out" / "model.safetensors")
+    assert any(not after[name].equal(before[name]) for name in before if name in after)  # the backbone moved
+
+
+@pytest.mark.parametrize("module", RL)
+def test_a_completion_length_that_cannot_fit_the_context_after_the_longest_prompt_is_refused(module, tmp_path, capsys):
+    tokenizer, texts = common.load_tokenizer(EMBEDDED), []
+    for split in ("train", "test"):  # the default data's
+        texts += rloo.prompt_texts(tokenizer, rloo.load_split(rloo.Args(), split), rloo.Args(), split)
+    longest = max(len(ids) for ids in tokenizer(texts, add_special_tokens=False).input_ids)
+    room = 128 - longest  # the embedded model's 128 positions
+    flags = [*small(module, tmp_path / "out"), "--max_completion_length", room + 1]
+    line = one_line_error(module, *flags, capsys=capsys)
+    assert line == f"error: --max_completion_length {room + 1}: {room} fit the context after a {longest}-token prompt"
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("module", SCRIPTS)
+def test_a_data_file_is_read_by_its_last_extension(module, tmp_path):
+    """`arith.v2.csv` is a csv file (its first suffix, .v2, is no format); a compressed file is read as well."""
+    rows = "prompt,ground_truth\n" + "".join(f"Compute {a} + 1.,{a + 1}\n" for a in range(4))
+    (tmp_path / "arith.v2.csv").write_text(rows)
+    (tmp_path / "arith.csv.gz").write_bytes(gzip.compress(rows.encode()))
+    for name in ("arith.v2.csv", "arith.csv.gz"):
+        split = module.load_split(module.Args(dataset_name=str(tmp_path / name)), "train")
+        assert split.column_names == ["prompt", "ground_truth"] and split[3]["ground_truth"] == 4
+
+
+def test_a_row_that_cannot_be_read_is_named_by_its_number_in_every_script(tiny_tokenizer):
+    said = [{"role": "user", "content": "1 + 1"}]
+    prompts = Dataset.from_list([{"prompt": said, "completion": "2"}] * 3 + [{"prompt": [], "completion": "2"}])
+    for module in [*RL, sft]:
+        with pytest.raises(module.BadInput, match="^--dataset_name row 3 of the test split: expected a string or a"):
+            module.prompt_texts(tiny_tokenizer, prompts, module.Args(), "test")
+    completions = Dataset.from_list([{"prompt": "1 + 1", "completion": c} for c in ("2", "2", None, "2")])
+    with pytest.raises(sft.BadInput, match="^--dataset_name row 2 of the train split: "):
+        sft.tokenize(tiny_tokenizer, completions, sft.Args(), "train")
+    pairs = Dataset.from_list([{"chosen": "2", "rejected": "3", "margin": m} for m in ("1", "high", "1")])
+    with pytest.raises(reward_model.BadInput, match="^--dataset_name row 1 of the train split: could not convert"):
+        reward_model.tokenize_pairs(tiny_tokenizer, pairs, reward_model.Args(), "train")
+
+
+def last_line_of_a_stop(module, flags, capsys) -> str:
+    """The last line a script writes to stderr when it stops inside its loop, run as `python script.py` is."""
+    with pytest.raises(SystemExit):
+        try:
+            run_main(module, *flags)
+        except (module.BadInput, RewardError) as error:
+            module.fail(str(error))
+    return capsys.readouterr().err.splitlines()[-1]
+
+
+def test_the_error_is_the_last_line_below_the_progress_bar(tmp_path, capsys):
+    """tqdm redraws its bar below a line written above it: the bar is closed first, whatever stops the loop (here a
+    loss that overflows float32 at the first step, and a reward function that breaks its contract there)."""
+    flags = [*small(reward_model, tmp_path / "rm"), "--center_rewards_coefficient", "1e300"]
+    assert last_line_of_a_stop(reward_model, flags, capsys).startswith("error: step 1: the loss or the gradient norm")
+    (tmp_path / "mine.py").write_text("def short(completions, **kwargs):\n    return [1.0]\n")
+    flags = [*small(rloo, tmp_path / "rl"), "--reward_funcs", f"{tmp_path / 'mine.py'}:short"]
+    line = last_line_of_a_stop(rloo, flags, capsys)
+    assert line == "error: reward function short returned 1 values for 8 completions"
+
+
+@pytest.mark.parametrize("module, resume", [(sft, "latest"), (reward_model, "a folder that holds none")])
+def test_resuming_where_there_is_no_checkpoint_names_the_folder_and_writes_nothing(module, resume, tmp_path, capsys):
+    (tmp_path / "notes").mkdir()
+    folder = tmp_path / "out" if resume == "latest" else tmp_path / "notes"
+    flags = [*small(module, tmp_path / "out"), "--resume_from_checkpoint", "latest" if resume == "latest" else folder]
+    assert one_line_error(module, *flags, capsys=capsys) == f"error: --resume_from_checkpoint: none in {folder}"
+    assert not (tmp_path / "out").exists()
