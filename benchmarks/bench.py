@@ -171,7 +171,7 @@ def child(spec_json: str):
             report["cuda_max_allocated_mb"] = torch.cuda.max_memory_allocated() / 2**20
         report_file.write_text(json.dumps(report))
     if spec["phases"]:
-        report["bounds"] = phase_bounds(report, spec["bf16"])
+        report["bounds"], report["rates"] = phase_bounds(report, spec["bf16"])
         report_file.write_text(json.dumps(report))
 
 
@@ -304,8 +304,9 @@ def model_shapes(model) -> dict:
     }
 
 
-def phase_bounds(report: dict, bf16: bool) -> list[dict]:
-    """Each step's bound of each phase, in seconds (--phases says how), at matmul rates and a bandwidth measured now."""
+def phase_bounds(report: dict, bf16: bool) -> tuple[list[dict], dict]:
+    """Each step's bound of each phase, in seconds (--phases says how), at matmul rates and a bandwidth measured now;
+    and those rates."""
     import torch
 
     dtype = torch.bfloat16 if bf16 else torch.float32
@@ -356,7 +357,8 @@ def phase_bounds(report: dict, bf16: bool) -> list[dict]:
                 bound[event["phase"]] += forward
                 bound["backward"] += event["backward"] * forward
         bounds.append(bound)
-    return bounds
+    matmuls = {"x".join(map(str, shape)): 1e-9 / rate for shape, rate in seconds_per_flop.items()}
+    return bounds, {"copy_GB_per_s": bandwidth / 1e9, "matmul_GFLOP_per_s (tokens x in x out)": matmuls}
 
 
 def trl_run(spec: dict, report: dict):
@@ -503,9 +505,8 @@ def run_child(args: Args, spec: dict, run_dir: Path) -> dict:
         process = subprocess.run(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
     if process.returncode != 0:
         tail = (run_dir / "log.txt").read_text().strip().splitlines()[-1:] or ["(no output)"]
-        raise RuntimeError(
-            f"{spec['algorithm']} exited with status {process.returncode}: {tail[0]} (log: {run_dir / 'log.txt'})"
-        )
+        last = f"{tail[0]} (log: {run_dir / 'log.txt'})"
+        raise RuntimeError(f"{spec['algorithm']} exited with status {process.returncode}: {last}")
     records = [r for r in read_metrics(run_dir) if "step_time" in r]
     measured = records[args.warmup_steps :]
     step_times = [r["step_time"] for r in measured]
@@ -528,6 +529,7 @@ def run_child(args: Args, spec: dict, run_dir: Path) -> dict:
         "wall_s": time.perf_counter() - start,
         **({"trl_version": child_report["trl_version"]} if "trl_version" in child_report else {}),
         **({"phases": phase_medians(records, child_report, args.warmup_steps)} if args.phases else {}),
+        "phase_rates": child_report.get("rates"),  # --phases: what the bounds were measured at
     }
 
 
@@ -681,9 +683,8 @@ def main(args: Args):
         "load_average_at_end": os.getloadavg(),
     }
     Path(args.output_json).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.output_json).write_text(
-        json.dumps({"settings": asdict(args), "machine": machine, "summary": summary, "runs": runs}, indent=1)
-    )
+    report = {"settings": asdict(args), "machine": machine, "summary": summary, "runs": runs}
+    Path(args.output_json).write_text(json.dumps(report, indent=1))
     print(f"wrote {args.output_json}")
 
 
