@@ -86,7 +86,7 @@ def test_an_input_that_cannot_be_loaded_is_one_line_naming_its_flag(module, flag
     monkeypatch.setitem(sys.modules, "vllm", None)  # `import vllm` fails, whether it is installed or not
     flags = unloadable(case, tmp_path)
     line = one_line_error(module, *small(module, tmp_path / "out"), *flags, capsys=capsys)
-    value = [*flags, True][flags.index(flag) + 1]  # --use_vllm: True
+    value = True if flag == "--use_vllm" else flags[flags.index(flag) + 1]
     named = line.split(": ")[1]  # error: --flag value: the library's first line
     assert named.startswith(f"{flag} ") and str(value) in named, line
     assert not (tmp_path / "out").exists() or not list((tmp_path / "out").iterdir())
