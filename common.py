@@ -12,7 +12,7 @@ It imports no accelerate and no datasets, and touches no files but the tokenizer
 """
 
 import torch
-from transformers import AutoTokenizer, GenerationConfig
+from transformers import AutoTokenizer, GenerationConfig, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
 
 def load_tokenizer(path: str, **options):
@@ -97,12 +97,29 @@ def generate(model, tokenizer, texts: list[str], config: GenerationConfig, sampl
         last.append((scores.float() / config.temperature).log_softmax(-1))  # the raw logits: no processor before
         return scores
 
+    def draw(input_ids, scores):  # an exact draw from softmax(scores): token i where cdf_{i-1} ≤ u < cdf_i
+        cdf = scores.softmax(-1).cumsum(-1)  # (B, V)
+        u = torch.rand(len(cdf), 1, device=cdf.device) * cdf[:, -1:]
+        drawn = torch.searchsorted(cdf, u, right=True).clamp(max=cdf.shape[1] - 1)  # the first token with cdf > u
+        return torch.full_like(scores, -torch.inf).scatter(1, drawn, 0.0)  # greedy decoding then takes it
+
+    processors = [record] if sampler_logprobs else []
+    decoding = config
+    if config.do_sample:  # transformers' sampler, torch.multinomial, spends ~35 ms a token on one CPU core at a 49k
+        # vocabulary, and `draw` ~2 ms: transformers' own truncations, then `draw`, then greedy decoding takes its token
+        processors.append(TemperatureLogitsWarper(config.temperature))
+        if config.top_k:
+            processors.append(TopKLogitsWarper(config.top_k))
+        if config.top_p < 1:
+            processors.append(TopPLogitsWarper(config.top_p))
+        processors.append(draw)
+        decoding = GenerationConfig.from_dict(config.to_dict())
+        decoding.update(do_sample=False, temperature=None, top_k=None, top_p=None)
     base = model.get_base_model() if hasattr(model, "get_base_model") else model  # under peft
-    shipped, base.generation_config = base.generation_config, config
+    shipped, base.generation_config = base.generation_config, decoding
     try:
-        processors = [record] if sampler_logprobs else None
         sequences = model.generate(
-            input_ids=prompt_ids, attention_mask=prompt_mask, generation_config=config, logits_processor=processors
+            input_ids=prompt_ids, attention_mask=prompt_mask, generation_config=decoding, logits_processor=processors
         )
     finally:
         base.generation_config = shipped

@@ -161,8 +161,11 @@ def completion_logprobs(model, input_ids, attention_mask, T: int, temperature: f
     completion positions get logits, and the float32 log-softmax exists for `chunk` elements at a time (never
     (B, T, V) whole), recomputed in the backward pass. Position ids come from the attention mask, as in generation."""
     position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
-    # T + 1 positions: the last prompt position predicts the first completion token
-    output = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, logits_to_keep=T + 1)
+    # T + 1 positions: the last prompt position predicts the first completion token. As indices, not the int T + 1:
+    # transformers then slices the hidden states contiguously (the int's strided view makes the bf16 lm_head copy its
+    # weight for every row, 2.3× the reference forward's time)
+    kept = torch.arange(input_ids.shape[1] - T - 1, input_ids.shape[1], device=input_ids.device)
+    output = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, logits_to_keep=kept)
     logits = output.logits[:, :-1]  # (B, T, V): position t predicts completion token t
     positions = max(1, chunk // (logits.shape[0] * logits.shape[2]))
     pieces = list(zip(logits.split(positions, 1), input_ids[:, -T:].split(positions, 1)))  # (B, t, V), (B, t)
@@ -283,9 +286,7 @@ def loading(flag: str, value):
 
 
 def fail(message: str):
-    for bar in list(tqdm._instances):  # closed first: the error is the log's last line
-        bar.close()
-    print(f"error: {message}", file=sys.stderr)
+    tqdm.write(f"error: {message}", file=sys.stderr)  # on a line of its own, below any progress bar
     sys.exit(2)
 
 
@@ -330,6 +331,7 @@ def check_shared_args(args):
 def load_split(args, split: str):
     """A split of --dataset_name (a hub dataset, a folder, or a json, csv or parquet file: its train split), or None."""
     path = Path(args.dataset_name)
+    require(not path.is_file() or path.stat().st_size > 0, f"--dataset_name {path}: expected rows, the file is empty")
     with loading("--dataset_name", args.dataset_name):
         if path.is_file():  # datasets reads the format from the extension
             splits = load_dataset(str(path.parent), data_files={"train": path.name})
@@ -587,7 +589,8 @@ def main(args: Args):
     # ---- plumbing: optimizer, scheduler, processes ----
     total_updates = args.max_steps * args.num_iterations
     trained = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(trained, lr=args.learning_rate, weight_decay=args.weight_decay)
+    # fused: one kernel for every parameter, as transformers' adamw_torch_fused (4× faster on a CPU core at 135M)
+    optimizer = torch.optim.AdamW(trained, lr=args.learning_rate, weight_decay=args.weight_decay, fused=True)
     warmup = int(args.warmup_ratio * total_updates)
     scheduler = transformers.get_scheduler(args.lr_scheduler_type, optimizer, warmup, total_updates)
     model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
@@ -726,6 +729,7 @@ def main(args: Args):
                 clip_high.append((((ratio > 1 + args.epsilon_high) & (A > 0)) * mask).sum().item())
             grad_norms.append(float(accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm or math.inf)))
             if not (math.isfinite(loss_sum) and math.isfinite(grad_norms[-1])):  # before the update: nothing saved
+                progress.close()  # first: the error is then the log's last line
                 fail(f"step {step}: the loss or the gradient norm is not finite; the newest checkpoint is kept")
             optimizer.step()
             scheduler.step()

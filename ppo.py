@@ -185,8 +185,11 @@ def completion_logprobs(model, input_ids, attention_mask, T: int, temperature: f
     completion positions get logits, and the float32 log-softmax exists for `chunk` elements at a time (never
     (B, T, V) whole), recomputed in the backward pass. Position ids come from the attention mask, as in generation."""
     position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
-    # T + 1 positions: the last prompt position predicts the first completion token
-    output = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, logits_to_keep=T + 1)
+    # T + 1 positions: the last prompt position predicts the first completion token. As indices, not the int T + 1:
+    # transformers then slices the hidden states contiguously (the int's strided view makes the bf16 lm_head copy its
+    # weight for every row, 2.3× the reference forward's time)
+    kept = torch.arange(input_ids.shape[1] - T - 1, input_ids.shape[1], device=input_ids.device)
+    output = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, logits_to_keep=kept)
     logits = output.logits[:, :-1]  # (B, T, V): position t predicts completion token t
     positions = max(1, chunk // (logits.shape[0] * logits.shape[2]))
     pieces = list(zip(logits.split(positions, 1), input_ids[:, -T:].split(positions, 1)))  # (B, t, V), (B, t)
@@ -325,9 +328,7 @@ def loading(flag: str, value):
 
 
 def fail(message: str):
-    for bar in list(tqdm._instances):  # closed first: the error is the log's last line
-        bar.close()
-    print(f"error: {message}", file=sys.stderr)
+    tqdm.write(f"error: {message}", file=sys.stderr)  # on a line of its own, below any progress bar
     sys.exit(2)
 
 
@@ -355,6 +356,7 @@ def parse_args(args_class):
 def load_split(args, split: str):
     """A split of --dataset_name (a hub dataset, a folder, or a json, csv or parquet file: its train split), or None."""
     path = Path(args.dataset_name)
+    require(not path.is_file() or path.stat().st_size > 0, f"--dataset_name {path}: expected rows, the file is empty")
     with loading("--dataset_name", args.dataset_name):
         if path.is_file():  # datasets reads the format from the extension
             splits = load_dataset(str(path.parent), data_files={"train": path.name})
@@ -661,7 +663,8 @@ def main(args: Args):
     # ---- ppo: one AdamW, a parameter group per model, and the scheduler ----
     total_updates = args.max_steps * args.num_ppo_epochs * args.num_mini_batches
     groups = [{"params": [p for p in m.parameters() if p.requires_grad]} for m in (model, value_model)]
-    optimizer = torch.optim.AdamW(groups, lr=args.learning_rate, weight_decay=args.weight_decay)
+    # fused: one kernel for every parameter, as transformers' adamw_torch_fused (4× faster on a CPU core at 135M)
+    optimizer = torch.optim.AdamW(groups, lr=args.learning_rate, weight_decay=args.weight_decay, fused=True)
     warmup = int(args.warmup_ratio * total_updates)
     scheduler = transformers.get_scheduler(args.lr_scheduler_type, optimizer, warmup, total_updates)
     model, value_model, optimizer, scheduler = accelerator.prepare(model, value_model, optimizer, scheduler)
@@ -799,6 +802,7 @@ def main(args: Args):
                 grad_norms.append(float(accelerator.clip_grad_norm_(model.parameters(), max_grad_norm)))
                 vf_grad_norms.append(float(accelerator.clip_grad_norm_(value_model.parameters(), max_grad_norm)))
                 if not all(map(math.isfinite, (pg_sum, vf_sum, grad_norms[-1], vf_grad_norms[-1]))):  # not applied
+                    progress.close()  # first: the error is then the log's last line
                     fail(f"step {step}: a loss or a gradient norm is not finite; the newest checkpoint is kept")
                 optimizer.step()
                 scheduler.step()

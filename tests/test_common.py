@@ -5,6 +5,7 @@ import json
 from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
@@ -87,18 +88,23 @@ def test_the_sampling_config_has_no_processor_but_the_temperature(tiny_model, ti
     assert "TopKLogitsWarper" in processors(common.sampling_config(tiny_model, tiny_tokenizer, top_k))
 
 
-def test_the_samplers_log_probs_equal_completion_logprobs(tiny_model, tiny_tokenizer):
-    """On-policy: the log softmax(logits / T) the sampler drew each token from is what completion_logprobs computes."""
+@pytest.mark.parametrize("bf16, tolerance", [(False, 1e-5), (True, 0.1)])
+def test_the_samplers_log_probs_equal_completion_logprobs(tiny_model, tiny_tokenizer, bf16, tolerance):
+    """On-policy: the log softmax(logits / T) the sampler drew each token from is what completion_logprobs computes,
+    in float32 and under --bf16's autocast, where the sampler's (B, V) step and the loss's (B, T, V) pass round
+    alike."""
     config = common.sampling_config(tiny_model, tiny_tokenizer, ARGS)
     texts = [common.prompt_text(tiny_tokenizer, p) for p in prompts(6)]
-    out = common.generate(tiny_model.eval(), tiny_tokenizer, texts, config, sampler_logprobs=True)
-    mask, _ = common.end_of_completion(out["completion_ids"], config.eos_token_id)
-    input_ids = torch.cat([out["prompt_ids"], out["completion_ids"]], 1)
-    T = out["completion_ids"].shape[1]
-    with torch.no_grad():
-        logprobs = rloo.completion_logprobs(tiny_model, input_ids, torch.cat([out["prompt_mask"], mask], 1), T, 0.7)[0]
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+        out = common.generate(tiny_model.eval(), tiny_tokenizer, texts, config, sampler_logprobs=True)
+        mask, _ = common.end_of_completion(out["completion_ids"], config.eos_token_id)
+        input_ids = torch.cat([out["prompt_ids"], out["completion_ids"]], 1)
+        attention_mask = torch.cat([out["prompt_mask"], mask], 1)
+        T = out["completion_ids"].shape[1]
+        with torch.no_grad():
+            logprobs = rloo.completion_logprobs(tiny_model, input_ids, attention_mask, T, 0.7)[0]
     assert out["sampler_logprobs"].shape == (6, T) and out["sampler_logprobs"].dtype == torch.float32
-    assert ((logprobs - out["sampler_logprobs"]).abs() * mask).max() < 1e-5
+    assert ((logprobs - out["sampler_logprobs"]).abs() * mask).max() < tolerance
     assert "sampler_logprobs" not in common.generate(tiny_model, tiny_tokenizer, texts, config)  # only when asked
 
 
@@ -121,3 +127,30 @@ def test_decode_stops_at_the_end_and_drops_special_tokens(tiny_tokenizer):
     mask, _ = common.end_of_completion(ids, [tiny_tokenizer.eos_token_id])
     texts, id_lists = common.decode(tiny_tokenizer, ids, mask)
     assert texts == ["<answer>7</answer>"] and id_lists[0][-1] == tiny_tokenizer.eos_token_id
+
+
+@pytest.mark.parametrize("top_k, top_p", [(0, 1.0), (3, 1.0), (0, 0.6)])
+def test_generate_draws_exactly_from_the_softmax_at_the_temperature(tiny_model, tiny_tokenizer, top_k, top_p):
+    """Each token is an exact draw from softmax(logits / T), truncated as --top_k and --top_p say: the counts of
+    5,000 first tokens pass a chi-squared test of that distribution (at 5 standard deviations)."""
+    args = SimpleNamespace(temperature=1.5, top_p=top_p, top_k=top_k, max_completion_length=1)
+    config = common.sampling_config(tiny_model, tiny_tokenizer, args)
+    text = "What is"  # a prompt whose next token has many likely values
+    with torch.no_grad():
+        logits = tiny_model(**tiny_tokenizer(text, return_tensors="pt")).logits[0, -1] / 1.5
+    if top_k:
+        logits[logits < logits.topk(top_k).values[-1]] = -torch.inf
+    probs = logits.softmax(-1)
+    if top_p < 1:  # the smallest set of the most likely tokens whose mass reaches top_p
+        ordered, order = probs.sort(descending=True)
+        probs[order[ordered.cumsum(0) - ordered >= top_p]] = 0
+        probs /= probs.sum()
+    torch.manual_seed(0)
+    drawn = common.generate(tiny_model.eval(), tiny_tokenizer, [text] * 5_000, config)["completion_ids"][:, 0]
+    counts = torch.bincount(drawn, minlength=len(probs)).double()
+    assert (probs > 0.01).sum() >= 3  # a distribution worth testing
+    assert counts[probs == 0].sum() == 0
+    expected = len(drawn) * probs[probs > 0].double()
+    chi_squared = ((counts[probs > 0] - expected) ** 2 / expected).sum().item()
+    degrees = len(expected) - 1
+    assert chi_squared < degrees + 5 * (2 * degrees) ** 0.5
