@@ -466,6 +466,13 @@ def main(args: Args):
     eval_texts = answered and prompt_texts(tokenizer, answered, args, args.dataset_test_split)
     reward_funcs, weights = {"accuracy_reward": accuracy_reward, "format_reward": format_reward}, torch.tensor([1.0, 0])
     model = load_trained(args, args.model_name_or_path)
+    if eval_texts:  # the evaluation samples completions after the held-out prompts
+        longest = max(map(len, tokenizer(eval_texts, add_special_tokens=False).input_ids))
+        room = model.config.max_position_embeddings - longest
+        length = args.max_completion_length
+        require(
+            length <= room, f"--max_completion_length {length}: {room} fit the context after a {longest}-token prompt"
+        )
 
     # ---- plumbing: optimizer, scheduler, processes: one update a step ----
     trained = [p for p in model.parameters() if p.requires_grad]

@@ -6,6 +6,7 @@ last line; --max_grad_norm 0 is no clipping; a completion length that cannot fit
 
 import gzip
 import json
+import re
 import shutil
 import sys
 
@@ -143,6 +144,14 @@ def test_a_completion_length_that_cannot_fit_the_context_after_the_longest_promp
     flags = [*small(module, tmp_path / "out"), "--max_completion_length", room + 1]
     line = one_line_error(module, *flags, capsys=capsys)
     assert line == f"error: --max_completion_length {room + 1}: {room} fit the context after a {longest}-token prompt"
+    assert not (tmp_path / "out").exists()
+
+
+def test_sft_refuses_a_completion_length_its_evaluation_cannot_fit(tmp_path, capsys):
+    """sft.py samples completions of the held-out prompts when it evaluates: the same check, on those prompts."""
+    flags = ["--train_batch_size", "8", "--max_steps", "1", "--output_dir", tmp_path / "out"]
+    line = one_line_error(sft, *flags, "--max_completion_length", 500, capsys=capsys)
+    assert re.fullmatch(r"error: --max_completion_length 500: \d+ fit the context after a \d+-token prompt", line)
     assert not (tmp_path / "out").exists()
 
 
