@@ -541,8 +541,6 @@ def phase_medians(records: list[dict], child_report: dict, warmup_steps: int) ->
     seconds, bounds = [], []
     for step, events, bound in list(zip(step_seconds, child_report["steps"], child_report["bounds"]))[warmup_steps:]:
         phases = {name: sum(e["seconds"] for e in events if e["phase"] == name) for name in PHASES}
-        if step is None:  # the first step's CPU time: nothing marks its start
-            continue
         seconds.append(phases | {"rest": step - sum(phases.values()), "step": step})
         bounds.append(bound | {"rest": None, "step": sum(bound.values())})
     return {
@@ -625,6 +623,7 @@ def main(args: Args):
     require(args.steps > args.warmup_steps >= 0, f"--steps: {unmeasured}")
     require(args.repeats >= 1, f"--repeats: must be ≥ 1, got {args.repeats}")
     require(not (args.phases and "trl_rloo" in algorithms), "--phases: for the scripts, not for trl_rloo")
+    require(args.warmup_steps >= 1 or not args.phases, "--phases: needs --warmup_steps ≥ 1 (step 1 has no CPU time)")
     require(args.num_generations >= 2, f"--num_generations: RLOO and GRPO need at least 2, got {args.num_generations}")
     not_multiple = f"{args.completions_per_step} is not a multiple of --num_generations {args.num_generations}"
     require(args.completions_per_step % args.num_generations == 0, f"--completions_per_step: {not_multiple}")

@@ -81,6 +81,7 @@ def test_phases_are_timed_inside_the_step_and_each_has_a_positive_bound(tmp_path
         ),
         (["--configs", "huge"], "--configs: unknown config 'huge' (choose from embedded, llama135m)"),
         (["--algorithms", "trl_rloo", "--phases"], "--phases: for the scripts, not for trl_rloo"),
+        (["--phases", "--warmup_steps", "0"], "--phases: needs --warmup_steps ≥ 1 (step 1 has no CPU time)"),
         (["--steps", "2", "--warmup_steps", "2"], "--steps: 2 leaves no measured step after --warmup_steps 2"),
         (["--completions_per_step", "30"], "--completions_per_step: 30 is not a multiple of --num_generations 4"),
         (["--steps", "x"], "--steps: invalid int value: 'x'"),
