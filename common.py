@@ -75,7 +75,6 @@ def sampling_config(model, tokenizer, args, greedy: bool = False) -> GenerationC
         max_new_tokens=args.max_completion_length,
         eos_token_id=end_ids(model, tokenizer),
         pad_token_id=tokenizer.pad_token_id,
-        remove_invalid_values=True,  # NaN logits (diverged weights) become 0: the run stops at its finite-check
         **sampling,  # top_k 0: off
     )
 
