@@ -61,7 +61,7 @@ EMBEDDED = str(ROOT / "models" / "tiny-arith")
 PROMPTS = ROOT / "data" / "arithmetic" / "train.jsonl"
 ALGORITHMS = ("rloo", "grpo", "reinforce", "ppo", "trl_rloo")  # trl_rloo: TRL's RLOOTrainer
 GROUPED = {"rloo", "grpo", "trl_rloo"}  # prompts × num_generations; the others sample one completion per prompt
-CONFIGS = {"embedded": 24, "llama135m": 64}  # config → max_completion_length
+CONFIGS = {"embedded": 24, "llama135m": 64, "qwen0.5b": 64}  # config → max_completion_length
 PRECISIONS = ("fp32", "bf16")  # bf16: the scripts' --bf16, TRL's bf16=True
 PHASES = ("generation", "policy forward", "reference forward", "backward", "optimizer")  # --phases
 # the architecture of a popular ~135M chat model (SmolLM2-135M-Instruct's config), randomly initialized
@@ -77,6 +77,10 @@ LLAMA_135M = dict(
     rms_norm_eps=1e-5,
     rope_theta=100000.0,
 )
+# Qwen2.5-0.5B's shape (its 151,936-row embedding; the tokenizer has 49,152 entries, as Qwen's has fewer than its rows)
+QWEN_05B = dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14)
+QWEN_05B |= dict(num_key_value_heads=2, vocab_size=151936, attention_bias=True, rope_theta=1000000.0)
+SHAPES = {"llama135m": LLAMA_135M, "qwen0.5b": LLAMA_135M | QWEN_05B}
 
 
 def arg(default, help: str):
@@ -90,8 +94,7 @@ class Args:
         "comma-separated: rloo, grpo, reinforce, ppo, trl_rloo (TRL's RLOOTrainer, needs --trl_python)",
     )
     configs: str = arg(
-        "embedded",
-        "comma-separated: embedded (models/tiny-arith), llama135m (a random 135M Llama, 49,152-token vocabulary)",
+        "embedded", "comma-separated: embedded (models/tiny-arith), llama135m, qwen0.5b (random: SHAPES)"
     )
     precisions: str = arg("fp32", "comma-separated: fp32, bf16 (the scripts' --bf16; TRL's bf16=True), each for all")
     steps: int = arg(8, "training steps per run, warm-up included")
@@ -426,8 +429,8 @@ def trl_run(spec: dict, report: dict):
 # ----------------------------------------------------------------------------------------------------------------------
 # Parent: build the inputs, run the children one at a time, summarize.
 # ----------------------------------------------------------------------------------------------------------------------
-def build_llama135m(path: Path) -> int:
-    """A randomly initialized Llama of LLAMA_135M's shape (134.5M parameters) saved to `path`; returns its parameter
+def build_random_model(path: Path, shape: dict) -> int:
+    """A randomly initialized Llama of `shape` (llama135m: 134.5M parameters) saved to `path`; returns its parameter
     count. Its tokenizer is the embedded byte-level BPE (the same special tokens and chat template) extended to 49,152
     entries by merges of byte pairs: every id decodes to text, the prompts still tokenize, nothing is downloaded."""
     import torch
@@ -442,7 +445,7 @@ def build_llama135m(path: Path) -> int:
     byte_chars = [c for c in vocab if len(c) == 1][:256]  # the byte-level alphabet (one character per byte)
     for a in byte_chars:
         for b in byte_chars:
-            if len(vocab) == LLAMA_135M["vocab_size"]:
+            if len(vocab) == LLAMA_135M["vocab_size"]:  # 49,152
                 break
             if a + b not in vocab:
                 vocab[a + b] = len(vocab)
@@ -457,7 +460,7 @@ def build_llama135m(path: Path) -> int:
     )
     big.chat_template = tokenizer.chat_template
     config = LlamaConfig(
-        **LLAMA_135M, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, bos_token_id=None
+        **shape, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, bos_token_id=None
     )
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config)
@@ -642,8 +645,8 @@ def main(args: Args):
     data_file = work_dir / "arithmetic_train.jsonl"  # the train split alone: no test split, so no evaluation
     shutil.copyfile(PROMPTS, data_file)
     models = {"embedded": (EMBEDDED, AutoModelForCausalLM.from_pretrained(EMBEDDED).num_parameters())}
-    if "llama135m" in configs:
-        models["llama135m"] = (str(work_dir / "llama135m"), build_llama135m(work_dir / "llama135m"))
+    for config in set(configs) & set(SHAPES):
+        models[config] = (str(work_dir / config), build_random_model(work_dir / config, SHAPES[config]))
 
     schedule = {}
     if "trl_rloo" in algorithms:  # TRL trains with rloo.py's learning rate, schedule and warm-up
