@@ -13,9 +13,8 @@ what each figure is, and shows them.
 - The same batch for all: 32 completions per step, 8 prompts × 4 completions (rloo, grpo, trl_rloo) or 32 prompts × 1
   (reinforce, ppo); β = 0.05 everywhere (ppo: --kl_coef); every other flag is the script's default.
 - `trl_rloo`: TRL's RLOOTrainer in a child run by --trl_python (a separate environment: trl is never a dependency of
-  this project), configured like rloo.py (trl_run); its step time is from on_step_begin to on_step_end.
-- Each child runs with OMP_NUM_THREADS=--num_threads (default 1): PyTorch's one thread per core collapses when another
-  job takes a core.
+  this project), configured like rloo.py (trl_run); its step time is from on_step_begin to on_step_end. Each child
+  has OMP_NUM_THREADS=--num_threads (default 1): PyTorch's thread per core collapses when a job takes a core.
 - --phases: each step's time by phase, next to what this machine could do each phase in, measured in the same run.
   In the child, a call of transformers' `generate` is generation; a forward of a top-level transformers model outside
   it (torch's global module hooks) is a reference forward if none of its parameters trains, else a policy forward;
@@ -34,7 +33,6 @@ Run from the repository root:
 
     python benchmarks/bench.py                       # all four on the embedded model
     python benchmarks/bench.py --algorithms rloo,trl_rloo --repeats 3 --trl_python /path/to/trl-venv/bin/python
-    python benchmarks/bench.py --algorithms rloo --phases
 """
 
 import collections
