@@ -27,7 +27,7 @@ A pass before any update gives log π_θ_old and log π_ref, so the whole batch'
 backward pass (with one micro-batch, the default, that pass keeps its graph for the first update). Under `accelerate
 launch` each process baselines whole groups of its share of the prompts; DDP's mean gradient is the one-process one.
 
-    python rloo.py --num_generations 4          # the embedded tiny model, offline, 1.5 minutes on a CPU
+    python rloo.py --num_generations 4          # the embedded tiny model, offline, about a minute on a CPU
     accelerate launch --config_file configs/multi_gpu.yaml rloo.py --model_name_or_path Qwen/Qwen2.5-0.5B-Instruct ...
 
 Copy rloo.py with common.py (text ↔ tokens) and rewards.py (reward functions); vllm_colocate.py only for --use_vllm.
