@@ -668,8 +668,9 @@ def main(args: Args):
     warmup = int(args.warmup_ratio * total_updates)
     scheduler = transformers.get_scheduler(args.lr_scheduler_type, optimizer, warmup, total_updates)
     model, value_model, optimizer, scheduler = accelerator.prepare(model, value_model, optimizer, scheduler)
-    for prepared in (model, value_model):  # autocast is entered below: no float32 copy of the outputs
-        accelerator.unwrap_model(prepared, keep_fp32_wrapper=False)
+    # autocast is entered below: no float32 copy of the outputs (no loop variable left holding a DDP wrapper)
+    accelerator.unwrap_model(model, keep_fp32_wrapper=False)
+    accelerator.unwrap_model(value_model, keep_fp32_wrapper=False)
 
     # ---- ppo: the value model in every checkpoint, beside accelerate's state: checkpoint-N/value_model ----
     def save_value(_models, _weights, state_dir):
@@ -874,6 +875,7 @@ def main(args: Args):
 
     # ---- ppo: the value model beside the final model, in output_dir/value_model ----
     save_model(accelerator, args, value_model, tokenizer, Path(args.output_dir) / "value_model", state)
+    value_model = None  # its DDP wrapper holds the process group too: see end_training below
 
     # ---- plumbing: the final model and evaluation ----
     for signum, handler in handlers.items():  # from here on, a signal stops at once
@@ -885,6 +887,10 @@ def main(args: Args):
         key = "eval/accuracy" if "eval/accuracy" in last_eval else "eval/reward"
         before, after = (f"{first_eval[k]:.3f} → {last_eval[k]:.3f}" for k in (key, key + "_greedy"))
         accelerator.print(f"held-out {key}: {before} sampled, {after} greedy")
+    # the DDP wrapper holds the process group: freed first, so that end_training frees the group and stops gloo's
+    # workers with the GIL released (freed after, it stops them holding the GIL, which a worker may need: a hang)
+    if torch.distributed.is_initialized():
+        model, optimizer, scheduler = accelerator.free_memory(model, optimizer, scheduler)
     accelerator.end_training()
     accelerator.print(f"saved the model to {args.output_dir}")
 

@@ -719,6 +719,10 @@ def main(args: Args):
         key = "eval/accuracy" if "eval/accuracy" in last_eval else "eval/reward"
         before, after = (f"{first_eval[k]:.3f} → {last_eval[k]:.3f}" for k in (key, key + "_greedy"))
         accelerator.print(f"held-out {key}: {before} sampled, {after} greedy")
+    # the DDP wrapper holds the process group: freed first, so that end_training frees the group and stops gloo's
+    # workers with the GIL released (freed after, it stops them holding the GIL, which a worker may need: a hang)
+    if torch.distributed.is_initialized():
+        model, optimizer, scheduler = accelerator.free_memory(model, optimizer, scheduler)
     accelerator.end_training()
     accelerator.print(f"saved the model to {args.output_dir}")
 

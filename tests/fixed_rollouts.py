@@ -5,6 +5,7 @@ train on the same batches:
     ACCELERATE_USE_CPU=1 accelerate launch --multi_gpu --num_processes 2 tests/fixed_rollouts.py rloo ...   # DDP
     PIN_GLOO_BACKEND=1 accelerate launch --config_file configs/fsdp.yaml --num_processes 2 \\
         tests/fixed_rollouts.py rloo ...                  # DeepSpeed or FSDP on two CPU processes (`pin_gloo_backend`)
+    CHECK_END_TRAINING=1 ACCELERATE_USE_CPU=1 accelerate launch ...     # DDP, the group freed by end_training (below)
 
 The first argument names the script (rloo for rloo.py); the others are its flags, and it runs as `python rloo.py`
 does, with `common.generate` replaced by `fixed_generate` (completions that depend on the prompt text alone), and
@@ -13,6 +14,7 @@ accelerate set up, to the output folder).
 """
 
 import importlib
+import importlib.util
 import json
 import os
 import runpy
@@ -79,9 +81,33 @@ def pin_gloo_backend():
     PartialState._prepare_backend = lambda self, *args, **kwargs: ("gloo", DistributedType.MULTI_GPU)
 
 
+def check_end_training():
+    """Make `Accelerator.end_training` end the run with exit status 3 when gloo's worker threads outlive it: something
+    else then holds the process group (a DDP wrapper the script has not freed) and frees it later, stopping the workers
+    while it holds the GIL, which one of them may still need to free the tensors of the last collective. That is a hang
+    at exit in some runs; this makes it a failure in every run. deepspeed is imported first, as if it were not
+    installed: imported once the group exists (accelerate imports it to unwrap a model), it holds the group in a
+    default argument (`deepspeed.comm`'s `monitored_barrier(group=GroupMember.WORLD)`) until the interpreter exits."""
+    if importlib.util.find_spec("deepspeed") is not None:
+        importlib.import_module("deepspeed")
+    end_training = Accelerator.end_training
+
+    def end_training_then_check(self):
+        end_training(self)
+        tasks = Path("/proc/self/task")
+        threads = [(tasks / task / "comm").read_text().strip() for task in os.listdir(tasks)]
+        if "pt_gloo_runloop" in threads:  # the name torch gives gloo's worker threads
+            print("error: gloo's worker threads outlived end_training", file=sys.stderr, flush=True)
+            os._exit(3)  # now: freeing the wrapper on the way out may hang
+
+    Accelerator.end_training = end_training_then_check
+
+
 def main():
     if os.environ.get("PIN_GLOO_BACKEND") == "1":
         pin_gloo_backend()
+    if os.environ.get("CHECK_END_TRAINING") == "1":
+        check_end_training()
     if os.environ.get("ACCELERATE_USE_DEEPSPEED") == "true":  # not DeepSpeed's CPU shared-memory all-reduce, an op it
         # compiles at first use (minutes, with a C++ compiler): gloo reduces the same numbers
         importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None

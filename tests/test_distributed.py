@@ -4,7 +4,8 @@ tests/fixed_rollouts.py replaces sampling by fixed completions, so that both run
 two-process update is then the one-process update: the first gradient (DDP's all-reduced mean, each process's half
 accumulated from micro-batches that split groups), the weights after two updates (the learning-rate schedule
 included), and every logged statistic, training and held-out, each gathered from both processes and written once.
-A two-process run resumes from its checkpoint to the weights of the uninterrupted run.
+A two-process run resumes from its checkpoint to the weights of the uninterrupted run. Every script's two-process run
+exits once its model is saved: end_training frees the process group (tests/fixed_rollouts.py's `check_end_training`).
 
 `ACCELERATE_USE_CPU=1 accelerate launch --multi_gpu --num_processes 2` starts two CPU processes (torchrun, gloo).
 """
@@ -28,7 +29,8 @@ from conftest import EMBEDDED, ROOT, read_metrics, run_main
 FLAGS = ["--num_generations", "2", "--prompts_per_step", "4", "--max_steps", "2", "--beta", "0.05",
          "--normalize_advantages", "True", "--reward_funcs", "accuracy,format", "--learning_rate", "1e-3",
          "--logging_steps", "1", "--save_steps", "1", "--eval_steps", "0", "--num_generations_eval", "2"]  # fmt: skip
-DDP = ["--multi_gpu"]  # with ACCELERATE_USE_CPU=1
+DDP = ["--multi_gpu"]  # with CPU_DDP's environment
+CPU_DDP = {"ACCELERATE_USE_CPU": "1", "CHECK_END_TRAINING": "1"}
 NO_PLUGIN = {"zero_stage": None, "fsdp_version": None}
 
 
@@ -38,13 +40,13 @@ def free_port() -> str:
         return str(s.getsockname()[1])
 
 
-def launch(script: str, launcher: list[str], output_dir, *flags, env: dict | None = None):
+def launch(script: str, launcher: list[str], output_dir, *flags, env: dict | None = None, timeout=300):
     """`accelerate launch {launcher} --num_processes 2 tests/fixed_rollouts.py {script} {flags}`, on the CPU only."""
     accelerate = [sys.executable, "-m", "accelerate.commands.launch", *launcher, "--num_processes", "2",
                   "--num_machines", "1", "--mixed_precision", "no", "--main_process_port", free_port()]  # fmt: skip
     driver = [str(ROOT / "tests" / "fixed_rollouts.py"), script, *map(str, flags), "--output_dir", str(output_dir)]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "CUDA_VISIBLE_DEVICES": "", **(env or {})}
-    result = subprocess.run(accelerate + driver, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    result = subprocess.run(accelerate + driver, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-8000:]
 
 
@@ -81,7 +83,7 @@ def update(output_dir) -> torch.Tensor:
 def runs(tmp_path_factory):
     one, two = tmp_path_factory.mktemp("one"), tmp_path_factory.mktemp("two")
     one_process("rloo", one, *FLAGS)
-    launch("rloo", DDP, two, *FLAGS, "--micro_batch_size", "1", env={"ACCELERATE_USE_CPU": "1"})
+    launch("rloo", DDP, two, *FLAGS, "--micro_batch_size", "1", env=CPU_DDP)
     return one, two
 
 
@@ -106,7 +108,26 @@ def test_two_processes_resume_to_the_uninterrupted_run(runs, tmp_path):
     assert states == ["random_states_0.pkl", "random_states_1.pkl"]  # each process's RNG
     assert not list(two.glob(".checkpoint-*"))  # each renamed into place once every process wrote its part
     resumed = tmp_path / "resumed"
-    launch("rloo", DDP, resumed, *FLAGS, "--micro_batch_size", "1", "--resume_from_checkpoint", checkpoint,
-           env={"ACCELERATE_USE_CPU": "1"})  # fmt: skip
+    launch("rloo", DDP, resumed, *FLAGS, "--micro_batch_size", "1", "--resume_from_checkpoint", checkpoint, env=CPU_DDP)
     assert torch.equal(update(resumed), update(two))
     assert_same_records(records(two)[2:], records(resumed), rel=1e-6)  # step 2 and the last evaluation
+
+
+BATCH = {  # a step's batch, one prompt (or sequence, or pair) per process; rloo.py: the launches above
+    "grpo": ["--prompts_per_step", "2", "--num_generations", "2"],
+    "reinforce": ["--prompts_per_step", "2"],
+    "ppo": ["--prompts_per_step", "2"],
+    "sft": ["--train_batch_size", "2"],
+    "reward_model": ["--train_batch_size", "2"],
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("script", BATCH)
+def test_two_processes_exit_once_the_model_is_saved(script, tmp_path):
+    """end_training frees the process group and stops its gloo workers. A DDP wrapper that still held the group would
+    stop them when freed, holding the GIL that a worker may need to free the last collective's tensors: the run would
+    hang at exit in some tries (2 in 6 of reinforce.py's). CHECK_END_TRAINING fails every try in which the workers
+    outlive end_training, not only those that hang."""
+    flags = ["--max_steps", "1", "--eval_strategy", "no", "--save_steps", "0", *BATCH[script]]
+    launch(script, DDP, tmp_path, *flags, env=CPU_DDP, timeout=120)
