@@ -79,7 +79,7 @@ def test_phases_are_timed_inside_the_step_and_each_has_a_positive_bound(tmp_path
             ["--algorithms", "sft"],
             "--algorithms: unknown algorithm 'sft' (choose from rloo, grpo, reinforce, ppo, trl_rloo)",
         ),
-        (["--configs", "huge"], "--configs: unknown config 'huge' (choose from embedded, llama135m)"),
+        (["--configs", "huge"], "--configs: unknown config 'huge' (choose from embedded, llama135m, qwen0.5b)"),
         (["--algorithms", "trl_rloo", "--phases"], "--phases: for the scripts, not for trl_rloo"),
         (["--phases", "--warmup_steps", "0"], "--phases: needs --warmup_steps ≥ 1 (step 1 has no CPU time)"),
         (["--steps", "2", "--warmup_steps", "2"], "--steps: 2 leaves no measured step after --warmup_steps 2"),
