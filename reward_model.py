@@ -503,8 +503,8 @@ def main(args: Args):
     if args.use_peft and args.save_merged_model and accelerator.is_main_process:  # a model that loads without peft
         accelerator.unwrap_model(model).merge_and_unload().save_pretrained(Path(args.output_dir) / "merged")
         tokenizer.save_pretrained(Path(args.output_dir) / "merged")
-    # the DDP wrapper holds the process group: freed first, so that end_training frees the group and stops gloo's
-    # workers with the GIL released (freed after, it stops them holding the GIL, which a worker may need: a hang)
+    # the DDP wrapper holds the process group: freed first, end_training stops gloo's workers with the GIL released
+    # (freed after, it stops them holding the GIL, which a worker may need: a hang). One process has no group.
     if torch.distributed.is_initialized():
         model, optimizer, scheduler = accelerator.free_memory(model, optimizer, scheduler)
     accelerator.end_training()

@@ -290,6 +290,13 @@ def prompt_texts(tokenizer, dataset, args, split: str) -> list[str]:
     return texts
 
 
+def check_context(model, tokenizer, texts: list[str], length: int):
+    """The longest prompt and --max_completion_length tokens after it fit the model's context, else one line."""
+    longest = max(map(len, tokenizer(texts, add_special_tokens=False).input_ids))
+    room = model.config.max_position_embeddings - longest
+    require(length <= room, f"--max_completion_length {length}: {room} fit the context after a {longest}-token prompt")
+
+
 # ---- plumbing: models ----
 def load_trained(
     args, path: str, model_class=AutoModelForCausalLM, task_type="CAUSAL_LM", flag="--model_name_or_path", **options
@@ -512,12 +519,7 @@ def main(args: Args):
 
     # ---- plumbing: the policy π_θ, the reference π_ref (β > 0; with LoRA: the policy without its adapter) ----
     model, ref_model = load_trained(args, args.model_name_or_path), None
-    longest = max(map(len, tokenizer([*train_texts, *(eval_texts or [])], add_special_tokens=False).input_ids))
-    room = model.config.max_position_embeddings - longest
-    require(
-        args.max_completion_length <= room,
-        f"--max_completion_length {args.max_completion_length}: {room} fit the context after a {longest}-token prompt",
-    )
+    check_context(model, tokenizer, [*train_texts, *(eval_texts or [])], args.max_completion_length)
     if args.beta > 0 and not args.use_peft:  # frozen: bf16 under --bf16
         ref = dict(dtype=torch.bfloat16 if args.bf16 else torch.float32, attn_implementation=args.attn_implementation)
         ref_model = prepare_frozen(accelerator, AutoModelForCausalLM.from_pretrained(args.model_name_or_path, **ref))
@@ -719,8 +721,8 @@ def main(args: Args):
         key = "eval/accuracy" if "eval/accuracy" in last_eval else "eval/reward"
         before, after = (f"{first_eval[k]:.3f} → {last_eval[k]:.3f}" for k in (key, key + "_greedy"))
         accelerator.print(f"held-out {key}: {before} sampled, {after} greedy")
-    # the DDP wrapper holds the process group: freed first, so that end_training frees the group and stops gloo's
-    # workers with the GIL released (freed after, it stops them holding the GIL, which a worker may need: a hang)
+    # the DDP wrapper holds the process group: freed first, end_training stops gloo's workers with the GIL released
+    # (freed after, it stops them holding the GIL, which a worker may need: a hang). One process has no group.
     if torch.distributed.is_initialized():
         model, optimizer, scheduler = accelerator.free_memory(model, optimizer, scheduler)
     accelerator.end_training()

@@ -268,6 +268,13 @@ def prompt_texts(tokenizer, dataset, args, split: str) -> list[str]:
     return texts
 
 
+def check_context(model, tokenizer, texts: list[str], length: int):
+    """The longest prompt and --max_completion_length tokens after it fit the model's context, else one line."""
+    longest = max(map(len, tokenizer(texts, add_special_tokens=False).input_ids))
+    room = model.config.max_position_embeddings - longest
+    require(length <= room, f"--max_completion_length {length}: {room} fit the context after a {longest}-token prompt")
+
+
 # ---- plumbing: models ----
 def load_trained(
     args, path: str, model_class=AutoModelForCausalLM, task_type="CAUSAL_LM", flag="--model_name_or_path", **options
@@ -467,12 +474,7 @@ def main(args: Args):
     reward_funcs, weights = {"accuracy_reward": accuracy_reward, "format_reward": format_reward}, torch.tensor([1.0, 0])
     model = load_trained(args, args.model_name_or_path)
     if eval_texts:  # the evaluation samples completions after the held-out prompts
-        longest = max(map(len, tokenizer(eval_texts, add_special_tokens=False).input_ids))
-        room = model.config.max_position_embeddings - longest
-        length = args.max_completion_length
-        require(
-            length <= room, f"--max_completion_length {length}: {room} fit the context after a {longest}-token prompt"
-        )
+        check_context(model, tokenizer, eval_texts, args.max_completion_length)
 
     # ---- plumbing: optimizer, scheduler, processes: one update a step ----
     trained = [p for p in model.parameters() if p.requires_grad]
@@ -565,8 +567,8 @@ def main(args: Args):
     if args.use_peft and args.save_merged_model and accelerator.is_main_process:  # a model that loads without peft
         accelerator.unwrap_model(model).merge_and_unload().save_pretrained(Path(args.output_dir) / "merged")
         tokenizer.save_pretrained(Path(args.output_dir) / "merged")
-    # the DDP wrapper holds the process group: freed first, so that end_training frees the group and stops gloo's
-    # workers with the GIL released (freed after, it stops them holding the GIL, which a worker may need: a hang)
+    # the DDP wrapper holds the process group: freed first, end_training stops gloo's workers with the GIL released
+    # (freed after, it stops them holding the GIL, which a worker may need: a hang). One process has no group.
     if torch.distributed.is_initialized():
         model, optimizer, scheduler = accelerator.free_memory(model, optimizer, scheduler)
     accelerator.end_training()

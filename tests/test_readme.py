@@ -45,6 +45,11 @@ def phase_span(lines: list[str], k: int) -> tuple[int, int] | None:
     return starts[0], end
 
 
+def fail_if(misses: list[str], heading: str = "re-point"):
+    if misses:
+        pytest.fail(f"{heading}:\n" + "\n".join(misses), pytrace=False)
+
+
 def test_readme_steps_are_the_seven_phases():
     steps = [step for step, *_ in STEP_POINTER.findall(README)]
     phases = ["Rollout", "Score", "Log-probs", "KL-shaped reward", "Leave-one-out advantage", "Loss and update", "Log"]
@@ -59,8 +64,7 @@ def test_each_step_spans_its_phase():
         if span != (int(start), int(end)):
             where = f"{file}:{span[0]}-{span[1]}" if span else f"no single `# ==== {k}.` in {file}"
             misses.append(f"README.md:{page_line(README, match.start())}: **{step}** ({file}:{start}-{end}) -> {where}")
-    if misses:
-        pytest.fail("re-point:\n" + "\n".join(misses), pytrace=False)
+    fail_if(misses)
 
 
 @pytest.mark.parametrize("page", PAGES)
@@ -73,8 +77,7 @@ def test_each_function_pointer_lands_on_its_definition(page):
         if int(number) not in found:
             where = " or ".join(f"{file}:{n}" for n in found) or f"no `def {name}(` in {file}"
             misses.append(f"{page}:{page_line(text, match.start())}: `{name}` ({file}:{number}) -> {where}")
-    if misses:
-        pytest.fail("re-point:\n" + "\n".join(misses), pytrace=False)
+    fail_if(misses)
 
 
 @pytest.mark.parametrize("page", PAGES)
@@ -88,5 +91,4 @@ def test_every_pointer_names_what_it_points_at(page):
         for match in POINTER.finditer(text)
         if not any(start <= match.start() < end for start, end in checked)
     ]
-    if unchecked:
-        pytest.fail("write these as `name`, file.py:N (one name per pointer):\n" + "\n".join(unchecked), pytrace=False)
+    fail_if(unchecked, "write these as `name`, file.py:N (one name per pointer)")
