@@ -12,7 +12,13 @@ It imports no accelerate and no datasets, and touches no files but the tokenizer
 """
 
 import torch
-from transformers import AutoTokenizer, GenerationConfig, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+from transformers import (
+    AutoTokenizer,
+    GenerationConfig,
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+)
 
 
 def load_tokenizer(path: str, **options):
@@ -52,7 +58,9 @@ def prompt_text(tokenizer, prompt, chat_template_kwargs: dict | None = None) -> 
 def encode(tokenizer, texts: list[str], device) -> tuple[torch.Tensor, torch.Tensor]:
     """Token ids and attention mask (B, P), padded on the left, without special tokens added (the chat template
     already wrote them)."""
-    enc = tokenizer(texts, return_tensors="pt", padding=True, padding_side="left", add_special_tokens=False)
+    enc = tokenizer(
+        texts, return_tensors="pt", padding=True, padding_side="left", add_special_tokens=False
+    )
     return enc.input_ids.to(device), enc.attention_mask.to(device)
 
 
@@ -69,7 +77,11 @@ def sampling_config(model, tokenizer, args, greedy: bool = False) -> GenerationC
     every end id (`end_ids`), and nothing else: a checkpoint's repetition penalty, min_new_tokens or top_k would make
     the sampler differ from the log-probs the loss uses. --top_k > 0 and --top_p < 1 truncate the distribution that
     the log-probs describe: off-policy, as in TRL."""
-    sampling = {} if greedy else {"temperature": args.temperature, "top_p": args.top_p, "top_k": args.top_k}
+    sampling = (
+        {}
+        if greedy
+        else {"temperature": args.temperature, "top_p": args.top_p, "top_k": args.top_k}
+    )
     return GenerationConfig(
         do_sample=not greedy,
         max_new_tokens=args.max_completion_length,
@@ -80,7 +92,9 @@ def sampling_config(model, tokenizer, args, greedy: bool = False) -> GenerationC
 
 
 @torch.no_grad()
-def generate(model, tokenizer, texts: list[str], config: GenerationConfig, sampler_logprobs: bool = False) -> dict:
+def generate(
+    model, tokenizer, texts: list[str], config: GenerationConfig, sampler_logprobs: bool = False
+) -> dict:
     """One completion per text. Returns prompt_ids and prompt_mask (B, P), left-padded, and completion_ids (B, T), as
     sampled (`end_of_completion` says where each ends). With `sampler_logprobs`, also the sampler's own
     log softmax(logits / temperature) at each sampled token (B, T), float32, one (B, V) step at a time.
@@ -90,21 +104,33 @@ def generate(model, tokenizer, texts: list[str], config: GenerationConfig, sampl
     prompt_ids, prompt_mask = encode(tokenizer, texts, next(model.parameters()).device)
     logprobs, last = [], []
 
-    def record(input_ids, scores):  # before each token is drawn: the previous step's log-probs at its drawn token
+    def record(
+        input_ids, scores
+    ):  # before each token is drawn: the previous step's log-probs at its drawn token
         if last:
             logprobs.append(last.pop().gather(-1, input_ids[:, -1:]))
-        last.append((scores.float() / config.temperature).log_softmax(-1))  # the raw logits: no processor before
+        last.append(
+            (scores.float() / config.temperature).log_softmax(-1)
+        )  # the raw logits: no processor before
         return scores
 
-    def draw(input_ids, scores):  # an exact draw from softmax(scores): token i where cdf_{i-1} ≤ u < cdf_i
+    def draw(
+        input_ids, scores
+    ):  # an exact draw from softmax(scores): token i where cdf_{i-1} ≤ u < cdf_i
         cdf = scores.softmax(-1).cumsum(-1)  # (B, V)
         u = torch.rand(len(cdf), 1, device=cdf.device) * cdf[:, -1:]
-        drawn = torch.searchsorted(cdf, u, right=True).clamp(max=cdf.shape[1] - 1)  # the first token with cdf > u
-        return torch.full_like(scores, -torch.inf).scatter(1, drawn, 0.0)  # greedy decoding then takes it
+        drawn = torch.searchsorted(cdf, u, right=True).clamp(
+            max=cdf.shape[1] - 1
+        )  # the first token with cdf > u
+        return torch.full_like(scores, -torch.inf).scatter(
+            1, drawn, 0.0
+        )  # greedy decoding then takes it
 
     processors = [record] if sampler_logprobs else []
     decoding = config
-    if config.do_sample:  # transformers' sampler, torch.multinomial, spends ~35 ms a token on one CPU core at a 49k
+    if (
+        config.do_sample
+    ):  # transformers' sampler, torch.multinomial, spends ~35 ms a token on one CPU core at a 49k
         # vocabulary, and `draw` ~2 ms: transformers' own truncations, then `draw`, then greedy decoding takes its token
         processors.append(TemperatureLogitsWarper(config.temperature))
         if config.top_k:
@@ -118,18 +144,27 @@ def generate(model, tokenizer, texts: list[str], config: GenerationConfig, sampl
     shipped, base.generation_config = base.generation_config, decoding
     try:
         sequences = model.generate(
-            input_ids=prompt_ids, attention_mask=prompt_mask, generation_config=decoding, logits_processor=processors
+            input_ids=prompt_ids,
+            attention_mask=prompt_mask,
+            generation_config=decoding,
+            logits_processor=processors,
         )
     finally:
         base.generation_config = shipped
-    out = {"prompt_ids": prompt_ids, "prompt_mask": prompt_mask, "completion_ids": sequences[:, prompt_ids.shape[1] :]}
+    out = {
+        "prompt_ids": prompt_ids,
+        "prompt_mask": prompt_mask,
+        "completion_ids": sequences[:, prompt_ids.shape[1] :],
+    }
     if sampler_logprobs:
         logprobs.append(last.pop().gather(-1, sequences[:, -1:]))
         out["sampler_logprobs"] = torch.cat(logprobs, 1)
     return out
 
 
-def end_of_completion(completion_ids: torch.Tensor, end_ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+def end_of_completion(
+    completion_ids: torch.Tensor, end_ids: list[int]
+) -> tuple[torch.Tensor, torch.Tensor]:
     """A completion ends at its first end token, which it keeps. Returns its mask (B, T), 1 up to and including that
     token, and is_truncated (B,): True where no end token came within the T tokens."""
     is_end = torch.isin(completion_ids, torch.tensor(end_ids, device=completion_ids.device))
@@ -138,7 +173,9 @@ def end_of_completion(completion_ids: torch.Tensor, end_ids: list[int]) -> tuple
     return (positions[None] <= first_end[:, None]).long(), ~is_end.any(1)
 
 
-def decode(tokenizer, completion_ids: torch.Tensor, completion_mask: torch.Tensor) -> tuple[list[str], list[list[int]]]:
+def decode(
+    tokenizer, completion_ids: torch.Tensor, completion_mask: torch.Tensor
+) -> tuple[list[str], list[list[int]]]:
     """Each completion up to its end (the mask), as text without special tokens and as a list of token ids."""
     ids = [row[mask.bool()].tolist() for row, mask in zip(completion_ids, completion_mask)]
     return tokenizer.batch_decode(ids, skip_special_tokens=True), ids

@@ -65,7 +65,12 @@ from accelerate.tracking import get_available_trackers
 from accelerate.utils import gather_object, set_seed
 from datasets import load_dataset
 from tqdm.auto import tqdm
-from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, HfArgumentParser, SchedulerType
+from transformers import (
+    AutoModelForCausalLM,
+    AutoModelForSequenceClassification,
+    HfArgumentParser,
+    SchedulerType,
+)
 
 import common
 from rewards import RewardError, check_columns, compute_rewards, load_reward_funcs, reward_weights
@@ -74,112 +79,209 @@ HERE = Path(__file__).resolve().parent
 
 
 def arg(default, help: str):
-    kind = {"default_factory": lambda: list(default)} if isinstance(default, list) else {"default": default}
+    kind = (
+        {"default_factory": lambda: list(default)}
+        if isinstance(default, list)
+        else {"default": default}
+    )
     return field(**kind, metadata={"help": help})
 
 
 @dataclass
 class Args:
     # model and data
-    model_name_or_path: str = arg(str(HERE / "models/tiny-arith"), "policy: a hub id or a folder (default: embedded)")
-    attn_implementation: str | None = arg(None, "eager, sdpa, flash_attention_2, ... (default: transformers' choice)")
-    dataset_name: str = arg(str(HERE / "data/arithmetic"), "a hub dataset, or a data folder or file; a 'prompt' column")
+    model_name_or_path: str = arg(
+        str(HERE / "models/tiny-arith"), "policy: a hub id or a folder (default: embedded)"
+    )
+    attn_implementation: str | None = arg(
+        None, "eager, sdpa, flash_attention_2, ... (default: transformers' choice)"
+    )
+    dataset_name: str = arg(
+        str(HERE / "data/arithmetic"), "a hub dataset, or a data folder or file; a 'prompt' column"
+    )
     dataset_config: str | None = arg(None, "the configuration of a dataset that has several")
     dataset_train_split: str = arg("train", "split to train on")
-    dataset_test_split: str = arg("test", "held-out split, scored with the run's rewards (skipped when absent)")
-    reward_funcs: list[str] = arg(["accuracy"], "reward functions: built-in names, file.py:function or pkg.module.fn")
+    dataset_test_split: str = arg(
+        "test", "held-out split, scored with the run's rewards (skipped when absent)"
+    )
+    reward_funcs: list[str] = arg(
+        ["accuracy"], "reward functions: built-in names, file.py:function or pkg.module.fn"
+    )
     reward_weights: list[str] = arg([], "one weight per reward function (default 1.0 each)")
-    reward_model_path: str | None = arg(None, "a sequence classifier with one label, added to the reward functions")
-    value_model_path: str | None = arg(None, "the value model's start (default: the reward model, else the policy)")
+    reward_model_path: str | None = arg(
+        None, "a sequence classifier with one label, added to the reward functions"
+    )
+    value_model_path: str | None = arg(
+        None, "the value model's start (default: the reward model, else the policy)"
+    )
     # PPO
     num_ppo_epochs: int = arg(4, "passes over each batch of completions")
-    num_mini_batches: int = arg(1, "optimizer steps per pass: the batch is split into this many mini-batches")
+    num_mini_batches: int = arg(
+        1, "optimizer steps per pass: the batch is split into this many mini-batches"
+    )
     cliprange: float = arg(0.2, "clipping range ε of the per-token ratio ρ in the policy loss")
     vf_coef: float = arg(0.1, "weight of the value loss in the loss")
-    cliprange_value: float = arg(0.2, "clipping range of the value around the rollout's value in the value loss")
+    cliprange_value: float = arg(
+        0.2, "clipping range of the value around the rollout's value in the value loss"
+    )
     gamma: float = arg(1.0, "discount γ")
     lam: float = arg(0.95, "GAE λ (1.0: the return to go minus the value)")
     whiten_advantages: bool = arg(True, "whiten the advantages over the batch's real tokens")
-    whiten_rewards: bool = arg(False, "scale the per-token rewards to unit variance over the batch before GAE")
-    kl_coef: float = arg(0.05, "KL coefficient of the per-token reward; 0 loads no reference model")
-    kl_estimator: Literal["k1", "k3"] = arg("k1", "KL estimator in the reward (k3's gradient is not the KL's)")
-    adaptive_kl: bool = arg(False, "adapt kl_coef towards --kl_target (Ziegler et al. 2019); --kl_coef is its start")
+    whiten_rewards: bool = arg(
+        False, "scale the per-token rewards to unit variance over the batch before GAE"
+    )
+    kl_coef: float = arg(
+        0.05, "KL coefficient of the per-token reward; 0 loads no reference model"
+    )
+    kl_estimator: Literal["k1", "k3"] = arg(
+        "k1", "KL estimator in the reward (k3's gradient is not the KL's)"
+    )
+    adaptive_kl: bool = arg(
+        False, "adapt kl_coef towards --kl_target (Ziegler et al. 2019); --kl_coef is its start"
+    )
     kl_target: float = arg(6.0, "--adaptive_kl: the target KL of a completion, in nats")
     kl_horizon: int = arg(10000, "--adaptive_kl: the horizon, in completions")
-    stop_token: str = arg("eos", "what ends a completion besides the checkpoint's end ids: 'eos', or one token's text")
-    missing_eos_penalty: float | None = arg(None, "subtracted from the score of a completion without the stop token")
-    num_generations: ClassVar[int] = 1  # one completion per prompt: each prompt is its own group of G = 1
+    stop_token: str = arg(
+        "eos",
+        "what ends a completion besides the checkpoint's end ids: 'eos', or one token's text",
+    )
+    missing_eos_penalty: float | None = arg(
+        None, "subtracted from the score of a completion without the stop token"
+    )
+    num_generations: ClassVar[int] = (
+        1  # one completion per prompt: each prompt is its own group of G = 1
+    )
     # generation
     max_completion_length: int = arg(24, "tokens generated per completion at most")
-    temperature: float = arg(1.0, "sampling temperature τ; the log-probs are those of softmax(logits / τ)")
+    temperature: float = arg(
+        1.0, "sampling temperature τ; the log-probs are those of softmax(logits / τ)"
+    )
     top_p: float = arg(1.0, "nucleus sampling (1.0: off; < 1 samples off-policy)")
     top_k: int = arg(0, "top-k sampling (0: off; > 0 samples off-policy)")
-    chat_template_kwargs: dict | None = arg(None, "chat template arguments, e.g. '{\"enable_thinking\": false}'")
-    use_vllm: bool = arg(False, "sample with a colocated vLLM engine (vllm_colocate.py; needs a GPU)")
-    vllm_gpu_memory_utilization: float = arg(0.3, "fraction of GPU memory the vLLM engine may take")
-    vllm_max_model_length: int | None = arg(None, "vLLM's context length (default: the model's)")
-    vllm_importance_sampling_correction: bool = arg(True, "weight the policy loss by π_θ_old / π_vllm (TRL's)")
-    vllm_importance_sampling_mode: Literal["sequence_mask", "sequence_truncate", "token_mask", "token_truncate"] = arg(
-        "sequence_mask", "the ratio of the completion or of each token; 0 above C, or C"
+    chat_template_kwargs: dict | None = arg(
+        None, "chat template arguments, e.g. '{\"enable_thinking\": false}'"
     )
-    vllm_importance_sampling_clip_max: float = arg(3.0, "the cap C of the importance-sampling ratio")
+    use_vllm: bool = arg(
+        False, "sample with a colocated vLLM engine (vllm_colocate.py; needs a GPU)"
+    )
+    vllm_gpu_memory_utilization: float = arg(
+        0.3, "fraction of GPU memory the vLLM engine may take"
+    )
+    vllm_max_model_length: int | None = arg(None, "vLLM's context length (default: the model's)")
+    vllm_importance_sampling_correction: bool = arg(
+        True, "weight the policy loss by π_θ_old / π_vllm (TRL's)"
+    )
+    vllm_importance_sampling_mode: Literal[
+        "sequence_mask", "sequence_truncate", "token_mask", "token_truncate"
+    ] = arg("sequence_mask", "the ratio of the completion or of each token; 0 above C, or C")
+    vllm_importance_sampling_clip_max: float = arg(
+        3.0, "the cap C of the importance-sampling ratio"
+    )
     # optimization
-    prompts_per_step: int = arg(16, "prompts per step, one completion each: the step's batch of completions")
-    micro_batch_size: int = arg(0, "completions per forward and backward, gradients accumulated (0: the mini-batch)")
+    prompts_per_step: int = arg(
+        16, "prompts per step, one completion each: the step's batch of completions"
+    )
+    micro_batch_size: int = arg(
+        0, "completions per forward and backward, gradients accumulated (0: the mini-batch)"
+    )
     max_steps: int = arg(25, "training steps, one batch each")
-    learning_rate: float = arg(1e-4, "AdamW learning rate of the policy and the value model (~3e-6 for a 0.5B model)")
+    learning_rate: float = arg(
+        1e-4, "AdamW learning rate of the policy and the value model (~3e-6 for a 0.5B model)"
+    )
     lr_scheduler_type: SchedulerType = arg("cosine", "transformers' learning-rate schedule")
     warmup_ratio: float = arg(0.03, "fraction of the optimizer steps spent warming up")
     weight_decay: float = arg(0.0, "AdamW weight decay")
-    max_grad_norm: float = arg(1.0, "gradient clipping norm, of the policy and of the value model separately (0: none)")
+    max_grad_norm: float = arg(
+        1.0, "gradient clipping norm, of the policy and of the value model separately (0: none)"
+    )
     seed: int = arg(0, "random seed (sampling, data order, mini-batches)")
-    disable_dropout: bool = arg(True, "dropout off in the policy and the value model, so the rollout and update agree")
+    disable_dropout: bool = arg(
+        True, "dropout off in the policy and the value model, so the rollout and update agree"
+    )
     # logging, evaluation, checkpoints
-    output_dir: str = arg("outputs/ppo", "metrics.jsonl, the checkpoints, the final model and its value_model/")
+    output_dir: str = arg(
+        "outputs/ppo", "metrics.jsonl, the checkpoints, the final model and its value_model/"
+    )
     overwrite_output_dir: bool = arg(False, "start over in an output_dir that holds another run")
     logging_steps: int = arg(5, "log metrics every this many steps")
     log_completions: bool = arg(False, "print a few completions and their rewards at each log")
     num_completions_to_print: int = arg(2, "how many completions --log_completions prints")
-    report_to: list[str] = arg(["none"], "trackers besides metrics.jsonl: tensorboard, wandb, trackio, all, ...")
-    eval_strategy: Literal["steps", "no"] = arg("steps", "steps: at the start, every eval_steps and at the end")
+    report_to: list[str] = arg(
+        ["none"], "trackers besides metrics.jsonl: tensorboard, wandb, trackio, all, ..."
+    )
+    eval_strategy: Literal["steps", "no"] = arg(
+        "steps", "steps: at the start, every eval_steps and at the end"
+    )
     eval_steps: int = arg(50, "evaluate every this many steps (0: at the start and the end only)")
     num_generations_eval: int = arg(4, "completions sampled per held-out prompt (and one greedy)")
     per_device_eval_batch_size: int = arg(512, "completions per generate call of the evaluation")
-    save_steps: int = arg(10, "save a checkpoint every this many steps (0: never; a stop always saves)")
+    save_steps: int = arg(
+        10, "save a checkpoint every this many steps (0: never; a stop always saves)"
+    )
     save_total_limit: int | None = arg(None, "keep only the newest N checkpoints")
-    resume_from_checkpoint: str | None = arg(None, "a checkpoint folder, or 'latest' in output_dir")
+    resume_from_checkpoint: str | None = arg(
+        None, "a checkpoint folder, or 'latest' in output_dir"
+    )
     # efficiency
     bf16: bool = arg(False, "bf16 autocast for the forward passes; master weights stay float32")
-    gradient_checkpointing: bool = arg(False, "recompute activations in the backward pass to save memory")
-    use_peft: bool = arg(False, "train LoRA adapters (policy and value model); π_ref is the policy without its adapter")
+    gradient_checkpointing: bool = arg(
+        False, "recompute activations in the backward pass to save memory"
+    )
+    use_peft: bool = arg(
+        False,
+        "train LoRA adapters (policy and value model); π_ref is the policy without its adapter",
+    )
     lora_r: int = arg(16, "LoRA rank")
     lora_alpha: int = arg(32, "LoRA alpha")
     lora_dropout: float = arg(0.05, "LoRA dropout")
     lora_target_modules: list[str] = arg(["all-linear"], "modules LoRA adapts, or all-linear")
-    load_in_4bit: bool = arg(False, "QLoRA: not in ppo.py, whose value model trains beside the policy")
+    load_in_4bit: bool = arg(
+        False, "QLoRA: not in ppo.py, whose value model trains beside the policy"
+    )
     bnb_4bit_quant_type: Literal["nf4", "fp4"] = arg("nf4", "4-bit data type")
 
 
 def check_args(args: Args):
     """The flags in range, each said in one line."""
-    positive = "max_steps prompts_per_step learning_rate max_completion_length temperature logging_steps"
+    positive = (
+        "max_steps prompts_per_step learning_rate max_completion_length temperature logging_steps"
+    )
     positive += " num_generations_eval per_device_eval_batch_size num_ppo_epochs num_mini_batches cliprange"
     for name in (positive + " cliprange_value kl_target kl_horizon").split():
         require(getattr(args, name) > 0, f"--{name}: must be positive, got {getattr(args, name)}")
     for name in "kl_coef vf_coef micro_batch_size top_k eval_steps save_steps weight_decay max_grad_norm".split():
         require(getattr(args, name) >= 0, f"--{name}: must be ≥ 0, got {getattr(args, name)}")
     for name in ("gamma", "lam", "warmup_ratio"):
-        require(0 <= getattr(args, name) <= 1, f"--{name}: must be in [0, 1], got {getattr(args, name)}")
+        require(
+            0 <= getattr(args, name) <= 1,
+            f"--{name}: must be in [0, 1], got {getattr(args, name)}",
+        )
     require(0 < args.top_p <= 1, f"--top_p: must be in (0, 1], got {args.top_p}")
-    require(0 <= args.seed < 2**32, f"--seed: must be in [0, 2**32), got {args.seed}")  # numpy's range
-    require(args.save_total_limit is None or args.save_total_limit > 0, "--save_total_limit: must be positive")
-    require(not args.load_in_4bit, "--load_in_4bit: ppo.py trains a value model beside the policy; not with QLoRA")
-    require(not args.adaptive_kl or args.kl_coef > 0, "--adaptive_kl: needs a positive --kl_coef to start from")
-    require(args.dataset_train_split != args.dataset_test_split, "--dataset_test_split: that is the training split")
+    require(
+        0 <= args.seed < 2**32, f"--seed: must be in [0, 2**32), got {args.seed}"
+    )  # numpy's range
+    require(
+        args.save_total_limit is None or args.save_total_limit > 0,
+        "--save_total_limit: must be positive",
+    )
+    require(
+        not args.load_in_4bit,
+        "--load_in_4bit: ppo.py trains a value model beside the policy; not with QLoRA",
+    )
+    require(
+        not args.adaptive_kl or args.kl_coef > 0,
+        "--adaptive_kl: needs a positive --kl_coef to start from",
+    )
+    require(
+        args.dataset_train_split != args.dataset_test_split,
+        "--dataset_test_split: that is the training split",
+    )
 
 
 # ---- the log-probs at the temperature, which every equation above reads ----
-def completion_logprobs(model, input_ids, attention_mask, T: int, temperature: float, entropy=False, chunk=2**24):
+def completion_logprobs(
+    model, input_ids, attention_mask, T: int, temperature: float, entropy=False, chunk=2**24
+):
     """log π(y_t | x, y_<t) (B, T), float32, of the last T tokens of `input_ids` (the completion) under
     softmax(logits / temperature); with `entropy`, also that softmax's detached entropy (B, T), else None. Only the
     completion positions get logits, and the float32 log-softmax exists for `chunk` elements at a time (never
@@ -189,22 +291,35 @@ def completion_logprobs(model, input_ids, attention_mask, T: int, temperature: f
     # transformers then slices the hidden states contiguously (the int's strided view makes the bf16 lm_head copy its
     # weight for every row, 2.3× the reference forward's time)
     kept = torch.arange(input_ids.shape[1] - T - 1, input_ids.shape[1], device=input_ids.device)
-    output = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, logits_to_keep=kept)
+    output = model(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        position_ids=position_ids,
+        logits_to_keep=kept,
+    )
     logits = output.logits[:, :-1]  # (B, T, V): position t predicts completion token t
     positions = max(1, chunk // (logits.shape[0] * logits.shape[2]))
-    pieces = list(zip(logits.split(positions, 1), input_ids[:, -T:].split(positions, 1)))  # (B, t, V), (B, t)
-    logprobs_of = lambda z, y: torch.log_softmax(z.float() / temperature, -1).gather(-1, y[..., None])[..., 0]
+    pieces = list(
+        zip(logits.split(positions, 1), input_ids[:, -T:].split(positions, 1))
+    )  # (B, t, V), (B, t)
+    logprobs_of = lambda z, y: torch.log_softmax(z.float() / temperature, -1).gather(
+        -1, y[..., None]
+    )[..., 0]
     recompute = torch.utils.checkpoint.checkpoint
     logprobs = torch.cat([recompute(logprobs_of, z, y, use_reentrant=False) for z, y in pieces], 1)
     if not entropy:
         return logprobs, None
     with torch.no_grad():  # H = logsumexp(z) − Σ softmax(z) z, with z = logits / temperature
         scaled = [piece.float() / temperature for piece, _ in pieces]
-        return logprobs, torch.cat([z.logsumexp(-1) - (z.softmax(-1) * z).sum(-1) for z in scaled], 1)
+        return logprobs, torch.cat(
+            [z.logsumexp(-1) - (z.softmax(-1) * z).sum(-1) for z in scaled], 1
+        )
 
 
 # ==== PPO ====
-def per_token_kl(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: str) -> torch.Tensor:
+def per_token_kl(
+    logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: str
+) -> torch.Tensor:
     """kl_t for each sampled token: k1 = log π − log π_ref (unbiased), k3 = exp(−k1) + k1 − 1 (unbiased, ≥ 0)."""
     log_ratio = logprobs - ref_logprobs
     return log_ratio if estimator == "k1" else torch.exp(-log_ratio) + log_ratio - 1
@@ -215,14 +330,21 @@ def stop_token_ids(tokenizer, stop_token: str, end_ids: list[int]) -> list[int]:
     if stop_token == "eos":
         return end_ids
     ids = tokenizer.encode(stop_token, add_special_tokens=False)
-    require(len(ids) == 1, f"--stop_token: {stop_token!r} is {len(ids)} tokens for this tokenizer, not one")
+    require(
+        len(ids) == 1,
+        f"--stop_token: {stop_token!r} is {len(ids)} tokens for this tokenizer, not one",
+    )
     return ids
 
 
-def ends_with(completion_ids: torch.Tensor, completion_mask: torch.Tensor, token_ids: list[int]) -> torch.Tensor:
+def ends_with(
+    completion_ids: torch.Tensor, completion_mask: torch.Tensor, token_ids: list[int]
+) -> torch.Tensor:
     """Whether each completion's last real token is one of `token_ids` (B,): not if it was truncated, or ended at
     another end id."""
-    last = completion_ids.gather(1, completion_mask.sum(1, keepdim=True) - 1)[:, 0]  # every completion has a token
+    last = completion_ids.gather(1, completion_mask.sum(1, keepdim=True) - 1)[
+        :, 0
+    ]  # every completion has a token
     return torch.isin(last, torch.tensor(token_ids, device=last.device))
 
 
@@ -231,13 +353,20 @@ def completion_values(value_model, input_ids, attention_mask, T: int) -> torch.T
     the policy's logits for that token are read. (The classifier's own output is the head at the last token only.)"""
     position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
     output = value_model(
-        input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, output_hidden_states=True
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        position_ids=position_ids,
+        output_hidden_states=True,
     )
-    head = getattr(value_model, "module", value_model).score  # DDP keeps the model in .module; peft forwards the name
+    head = getattr(
+        value_model, "module", value_model
+    ).score  # DDP keeps the model in .module; peft forwards the name
     return head(output.hidden_states[-1][:, -T - 1 : -1]).squeeze(-1).float()
 
 
-def per_token_rewards(scores: torch.Tensor, kl: torch.Tensor, completion_mask: torch.Tensor, kl_coef: float):
+def per_token_rewards(
+    scores: torch.Tensor, kl: torch.Tensor, completion_mask: torch.Tensor, kl_coef: float
+):
     """r_t = −kl_coef · kl_t on every real token, plus the score on the last real token. (B,), (B, T) -> (B, T)"""
     rewards = -kl_coef * kl * completion_mask
     last = completion_mask.sum(1).long() - 1  # every completion has at least one token
@@ -245,7 +374,9 @@ def per_token_rewards(scores: torch.Tensor, kl: torch.Tensor, completion_mask: t
     return rewards
 
 
-def masked_whiten(values: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True, all_sum=lambda total: total):
+def masked_whiten(
+    values: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True, all_sum=lambda total: total
+):
     """(x − mean) / std over the real tokens (`mask`; std with Bessel's correction), 0 on padding; with shift_mean=False
     the mean stays and only the scale changes. `all_sum` sums over the processes: the whole batch's statistics."""
     n = all_sum(mask.sum())
@@ -270,21 +401,36 @@ def gae_advantages(rewards, values, completion_mask, *, gamma: float, lam: float
     return advantages, advantages + values
 
 
-def importance_sampling_weights(old_logprobs, sampler_logprobs, completion_mask, *, mode: str, clip_max: float):
+def importance_sampling_weights(
+    old_logprobs, sampler_logprobs, completion_mask, *, mode: str, clip_max: float
+):
     """π_θ_old / π_sampler of each completion (sequence_*: the exp of its summed log-ratio, (B, 1)) or of each token
     (token_*: (B, T)), capped at clip_max (*_truncate) or zeroed above it (*_mask)."""
     log_ratio = (old_logprobs - sampler_logprobs) * completion_mask
     ratio = torch.exp(log_ratio.sum(1, keepdim=True) if mode.startswith("sequence") else log_ratio)
-    return ratio.clamp(max=clip_max) if mode.endswith("truncate") else ratio.masked_fill(ratio > clip_max, 0.0)
+    return (
+        ratio.clamp(max=clip_max)
+        if mode.endswith("truncate")
+        else ratio.masked_fill(ratio > clip_max, 0.0)
+    )
 
 
-def policy_loss(logprobs, old_logprobs, advantages, mask, weights, *, cliprange: float, num_tokens):
+def policy_loss(
+    logprobs, old_logprobs, advantages, mask, weights, *, cliprange: float, num_tokens
+):
     """Σ_t w_t max(−A_t ρ_t, −A_t clip(ρ_t, 1 ± ε)) / num_tokens over a micro-batch's real tokens (`mask`), w the
     importance-sampling weights ((B_mb, 1) or (B_mb, T)); num_tokens counts the mini-batch's, so that accumulated
     micro-batches give the mini-batch's mean. Returns the loss, ρ and where the clipped term is the larger (B_mb, T)."""
     ratio = torch.exp(logprobs - old_logprobs)
-    unclipped, clipped = -advantages * ratio, -advantages * ratio.clamp(1 - cliprange, 1 + cliprange)
-    return (torch.max(unclipped, clipped) * weights * mask).sum() / num_tokens, ratio, clipped > unclipped
+    unclipped, clipped = (
+        -advantages * ratio,
+        -advantages * ratio.clamp(1 - cliprange, 1 + cliprange),
+    )
+    return (
+        (torch.max(unclipped, clipped) * weights * mask).sum() / num_tokens,
+        ratio,
+        clipped > unclipped,
+    )
 
 
 def value_loss(values, old_values, returns, mask, *, cliprange_value: float, num_tokens):
@@ -295,7 +441,9 @@ def value_loss(values, old_values, returns, mask, *, cliprange_value: float, num
     return 0.5 * (torch.max(unclipped, clipped) * mask).sum() / num_tokens, clipped > unclipped
 
 
-def adaptive_kl_coef(kl_coef: float, kl: float, *, kl_target: float, kl_horizon: int, batch_size: int) -> float:
+def adaptive_kl_coef(
+    kl_coef: float, kl: float, *, kl_target: float, kl_horizon: int, batch_size: int
+) -> float:
     """Ziegler et al.'s proportional controller: kl_coef · (1 + clip(KL / target − 1, ±0.2) · B / horizon)."""
     error = min(max(kl / kl_target - 1, -0.2), 0.2)
     return kl_coef * (1 + error * batch_size / kl_horizon)
@@ -303,8 +451,13 @@ def adaptive_kl_coef(kl_coef: float, kl: float, *, kl_target: float, kl_horizon:
 
 # the token means logged after each step, over every token of every pass; the last is E[ρ²], for val/ratio_var
 TOKEN_STATS = (
-    "policy/approxkl_avg", "policy/clipfrac_avg", "policy/entropy_avg", "val/clipfrac_avg", "val/ratio", "val/ratio_var"
-)  # fmt: skip
+    "policy/approxkl_avg",
+    "policy/clipfrac_avg",
+    "policy/entropy_avg",
+    "val/clipfrac_avg",
+    "val/ratio",
+    "val/ratio_var",
+)
 
 
 # ---- plumbing: the command line ----
@@ -328,14 +481,18 @@ def loading(flag: str, value):
 
 
 def fail(message: str):
-    tqdm.write(f"error: {message}", file=sys.stderr)  # on a line of its own, below any progress bar
+    tqdm.write(
+        f"error: {message}", file=sys.stderr
+    )  # on a line of its own, below any progress bar
     sys.exit(2)
 
 
 def parse_args(args_class):
     """The flags from the command line, over those of a --config YAML file (TRL's recipes, or a run's args.json)."""
     parser = HfArgumentParser(args_class, allow_abbrev=False)
-    parser.add_argument("--config", help="a YAML file of flag: value; flags on the command line override it")
+    parser.add_argument(
+        "--config", help="a YAML file of flag: value; flags on the command line override it"
+    )
     parser.error = lambda message: fail(message.replace("argument ", ""))
     for action in parser._actions:  # --chat_template_kwargs '{"enable_thinking": false}'
         action.type = json.loads if action.type is dict else action.type
@@ -343,7 +500,10 @@ def parse_args(args_class):
     if namespace.config:
         with loading("--config", namespace.config):
             config = yaml.safe_load(Path(namespace.config).read_text())
-        require(isinstance(config, dict), f"--config {namespace.config}: expected a mapping of flag: value")
+        require(
+            isinstance(config, dict),
+            f"--config {namespace.config}: expected a mapping of flag: value",
+        )
         unknown = sorted(set(config) - set(vars(namespace)))
         require(not unknown, f"--config {namespace.config}: unknown flags {unknown}")
         parser.set_defaults(**config)
@@ -356,20 +516,29 @@ def parse_args(args_class):
 def load_split(args, split: str):
     """A split of --dataset_name (a hub dataset, a folder, or a json, csv or parquet file: its train split), or None."""
     path = Path(args.dataset_name)
-    require(not path.is_file() or path.stat().st_size > 0, f"--dataset_name {path}: expected rows, the file is empty")
+    require(
+        not path.is_file() or path.stat().st_size > 0,
+        f"--dataset_name {path}: expected rows, the file is empty",
+    )
     with loading("--dataset_name", args.dataset_name):
         if path.is_file():  # datasets reads the format from the extension
             splits = load_dataset(str(path.parent), data_files={"train": path.name})
         else:
             splits = load_dataset(args.dataset_name, args.dataset_config)
-    require(split in splits or split != args.dataset_train_split, f"--dataset_train_split: no {split!r} split")
+    require(
+        split in splits or split != args.dataset_train_split,
+        f"--dataset_train_split: no {split!r} split",
+    )
     return splits.get(split)
 
 
 # ---- plumbing: prompts ----
 def prompt_texts(tokenizer, dataset, args, split: str) -> list[str]:
     """Every prompt of a split as the model reads it; one that cannot be rendered is one line that names its row."""
-    require("prompt" in dataset.column_names, f"--dataset_name: the {split} split has no 'prompt' column")
+    require(
+        "prompt" in dataset.column_names,
+        f"--dataset_name: the {split} split has no 'prompt' column",
+    )
     texts = []
     for row, prompt in enumerate(dataset["prompt"]):
         with loading("--dataset_name", f"row {row} of the {split} split"):
@@ -381,41 +550,74 @@ def check_context(model, tokenizer, texts: list[str], length: int):
     """The longest prompt and --max_completion_length tokens after it fit the model's context, else one line."""
     longest = max(map(len, tokenizer(texts, add_special_tokens=False).input_ids))
     room = model.config.max_position_embeddings - longest
-    require(length <= room, f"--max_completion_length {length}: {room} fit the context after a {longest}-token prompt")
+    require(
+        length <= room,
+        f"--max_completion_length {length}: {room} fit the context after a {longest}-token prompt",
+    )
 
 
 # ---- plumbing: models ----
 def load_trained(
-    args, path: str, model_class=AutoModelForCausalLM, task_type="CAUSAL_LM", flag="--model_name_or_path", **options
+    args,
+    path: str,
+    model_class=AutoModelForCausalLM,
+    task_type="CAUSAL_LM",
+    flag="--model_name_or_path",
+    **options,
 ):
     """A model to train: float32 master weights whatever the checkpoint's dtype (a frozen base is bf16 under --use_peft
     --bf16, 4-bit under --load_in_4bit), --use_peft's LoRA adapter, dropout off, --gradient_checkpointing."""
     from peft import LoraConfig, get_peft_model
 
     compute = torch.bfloat16 if args.bf16 else torch.float32
-    quantization = transformers.BitsAndBytesConfig(
-        load_in_4bit=True, bnb_4bit_quant_type=args.bnb_4bit_quant_type, bnb_4bit_compute_dtype=compute
-    ) if args.load_in_4bit else None  # fmt: skip
+    quantization = (
+        transformers.BitsAndBytesConfig(
+            load_in_4bit=True,
+            bnb_4bit_quant_type=args.bnb_4bit_quant_type,
+            bnb_4bit_compute_dtype=compute,
+        )
+        if args.load_in_4bit
+        else None
+    )
     dtype = torch.bfloat16 if args.use_peft and args.bf16 else torch.float32
     attention = args.attn_implementation
     with loading(flag, path):
         model = model_class.from_pretrained(
-            path, dtype=dtype, quantization_config=quantization, attn_implementation=attention, **options
+            path,
+            dtype=dtype,
+            quantization_config=quantization,
+            attn_implementation=attention,
+            **options,
         )
     if args.use_peft:
-        targets = "all-linear" if args.lora_target_modules == ["all-linear"] else args.lora_target_modules
-        lora = dict(r=args.lora_r, lora_alpha=args.lora_alpha, lora_dropout=args.lora_dropout, target_modules=targets)
+        targets = (
+            "all-linear"
+            if args.lora_target_modules == ["all-linear"]
+            else args.lora_target_modules
+        )
+        lora = dict(
+            r=args.lora_r,
+            lora_alpha=args.lora_alpha,
+            lora_dropout=args.lora_dropout,
+            target_modules=targets,
+        )
         with loading("--lora_target_modules", targets):
             model = get_peft_model(model, LoraConfig(task_type=task_type, **lora))
-        for param in (p for p in model.parameters() if p.requires_grad):  # what trains in float32 (a score head too)
+        for param in (
+            p for p in model.parameters() if p.requires_grad
+        ):  # what trains in float32 (a score head too)
             param.data = param.data.float()
-    if args.disable_dropout:  # dropout layers, and the rates attention layers keep as floats (Llama's, GPT-2's)
+    if (
+        args.disable_dropout
+    ):  # dropout layers, and the rates attention layers keep as floats (Llama's, GPT-2's)
         for module in model.modules():
             rates = [n for n, v in vars(module).items() if isinstance(v, float) and "drop" in n]
             for name in rates + (["p"] if isinstance(module, torch.nn.Dropout) else []):
                 setattr(module, name, 0.0)
     for layer in [m for m in model.modules() if getattr(m, "support_avx512bf16_for_cpu", False)]:
-        layer.support_avx512bf16_for_cpu = False  # bitsandbytes repacks 4-bit layers one way at a no-grad CPU forward
+        layer.support_avx512bf16_for_cpu = (
+            False  # bitsandbytes repacks 4-bit layers one way at a no-grad CPU forward
+        )
     if args.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     return model.train()
@@ -431,7 +633,9 @@ def prepare_frozen(accelerator, model):
     import deepspeed
 
     zero = {k: v for k, v in plugin.deepspeed_config["zero_optimization"].items() if v != "auto"}
-    engine = deepspeed.initialize(model=model, config={**plugin.deepspeed_config, "zero_optimization": zero})[0]
+    engine = deepspeed.initialize(
+        model=model, config={**plugin.deepspeed_config, "zero_optimization": zero}
+    )[0]
     engine.eval()
     return engine
 
@@ -462,13 +666,25 @@ def load_value_model(accelerator, args, tokenizer):
         with loading(flag, path):  # no such model, or no tokenizer in it
             vocabulary = transformers.AutoTokenizer.from_pretrained(path).get_vocab()
         if vocabulary != tokenizer.get_vocab():
-            require(not args.value_model_path, f"{flag}: {path} has another tokenizer than the policy's")
-            accelerator.print(f"{flag}: {path} has another tokenizer than the policy's: V_ψ starts from the policy")
+            require(
+                not args.value_model_path,
+                f"{flag}: {path} has another tokenizer than the policy's",
+            )
+            accelerator.print(
+                f"{flag}: {path} has another tokenizer than the policy's: V_ψ starts from the policy"
+            )
             path = None
-    start, one_label = path or args.model_name_or_path, dict(num_labels=1, pad_token_id=tokenizer.pad_token_id)
-    model = load_trained(args, start, AutoModelForSequenceClassification, "SEQ_CLS", flag=flag, **one_label)
+    start, one_label = (
+        path or args.model_name_or_path,
+        dict(num_labels=1, pad_token_id=tokenizer.pad_token_id),
+    )
+    model = load_trained(
+        args, start, AutoModelForSequenceClassification, "SEQ_CLS", flag=flag, **one_label
+    )
     with torch.no_grad():
-        for parameter in model.score.parameters() if path is None else ():  # a new head: V ≡ 0 at the start
+        for parameter in (
+            model.score.parameters() if path is None else ()
+        ):  # a new head: V ≡ 0 at the start
             parameter.zero_()
     return model
 
@@ -487,7 +703,9 @@ def load_weights(accelerator, model, folder: Path):
 
 # ---- plumbing: evaluation ----
 @torch.no_grad()
-def evaluate(accelerator, model, tokenizer, eval_dataset, eval_texts, reward_funcs, weights, args) -> dict:
+def evaluate(
+    accelerator, model, tokenizer, eval_dataset, eval_texts, reward_funcs, weights, args
+) -> dict:
     """eval/reward (the weighted sum) and eval/<function> on the held-out prompts, num_generations_eval samples each and
     one greedy (`_greedy`), under an RNG of its own (training samples the same whether or not it evaluates)."""
     if eval_dataset is None:
@@ -504,13 +722,23 @@ def evaluate(accelerator, model, tokenizer, eval_dataset, eval_texts, reward_fun
                 rows = eval_dataset.select(mine[start : start + per_call])
                 texts = [eval_texts[i] for i in mine[start : start + per_call] for _ in range(G)]
                 out = common.generate(policy, tokenizer, texts, config)
-                completion_mask, _ = common.end_of_completion(out["completion_ids"], config.eos_token_id)
+                completion_mask, _ = common.end_of_completion(
+                    out["completion_ids"], config.eos_token_id
+                )
                 completions, ids = common.decode(tokenizer, out["completion_ids"], completion_mask)
                 prompts = [p for p in rows["prompt"] for _ in range(G)]
-                row_columns = {c: [v for v in rows[c] for _ in range(G)] for c in rows.column_names if c != "prompt"}
-                rewards, per_func = compute_rewards(reward_funcs, weights, prompts, completions, ids, row_columns)
+                row_columns = {
+                    c: [v for v in rows[c] for _ in range(G)]
+                    for c in rows.column_names
+                    if c != "prompt"
+                }
+                rewards, per_func = compute_rewards(
+                    reward_funcs, weights, prompts, completions, ids, row_columns
+                )
                 scores += torch.cat([rewards[:, None], per_func], 1).tolist()
-            means = torch.tensor(gather_object(scores)).nanmean(0)  # over every process's completions
+            means = torch.tensor(gather_object(scores)).nanmean(
+                0
+            )  # over every process's completions
             metrics |= {f"eval/{name}{suffix}": mean for name, mean in zip(names, means.tolist())}
     return metrics
 
@@ -523,23 +751,35 @@ def claim_output_dir(args) -> Path | None:
         latest = args.resume_from_checkpoint == "latest"
         found = checkpoints(out)[-1:] if latest else [Path(args.resume_from_checkpoint)]
         where = found[0] if found else out
-        require(found and (where / "trainer_state.json").is_file(), f"--resume_from_checkpoint: none in {where}")
+        require(
+            found and (where / "trainer_state.json").is_file(),
+            f"--resume_from_checkpoint: none in {where}",
+        )
     with loading("--output_dir", out):
         out.mkdir(parents=True, exist_ok=True)
     if args.resume_from_checkpoint:
         step = json.loads((found[0] / "trainer_state.json").read_text())["step"]
-        records = [json.loads(line) for line in metrics.read_text().splitlines()] if metrics.is_file() else []
+        records = (
+            [json.loads(line) for line in metrics.read_text().splitlines()]
+            if metrics.is_file()
+            else []
+        )
         metrics.write_text("".join(json.dumps(r) + "\n" for r in records if r["step"] <= step))
         return found[0]
     used = checkpoints(out) + ([metrics] if metrics.is_file() else [])
-    require(not used or args.overwrite_output_dir, f"--output_dir: {out} holds another run: continue it with "
-            "--resume_from_checkpoint latest, or start over with --overwrite_output_dir")  # fmt: skip
+    require(
+        not used or args.overwrite_output_dir,
+        f"--output_dir: {out} holds another run: continue it with "
+        "--resume_from_checkpoint latest, or start over with --overwrite_output_dir",
+    )
     for path in used:  # --overwrite_output_dir
         shutil.rmtree(path) if path.is_dir() else path.unlink()
 
 
 def checkpoints(output_dir) -> list[Path]:
-    return sorted(Path(output_dir).glob("checkpoint-*"), key=lambda path: int(path.name.split("-")[1]))
+    return sorted(
+        Path(output_dir).glob("checkpoint-*"), key=lambda path: int(path.name.split("-")[1])
+    )
 
 
 def save_model(accelerator, args, model, tokenizer, folder: Path, state: dict):
@@ -550,7 +790,9 @@ def save_model(accelerator, args, model, tokenizer, folder: Path, state: dict):
         accelerator.unwrap_model(model).save_pretrained(folder, state_dict=weights)
         tokenizer.save_pretrained(folder)
         (folder / "trainer_state.json").write_text(json.dumps(state))
-        (folder / "args.json").write_text(json.dumps(asdict(args) | {"resume_from_checkpoint": None}, indent=2))
+        (folder / "args.json").write_text(
+            json.dumps(asdict(args) | {"resume_from_checkpoint": None}, indent=2)
+        )
 
 
 def save_checkpoint(accelerator, args, model, tokenizer, state: dict) -> Path:
@@ -559,14 +801,20 @@ def save_checkpoint(accelerator, args, model, tokenizer, state: dict) -> Path:
     folder = Path(args.output_dir) / f"checkpoint-{state['step']}"
     tmp = folder.with_name(f".{folder.name}.tmp")
     save_model(accelerator, args, model, tokenizer, tmp, state)
-    hook = accelerator.register_save_state_pre_hook(lambda models, weights, _: weights.clear())  # saved just above
+    hook = accelerator.register_save_state_pre_hook(
+        lambda models, weights, _: weights.clear()
+    )  # saved just above
     accelerator.save_state(tmp / "state")
     hook.remove()
     accelerator.wait_for_everyone()  # every process has written its part of state/
     if accelerator.is_main_process:
-        shutil.rmtree(folder, ignore_errors=True)  # the same step saved again (a run resumed from an earlier one)
+        shutil.rmtree(
+            folder, ignore_errors=True
+        )  # the same step saved again (a run resumed from an earlier one)
         tmp.rename(folder)
-        for old in checkpoints(args.output_dir)[: -args.save_total_limit] if args.save_total_limit else []:
+        for old in (
+            checkpoints(args.output_dir)[: -args.save_total_limit] if args.save_total_limit else []
+        ):
             shutil.rmtree(old)
     accelerator.wait_for_everyone()
     return folder
@@ -577,16 +825,30 @@ def load_checkpoint(accelerator, args, model, checkpoint: Path) -> dict:
     from peft import set_peft_model_state_dict
     from safetensors.torch import load_file, load_model
 
-    saved, skip = json.loads((checkpoint / "args.json").read_text()), ("resume_from_checkpoint", "overwrite_output_dir")
-    changed = [f"--{k} {v} (was {saved[k]})" for k, v in asdict(args).items() if k not in skip and saved.get(k, v) != v]
+    saved, skip = (
+        json.loads((checkpoint / "args.json").read_text()),
+        ("resume_from_checkpoint", "overwrite_output_dir"),
+    )
+    changed = [
+        f"--{k} {v} (was {saved[k]})"
+        for k, v in asdict(args).items()
+        if k not in skip and saved.get(k, v) != v
+    ]
     accelerator.print(f"resuming from {checkpoint}" + "".join(f"; {change}" for change in changed))
     unwrapped = accelerator.unwrap_model(model)
-    if accelerator.distributed_type not in (DistributedType.DEEPSPEED, DistributedType.FSDP):  # else in state/
+    if accelerator.distributed_type not in (
+        DistributedType.DEEPSPEED,
+        DistributedType.FSDP,
+    ):  # else in state/
         if hasattr(unwrapped, "peft_config"):
-            set_peft_model_state_dict(unwrapped, load_file(checkpoint / "adapter_model.safetensors"))
+            set_peft_model_state_dict(
+                unwrapped, load_file(checkpoint / "adapter_model.safetensors")
+            )
         else:
             load_model(unwrapped, checkpoint / "model.safetensors")
-    hook = accelerator.register_load_state_pre_hook(lambda models, _: models.clear())  # loaded just above
+    hook = accelerator.register_load_state_pre_hook(
+        lambda models, _: models.clear()
+    )  # loaded just above
     accelerator.load_state(checkpoint / "state")
     hook.remove()
     return json.loads((checkpoint / "trainer_state.json").read_text())
@@ -602,61 +864,119 @@ def log(accelerator, args, step: int, metrics: dict):
 def main(args: Args):
     # ---- plumbing: setup ----
     check_args(args)
-    known = {"none", "all", *map(str, get_available_trackers())}  # accelerate skips the others silently
-    require(set(args.report_to) <= known, f"--report_to {args.report_to}: expected some of {sorted(known)}")
-    precision, trackers = "bf16" if args.bf16 else "no", None if args.report_to == ["none"] else args.report_to
+    known = {
+        "none",
+        "all",
+        *map(str, get_available_trackers()),
+    }  # accelerate skips the others silently
+    require(
+        set(args.report_to) <= known,
+        f"--report_to {args.report_to}: expected some of {sorted(known)}",
+    )
+    precision, trackers = (
+        "bf16" if args.bf16 else "no",
+        None if args.report_to == ["none"] else args.report_to,
+    )
     # the scheduler steps once per update (accelerate's default steps it once per process: for a split DataLoader)
     accelerator = Accelerator(
-        mixed_precision=precision, log_with=trackers, project_dir=args.output_dir, step_scheduler_with_optimizer=False
+        mixed_precision=precision,
+        log_with=trackers,
+        project_dir=args.output_dir,
+        step_scheduler_with_optimizer=False,
     )
-    if accelerator.state.deepspeed_plugin is not None:  # no DataLoader is prepared: DeepSpeed's sizes come from here
+    if (
+        accelerator.state.deepspeed_plugin is not None
+    ):  # no DataLoader is prepared: DeepSpeed's sizes come from here
         accelerator.state.deepspeed_plugin.deepspeed_config.update(
-            train_micro_batch_size_per_gpu=1, gradient_accumulation_steps=1, train_batch_size=accelerator.num_processes,
+            train_micro_batch_size_per_gpu=1,
+            gradient_accumulation_steps=1,
+            train_batch_size=accelerator.num_processes,
             gradient_clipping=args.max_grad_norm,
-        )  # fmt: skip
-    set_seed(args.seed, device_specific=True)  # seed + process index: each process samples its own completions
+        )
+    set_seed(
+        args.seed, device_specific=True
+    )  # seed + process index: each process samples its own completions
     device, G, processes = accelerator.device, args.num_generations, accelerator.num_processes
-    require(args.prompts_per_step % processes == 0, f"--prompts_per_step: not divisible by the {processes} processes")
+    require(
+        args.prompts_per_step % processes == 0,
+        f"--prompts_per_step: not divisible by the {processes} processes",
+    )
     local_prompts = args.prompts_per_step // processes
-    my_prompts = slice(accelerator.process_index * local_prompts, (accelerator.process_index + 1) * local_prompts)
-    local_batch_size = local_prompts * G  # whole groups: a baseline never needs another process's rewards
+    my_prompts = slice(
+        accelerator.process_index * local_prompts, (accelerator.process_index + 1) * local_prompts
+    )
+    local_batch_size = (
+        local_prompts * G
+    )  # whole groups: a baseline never needs another process's rewards
     micro_batch_size = args.micro_batch_size or local_batch_size
-    require(local_batch_size % micro_batch_size == 0, f"--micro_batch_size: must divide {local_batch_size} completions")
+    require(
+        local_batch_size % micro_batch_size == 0,
+        f"--micro_batch_size: must divide {local_batch_size} completions",
+    )
 
     # ---- ppo: mini-batches, and one optimizer over two models (one process or DDP) ----
     engine = accelerator.distributed_type
-    require(engine not in (DistributedType.DEEPSPEED, DistributedType.FSDP), f"accelerate launch: {engine.value}: "
-            "ppo.py trains two models with one optimizer, as one process or under DDP")  # fmt: skip
     require(
-        local_batch_size % args.num_mini_batches == 0, f"--num_mini_batches: must divide {local_batch_size} completions"
+        engine not in (DistributedType.DEEPSPEED, DistributedType.FSDP),
+        f"accelerate launch: {engine.value}: "
+        "ppo.py trains two models with one optimizer, as one process or under DDP",
+    )
+    require(
+        local_batch_size % args.num_mini_batches == 0,
+        f"--num_mini_batches: must divide {local_batch_size} completions",
     )
     mini_batch_size = local_batch_size // args.num_mini_batches
     micro_batch_size = args.micro_batch_size or mini_batch_size
-    require(mini_batch_size % micro_batch_size == 0, f"--micro_batch_size: must divide a mini-batch, {mini_batch_size}")
-    all_sum = lambda total: accelerator.reduce(total, "sum")  # over every process's share of the batch
+    require(
+        mini_batch_size % micro_batch_size == 0,
+        f"--micro_batch_size: must divide a mini-batch, {mini_batch_size}",
+    )
+    all_sum = lambda total: accelerator.reduce(
+        total, "sum"
+    )  # over every process's share of the batch
     max_grad_norm = args.max_grad_norm or math.inf  # 0: no clipping, as in transformers' Trainer
 
     # ---- plumbing: the splits and their prompts ----
     with loading("--model_name_or_path", args.model_name_or_path):
         tokenizer = common.load_tokenizer(args.model_name_or_path)
-    train_dataset, eval_dataset = load_split(args, args.dataset_train_split), load_split(args, args.dataset_test_split)
-    require(len(train_dataset) >= args.prompts_per_step, f"--prompts_per_step: more than the {len(train_dataset)} rows")
+    train_dataset, eval_dataset = (
+        load_split(args, args.dataset_train_split),
+        load_split(args, args.dataset_test_split),
+    )
+    require(
+        len(train_dataset) >= args.prompts_per_step,
+        f"--prompts_per_step: more than the {len(train_dataset)} rows",
+    )
     eval_dataset = eval_dataset if args.eval_strategy == "steps" else None
     train_texts = prompt_texts(tokenizer, train_dataset, args, args.dataset_train_split)
-    eval_texts = eval_dataset and prompt_texts(tokenizer, eval_dataset, args, args.dataset_test_split)
+    eval_texts = eval_dataset and prompt_texts(
+        tokenizer, eval_dataset, args, args.dataset_test_split
+    )
 
     # ---- plumbing: reward functions ----
-    reward_funcs = load_reward_funcs(args, device, prepare=lambda model: prepare_frozen(accelerator, model))
+    reward_funcs = load_reward_funcs(
+        args, device, prepare=lambda model: prepare_frozen(accelerator, model)
+    )
     weights = reward_weights(args.reward_weights, reward_funcs)
-    for split, dataset in ((args.dataset_train_split, train_dataset), (args.dataset_test_split, eval_dataset)):
+    for split, dataset in (
+        (args.dataset_train_split, train_dataset),
+        (args.dataset_test_split, eval_dataset),
+    ):
         check_columns(reward_funcs, dataset, split)
 
     # ---- ppo: the policy π_θ, the reference π_ref (kl_coef > 0; with LoRA: the policy without its adapter) ----
     model, ref_model = load_trained(args, args.model_name_or_path), None
-    check_context(model, tokenizer, [*train_texts, *(eval_texts or [])], args.max_completion_length)
+    check_context(
+        model, tokenizer, [*train_texts, *(eval_texts or [])], args.max_completion_length
+    )
     if args.kl_coef > 0 and not args.use_peft:  # frozen: bf16 under --bf16
-        ref = dict(dtype=torch.bfloat16 if args.bf16 else torch.float32, attn_implementation=args.attn_implementation)
-        ref_model = prepare_frozen(accelerator, AutoModelForCausalLM.from_pretrained(args.model_name_or_path, **ref))
+        ref = dict(
+            dtype=torch.bfloat16 if args.bf16 else torch.float32,
+            attn_implementation=args.attn_implementation,
+        )
+        ref_model = prepare_frozen(
+            accelerator, AutoModelForCausalLM.from_pretrained(args.model_name_or_path, **ref)
+        )
     generation_config = common.sampling_config(model, tokenizer, args)
     stop_ids = stop_token_ids(tokenizer, args.stop_token, generation_config.eos_token_id)
     end_ids = generation_config.eos_token_id = sorted({*generation_config.eos_token_id, *stop_ids})
@@ -664,28 +984,51 @@ def main(args: Args):
 
     # ---- ppo: one AdamW, a parameter group per model, and the scheduler ----
     total_updates = args.max_steps * args.num_ppo_epochs * args.num_mini_batches
-    groups = [{"params": [p for p in m.parameters() if p.requires_grad]} for m in (model, value_model)]
+    groups = [
+        {"params": [p for p in m.parameters() if p.requires_grad]} for m in (model, value_model)
+    ]
     # fused: one kernel for every parameter, as transformers' adamw_torch_fused (4× faster on a CPU core at 135M)
-    optimizer = torch.optim.AdamW(groups, lr=args.learning_rate, weight_decay=args.weight_decay, fused=True)
+    optimizer = torch.optim.AdamW(
+        groups, lr=args.learning_rate, weight_decay=args.weight_decay, fused=True
+    )
     warmup = int(args.warmup_ratio * total_updates)
-    scheduler = transformers.get_scheduler(args.lr_scheduler_type, optimizer, warmup, total_updates)
-    model, value_model, optimizer, scheduler = accelerator.prepare(model, value_model, optimizer, scheduler)
+    scheduler = transformers.get_scheduler(
+        args.lr_scheduler_type, optimizer, warmup, total_updates
+    )
+    model, value_model, optimizer, scheduler = accelerator.prepare(
+        model, value_model, optimizer, scheduler
+    )
     # autocast is entered below: no float32 copy of the outputs (no loop variable left holding a DDP wrapper)
     accelerator.unwrap_model(model, keep_fp32_wrapper=False)
     accelerator.unwrap_model(value_model, keep_fp32_wrapper=False)
 
     # ---- ppo: the value model in every checkpoint, beside accelerate's state: checkpoint-N/value_model ----
     def save_value(_models, _weights, state_dir):
-        save_model(accelerator, args, value_model, tokenizer, Path(state_dir).parent / "value_model", state)
+        save_model(
+            accelerator,
+            args,
+            value_model,
+            tokenizer,
+            Path(state_dir).parent / "value_model",
+            state,
+        )
 
     accelerator.register_save_state_pre_hook(save_value)
     accelerator.register_load_state_pre_hook(
-        lambda _models, state_dir: load_weights(accelerator, value_model, Path(state_dir).parent / "value_model")
+        lambda _models, state_dir: load_weights(
+            accelerator, value_model, Path(state_dir).parent / "value_model"
+        )
     )
 
     # ---- plumbing: resume, the first evaluation, the loop's stop ----
-    checkpoint = gather_object([claim_output_dir(args) if accelerator.is_main_process else None])[0]
-    state = load_checkpoint(accelerator, args, model, checkpoint) if checkpoint else {"step": 0, "num_tokens": 0}
+    checkpoint = gather_object([claim_output_dir(args) if accelerator.is_main_process else None])[
+        0
+    ]
+    state = (
+        load_checkpoint(accelerator, args, model, checkpoint)
+        if checkpoint
+        else {"step": 0, "num_tokens": 0}
+    )
     vllm = None
     if args.use_vllm:  # a colocated engine, sent the policy's weights now and after every update
         with loading("--use_vllm", args.use_vllm):
@@ -693,19 +1036,28 @@ def main(args: Args):
 
             vllm = VLLMGenerator(accelerator, args, tokenizer, model, end_ids)
     accelerator.init_trackers("huggingface", {k: str(v) for k, v in asdict(args).items()})
-    evaluation = lambda: evaluate(accelerator, model, tokenizer, eval_dataset, eval_texts, reward_funcs, weights, args)
+    evaluation = lambda: evaluate(
+        accelerator, model, tokenizer, eval_dataset, eval_texts, reward_funcs, weights, args
+    )
     first_eval = evaluation() if state["step"] == 0 else {}
     log(accelerator, args, 0, first_eval)
     stop = []  # Ctrl-C, or SIGTERM from a scheduler: the loop ends after its step, with a checkpoint
-    handlers = {s: signal.signal(s, lambda signum, _: stop.append(signum)) for s in (signal.SIGINT, signal.SIGTERM)}
+    handlers = {
+        s: signal.signal(s, lambda signum, _: stop.append(signum))
+        for s in (signal.SIGINT, signal.SIGTERM)
+    }
     steps = range(state["step"] + 1, args.max_steps + 1)
-    progress = tqdm(steps, initial=state["step"], total=args.max_steps, disable=not accelerator.is_main_process)
+    progress = tqdm(
+        steps, initial=state["step"], total=args.max_steps, disable=not accelerator.is_main_process
+    )
 
     def reference_logprobs(input_ids, attention_mask, T):
         policy = accelerator.unwrap_model(model)
         no_adapter = policy.disable_adapter() if args.use_peft else contextlib.nullcontext()
         with torch.no_grad(), accelerator.autocast(), no_adapter:
-            return completion_logprobs(ref_model or policy, input_ids, attention_mask, T, args.temperature)[0]
+            return completion_logprobs(
+                ref_model or policy, input_ids, attention_mask, T, args.temperature
+            )[0]
 
     for step in progress:
         step_start = time.perf_counter()
@@ -714,8 +1066,12 @@ def main(args: Args):
         # ==== 1. rollout: one completion per prompt, ended at its first end token (or the stop token) ====
         # the step's prompts depend on the step alone (a fresh permutation each epoch): a resumed run sees the same
         epoch, position = divmod(step - 1, len(train_dataset) // args.prompts_per_step)
-        order = torch.randperm(len(train_dataset), generator=torch.Generator().manual_seed(args.seed + epoch))
-        indices = order[position * args.prompts_per_step : (position + 1) * args.prompts_per_step][my_prompts].tolist()
+        order = torch.randperm(
+            len(train_dataset), generator=torch.Generator().manual_seed(args.seed + epoch)
+        )
+        indices = order[position * args.prompts_per_step : (position + 1) * args.prompts_per_step][
+            my_prompts
+        ].tolist()
         rows = train_dataset.select(indices)
         texts = [train_texts[i] for i in indices]
         if vllm is not None:
@@ -723,20 +1079,31 @@ def main(args: Args):
         else:
             with unwrapped_for_generation(accelerator, model) as policy:
                 rollout = common.generate(policy, tokenizer, texts, generation_config)
-        completion_mask, is_truncated = common.end_of_completion(rollout["completion_ids"], end_ids)  # (B, T), (B,)
-        completion_ids = rollout["completion_ids"].masked_fill(completion_mask == 0, tokenizer.pad_token_id)
+        completion_mask, is_truncated = common.end_of_completion(
+            rollout["completion_ids"], end_ids
+        )  # (B, T), (B,)
+        completion_ids = rollout["completion_ids"].masked_fill(
+            completion_mask == 0, tokenizer.pad_token_id
+        )
         input_ids = torch.cat([rollout["prompt_ids"], completion_ids], 1)
         attention_mask = torch.cat([rollout["prompt_mask"], completion_mask], 1)
         T = completion_ids.shape[1]
 
         # ==== 2. score: r(x, y), the weighted sum of the reward functions, minus the missing-EOS penalty ====
-        completions, completion_id_lists = common.decode(tokenizer, completion_ids, completion_mask)
-        prompts, row_columns = list(rows["prompt"]), {c: list(rows[c]) for c in rows.column_names if c != "prompt"}
+        completions, completion_id_lists = common.decode(
+            tokenizer, completion_ids, completion_mask
+        )
+        prompts, row_columns = (
+            list(rows["prompt"]),
+            {c: list(rows[c]) for c in rows.column_names if c != "prompt"},
+        )
         rewards, rewards_per_func = compute_rewards(
             reward_funcs, weights, prompts, completions, completion_id_lists, row_columns
         )
         rewards, rewards_per_func = rewards.to(device), rewards_per_func.to(device)
-        stopped = ends_with(completion_ids, completion_mask, stop_ids)  # (B,): it ended with --stop_token
+        stopped = ends_with(
+            completion_ids, completion_mask, stop_ids
+        )  # (B,): it ended with --stop_token
         scores = rewards - (args.missing_eos_penalty or 0.0) * ~stopped
 
         # ==== 3. before any update, without gradients: log π_θ_old, V_old(s_t), and kl_t to π_ref ====
@@ -745,35 +1112,53 @@ def main(args: Args):
             for mb in torch.arange(local_batch_size, device=device).split(micro_batch_size):
                 ids, attention = input_ids[mb], attention_mask[mb]
                 with accelerator.autocast():
-                    old_logprobs[mb] = completion_logprobs(model, ids, attention, T, args.temperature)[0]
+                    old_logprobs[mb] = completion_logprobs(
+                        model, ids, attention, T, args.temperature
+                    )[0]
                     old_values[mb] = completion_values(value_model, ids, attention, T)
                 if args.kl_coef > 0:
                     ref_logprobs = reference_logprobs(ids, attention, T)
-                    kl[mb] = per_token_kl(old_logprobs[mb], ref_logprobs, args.kl_estimator) * completion_mask[mb]
+                    kl[mb] = (
+                        per_token_kl(old_logprobs[mb], ref_logprobs, args.kl_estimator)
+                        * completion_mask[mb]
+                    )
         # vLLM sampled, not π_θ: importance-sampling weights w = π_θ_old / π_vllm (capped or masked at C); else 1
         off_policy = args.vllm_importance_sampling_correction and "sampler_logprobs" in rollout
-        is_weights = torch.ones(local_batch_size, 1, device=device)  # (B, 1), or (B, T) in the token_* modes
+        is_weights = torch.ones(
+            local_batch_size, 1, device=device
+        )  # (B, 1), or (B, T) in the token_* modes
         if off_policy:
             is_weights = importance_sampling_weights(
-                old_logprobs, rollout["sampler_logprobs"], completion_mask,
-                mode=args.vllm_importance_sampling_mode, clip_max=args.vllm_importance_sampling_clip_max,
-            )  # fmt: skip
+                old_logprobs,
+                rollout["sampler_logprobs"],
+                completion_mask,
+                mode=args.vllm_importance_sampling_mode,
+                clip_max=args.vllm_importance_sampling_clip_max,
+            )
 
         # ==== 4. KL-shaped per-token rewards → GAE advantages and returns → whitened over the whole batch ====
         # An unscorable completion (no reward function applies: a NaN score) gets no loss and stays out of whitening.
         loss_mask = completion_mask * ~scores.isnan()[:, None]  # (B, T)
-        kl_coef = state.setdefault("kl_coef", args.kl_coef)  # --adaptive_kl's, saved in each checkpoint's state
+        kl_coef = state.setdefault(
+            "kl_coef", args.kl_coef
+        )  # --adaptive_kl's, saved in each checkpoint's state
         token_rewards = per_token_rewards(scores.nan_to_num(0.0), kl, completion_mask, kl_coef)
         if args.whiten_rewards:
-            token_rewards = masked_whiten(token_rewards, loss_mask, shift_mean=False, all_sum=all_sum)
-        advantages, returns = gae_advantages(token_rewards, old_values, completion_mask, gamma=args.gamma, lam=args.lam)
+            token_rewards = masked_whiten(
+                token_rewards, loss_mask, shift_mean=False, all_sum=all_sum
+            )
+        advantages, returns = gae_advantages(
+            token_rewards, old_values, completion_mask, gamma=args.gamma, lam=args.lam
+        )
         if args.whiten_advantages:
             advantages = masked_whiten(advantages, loss_mask, all_sum=all_sum)
 
         # ==== 5. loss and update: num_ppo_epochs passes over fresh mini-batches, micro-batches accumulated ====
         # The losses are token means over the mini-batch of every process together: DDP averages the processes'
         # gradients, so each divides its token sum by the mini-batch's token count over the number of processes.
-        token_sums = torch.zeros(len(TOKEN_STATS), device=device)  # the logged token means' numerators
+        token_sums = torch.zeros(
+            len(TOKEN_STATS), device=device
+        )  # the logged token means' numerators
         policy_losses, value_losses, grad_norms, vf_grad_norms = [], [], [], []
         for _ in range(args.num_ppo_epochs):
             for mini in torch.randperm(local_batch_size, device=device).split(mini_batch_size):
@@ -781,32 +1166,62 @@ def main(args: Args):
                 micro_batches, pg_sum, vf_sum = mini.split(micro_batch_size), 0.0, 0.0
                 for k, mb in enumerate(micro_batches):
                     # DDP all-reduces the accumulated gradients once per update, at the last micro-batch
-                    hold = accelerator.no_sync if k < len(micro_batches) - 1 else contextlib.nullcontext
+                    hold = (
+                        accelerator.no_sync
+                        if k < len(micro_batches) - 1
+                        else contextlib.nullcontext
+                    )
                     with hold(model), hold(value_model):
                         with accelerator.autocast():
                             logprobs, token_entropy = completion_logprobs(
-                                model, input_ids[mb], attention_mask[mb], T, args.temperature, entropy=logging_step
+                                model,
+                                input_ids[mb],
+                                attention_mask[mb],
+                                T,
+                                args.temperature,
+                                entropy=logging_step,
                             )
-                            values = completion_values(value_model, input_ids[mb], attention_mask[mb], T)
+                            values = completion_values(
+                                value_model, input_ids[mb], attention_mask[mb], T
+                            )
                         pg_loss, ratio, pg_clipped = policy_loss(
-                            logprobs, old_logprobs[mb], advantages[mb], loss_mask[mb], is_weights[mb],
-                            cliprange=args.cliprange, num_tokens=num_tokens,
-                        )  # fmt: skip
+                            logprobs,
+                            old_logprobs[mb],
+                            advantages[mb],
+                            loss_mask[mb],
+                            is_weights[mb],
+                            cliprange=args.cliprange,
+                            num_tokens=num_tokens,
+                        )
                         vf_loss, vf_clipped = value_loss(
-                            values, old_values[mb], returns[mb], loss_mask[mb],
-                            cliprange_value=args.cliprange_value, num_tokens=num_tokens,
-                        )  # fmt: skip
+                            values,
+                            old_values[mb],
+                            returns[mb],
+                            loss_mask[mb],
+                            cliprange_value=args.cliprange_value,
+                            num_tokens=num_tokens,
+                        )
                         accelerator.backward(pg_loss + args.vf_coef * vf_loss)
                     pg_sum, vf_sum = pg_sum + pg_loss.item(), vf_sum + vf_loss.item()
                     if logging_step:  # the TOKEN_STATS, summed over the real tokens
                         approxkl = 0.5 * (logprobs - old_logprobs[mb]) ** 2
                         stats = (approxkl, pg_clipped, token_entropy, vf_clipped, ratio, ratio**2)
-                        token_sums += torch.stack([(x.detach().float() * loss_mask[mb]).sum() for x in stats])
-                grad_norms.append(float(accelerator.clip_grad_norm_(model.parameters(), max_grad_norm)))
-                vf_grad_norms.append(float(accelerator.clip_grad_norm_(value_model.parameters(), max_grad_norm)))
-                if not all(map(math.isfinite, (pg_sum, vf_sum, grad_norms[-1], vf_grad_norms[-1]))):  # not applied
+                        token_sums += torch.stack(
+                            [(x.detach().float() * loss_mask[mb]).sum() for x in stats]
+                        )
+                grad_norms.append(
+                    float(accelerator.clip_grad_norm_(model.parameters(), max_grad_norm))
+                )
+                vf_grad_norms.append(
+                    float(accelerator.clip_grad_norm_(value_model.parameters(), max_grad_norm))
+                )
+                if not all(
+                    map(math.isfinite, (pg_sum, vf_sum, grad_norms[-1], vf_grad_norms[-1]))
+                ):  # not applied
                     progress.close()  # first: the error is then the log's last line
-                    fail(f"step {step}: a loss or a gradient norm is not finite; the newest checkpoint is kept")
+                    fail(
+                        f"step {step}: a loss or a gradient norm is not finite; the newest checkpoint is kept"
+                    )
                 optimizer.step()
                 scheduler.step()
                 optimizer.zero_grad(set_to_none=True)
@@ -817,23 +1232,52 @@ def main(args: Args):
         sequence_kl = accelerator.gather(kl.sum(1))  # (B,), every process's
         if args.adaptive_kl:
             state["kl_coef"] = adaptive_kl_coef(
-                kl_coef, sequence_kl.mean().item(), kl_target=args.kl_target, kl_horizon=args.kl_horizon,
+                kl_coef,
+                sequence_kl.mean().item(),
+                kl_target=args.kl_target,
+                kl_horizon=args.kl_horizon,
                 batch_size=args.prompts_per_step,
-            )  # fmt: skip
+            )
 
         # ==== 7. log: TRL's PPO statistics over the whole batch, from every process ====
         state["num_tokens"] += accelerator.reduce(attention_mask.sum(), "sum").item()
         if logging_step:
-            lengths, entropy = completion_mask.sum(1).float(), (-old_logprobs * completion_mask).sum(1)
-            is_mean = (is_weights * completion_mask).sum(1) / lengths  # per completion, over its tokens in token_*
-            gathered = [accelerator.gather(torch.as_tensor(x, device=device)) for x in (
-                rewards, rewards_per_func, scores, stopped, lengths, is_truncated, entropy, is_mean,
-            )]  # fmt: skip
-            all_rewards, per_func, all_scores, all_stopped, lengths, truncated, entropy, all_is_weights = gathered
+            lengths, entropy = (
+                completion_mask.sum(1).float(),
+                (-old_logprobs * completion_mask).sum(1),
+            )
+            is_mean = (is_weights * completion_mask).sum(
+                1
+            ) / lengths  # per completion, over its tokens in token_*
+            gathered = [
+                accelerator.gather(torch.as_tensor(x, device=device))
+                for x in (
+                    rewards,
+                    rewards_per_func,
+                    scores,
+                    stopped,
+                    lengths,
+                    is_truncated,
+                    entropy,
+                    is_mean,
+                )
+            ]
+            (
+                all_rewards,
+                per_func,
+                all_scores,
+                all_stopped,
+                lengths,
+                truncated,
+                entropy,
+                all_is_weights,
+            ) = gathered
             count = all_sum(loss_mask.sum()).clamp(min=1) * args.num_ppo_epochs
             token_means = dict(zip(TOKEN_STATS, (all_sum(token_sums) / count).tolist()))
             token_means["val/ratio_var"] -= token_means["val/ratio"] ** 2  # E[ρ²] − E[ρ]²
-            mean_over_processes = lambda values: accelerator.reduce(torch.tensor(values, device=device).mean(), "mean")
+            mean_over_processes = lambda values: accelerator.reduce(
+                torch.tensor(values, device=device).mean(), "mean"
+            )
             metrics = {
                 "objective/kl": sequence_kl.mean().item(),
                 "objective/entropy": entropy.mean().item(),
@@ -846,37 +1290,59 @@ def main(args: Args):
                 "loss/value_avg": mean_over_processes(value_losses).item(),
                 "val/num_eos_tokens": all_stopped.sum().item(),
                 "reward": all_rewards.nanmean().item(),
-                **{f"rewards/{name}/mean": per_func[:, j].nanmean().item() for j, name in enumerate(reward_funcs)},
+                **{
+                    f"rewards/{name}/mean": per_func[:, j].nanmean().item()
+                    for j, name in enumerate(reward_funcs)
+                },
                 "completions/mean_length": lengths.mean().item(),
                 "completions/clipped_ratio": truncated.float().mean().item(),
                 "grad_norm": sum(grad_norms) / len(grad_norms),
                 "val/grad_norm": sum(vf_grad_norms) / len(vf_grad_norms),
-                **({"sampling/importance_sampling_ratio/mean": all_is_weights.mean().item()} if off_policy else {}),
+                **(
+                    {"sampling/importance_sampling_ratio/mean": all_is_weights.mean().item()}
+                    if off_policy
+                    else {}
+                ),
             }
 
         # ---- plumbing: log, evaluate, save, stop ----
         state["step"] = step
         if logging_step:
-            metrics |= {"learning_rate": scheduler.get_last_lr()[0], "num_tokens": state["num_tokens"]}
+            metrics |= {
+                "learning_rate": scheduler.get_last_lr()[0],
+                "num_tokens": state["num_tokens"],
+            }
             log(accelerator, args, step, metrics | {"step_time": time.perf_counter() - step_start})
             progress.set_postfix(reward=f"{metrics['reward']:.3f}")
-            shown = args.num_completions_to_print if args.log_completions and accelerator.is_main_process else 0
-            for text, completion, reward in list(zip(texts, completions, rewards.tolist()))[:shown]:
+            shown = (
+                args.num_completions_to_print
+                if args.log_completions and accelerator.is_main_process
+                else 0
+            )
+            for text, completion, reward in list(zip(texts, completions, rewards.tolist()))[
+                :shown
+            ]:
                 tqdm.write(f"[step {step}] {text!r} → {completion!r}  reward {reward:.3f}")
         if vllm is not None:  # the next step samples from the updated policy
             vllm.sync_weights(accelerator, model)
         if args.eval_steps and step % args.eval_steps == 0 and step < args.max_steps:
             log(accelerator, args, step, evaluation())
-        stopping = accelerator.reduce(torch.tensor(float(bool(stop)), device=device), "sum").item() > 0
+        stopping = (
+            accelerator.reduce(torch.tensor(float(bool(stop)), device=device), "sum").item() > 0
+        )
         if (args.save_steps and step % args.save_steps == 0) or stopping:
             folder = save_checkpoint(accelerator, args, model, tokenizer, state)
         if stopping:
-            accelerator.print(f"interrupted at step {step}: saved {folder}; continue: --resume_from_checkpoint latest")
+            accelerator.print(
+                f"interrupted at step {step}: saved {folder}; continue: --resume_from_checkpoint latest"
+            )
             accelerator.end_training()
             sys.exit(128 + (stop[0] if stop else signal.SIGTERM))
 
     # ---- ppo: the value model beside the final model, in output_dir/value_model ----
-    save_model(accelerator, args, value_model, tokenizer, Path(args.output_dir) / "value_model", state)
+    save_model(
+        accelerator, args, value_model, tokenizer, Path(args.output_dir) / "value_model", state
+    )
     value_model = None  # its DDP wrapper holds the process group too: see end_training below
 
     # ---- plumbing: the final model and evaluation ----
@@ -887,7 +1353,9 @@ def main(args: Args):
     log(accelerator, args, args.max_steps, last_eval)
     if first_eval and last_eval:
         key = "eval/accuracy" if "eval/accuracy" in last_eval else "eval/reward"
-        before, after = (f"{first_eval[k]:.3f} → {last_eval[k]:.3f}" for k in (key, key + "_greedy"))
+        before, after = (
+            f"{first_eval[k]:.3f} → {last_eval[k]:.3f}" for k in (key, key + "_greedy")
+        )
         accelerator.print(f"held-out {key}: {before} sampled, {after} greedy")
     # the DDP wrapper holds the process group: freed first, end_training stops gloo's workers with the GIL released
     # (freed after, it stops them holding the GIL, which a worker may need: a hang). One process has no group.

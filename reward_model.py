@@ -52,7 +52,12 @@ from accelerate.tracking import get_available_trackers
 from accelerate.utils import gather_object, set_seed
 from datasets import load_dataset
 from tqdm.auto import tqdm
-from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, HfArgumentParser, SchedulerType
+from transformers import (
+    AutoModelForCausalLM,
+    AutoModelForSequenceClassification,
+    HfArgumentParser,
+    SchedulerType,
+)
 
 import common
 from rewards import reward_model_text
@@ -61,26 +66,44 @@ HERE = Path(__file__).resolve().parent
 
 
 def arg(default, help: str):
-    kind = {"default_factory": lambda: list(default)} if isinstance(default, list) else {"default": default}
+    kind = (
+        {"default_factory": lambda: list(default)}
+        if isinstance(default, list)
+        else {"default": default}
+    )
     return field(**kind, metadata={"help": help})
 
 
 @dataclass
 class Args:
     # model and data
-    model_name_or_path: str = arg(str(HERE / "models/tiny-arith"), "a causal LM (a new scalar head) or a reward model")
-    attn_implementation: str | None = arg(None, "eager, sdpa, flash_attention_2, ... (default: transformers' choice)")
-    dataset_name: str = arg(str(HERE / "data/arithmetic_preferences"), "a hub dataset, or a data folder or file")
+    model_name_or_path: str = arg(
+        str(HERE / "models/tiny-arith"), "a causal LM (a new scalar head) or a reward model"
+    )
+    attn_implementation: str | None = arg(
+        None, "eager, sdpa, flash_attention_2, ... (default: transformers' choice)"
+    )
+    dataset_name: str = arg(
+        str(HERE / "data/arithmetic_preferences"), "a hub dataset, or a data folder or file"
+    )
     dataset_config: str | None = arg(None, "the configuration of a dataset that has several")
     dataset_train_split: str = arg("train", "split to train on: 'chosen' and 'rejected' columns")
     dataset_test_split: str = arg("test", "held-out split (skipped when absent)")
-    max_length: int = arg(128, "pairs with a text longer than this many tokens are dropped (as TRL does)")
+    max_length: int = arg(
+        128, "pairs with a text longer than this many tokens are dropped (as TRL does)"
+    )
     # Bradley-Terry
-    center_rewards_coefficient: float | None = arg(None, "weight c of the (r_c + r_r)² term (None: off)")
+    center_rewards_coefficient: float | None = arg(
+        None, "weight c of the (r_c + r_r)² term (None: off)"
+    )
     # optimization
-    train_batch_size: int = arg(32, "pairs per step, over all processes (each takes an equal share)")
+    train_batch_size: int = arg(
+        32, "pairs per step, over all processes (each takes an equal share)"
+    )
     max_steps: int = arg(100, "training steps, one batch each")
-    learning_rate: float = arg(5e-4, "AdamW learning rate (the embedded model; ~1e-5 for a 0.5B model)")
+    learning_rate: float = arg(
+        5e-4, "AdamW learning rate (the embedded model; ~1e-5 for a 0.5B model)"
+    )
     lr_scheduler_type: SchedulerType = arg("cosine", "transformers' learning-rate schedule")
     warmup_ratio: float = arg(0.05, "fraction of the steps spent warming up")
     weight_decay: float = arg(0.0, "AdamW weight decay")
@@ -88,26 +111,42 @@ class Args:
     seed: int = arg(0, "random seed (data order, the new head)")
     disable_dropout: bool = arg(True, "dropout off (LoRA's too), as TRL's RewardTrainer does")
     # logging, evaluation, checkpoints
-    output_dir: str = arg("outputs/reward_model", "where metrics.jsonl, the checkpoints and the final model go")
+    output_dir: str = arg(
+        "outputs/reward_model", "where metrics.jsonl, the checkpoints and the final model go"
+    )
     overwrite_output_dir: bool = arg(False, "start over in an output_dir that holds another run")
     logging_steps: int = arg(25, "log metrics every this many steps")
-    report_to: list[str] = arg(["none"], "trackers besides metrics.jsonl: tensorboard, wandb, trackio, all, ...")
-    eval_strategy: Literal["steps", "no"] = arg("steps", "steps: at the start, every eval_steps and at the end")
+    report_to: list[str] = arg(
+        ["none"], "trackers besides metrics.jsonl: tensorboard, wandb, trackio, all, ..."
+    )
+    eval_strategy: Literal["steps", "no"] = arg(
+        "steps", "steps: at the start, every eval_steps and at the end"
+    )
     eval_steps: int = arg(50, "evaluate every this many steps (0: at the start and the end only)")
     per_device_eval_batch_size: int = arg(256, "pairs per forward pass of the evaluation")
-    save_steps: int = arg(50, "save a checkpoint every this many steps (0: never; a stop always saves)")
+    save_steps: int = arg(
+        50, "save a checkpoint every this many steps (0: never; a stop always saves)"
+    )
     save_total_limit: int | None = arg(None, "keep only the newest N checkpoints")
-    resume_from_checkpoint: str | None = arg(None, "a checkpoint folder, or 'latest' in output_dir")
+    resume_from_checkpoint: str | None = arg(
+        None, "a checkpoint folder, or 'latest' in output_dir"
+    )
     # efficiency
     bf16: bool = arg(False, "bf16 autocast for the forward passes; master weights stay float32")
-    gradient_checkpointing: bool = arg(False, "recompute activations in the backward pass to save memory")
+    gradient_checkpointing: bool = arg(
+        False, "recompute activations in the backward pass to save memory"
+    )
     use_peft: bool = arg(False, "train a LoRA adapter (and the whole head) instead of all weights")
     lora_r: int = arg(16, "LoRA rank")
     lora_alpha: int = arg(32, "LoRA alpha")
     lora_dropout: float = arg(0.05, "LoRA dropout")
     lora_target_modules: list[str] = arg(["all-linear"], "modules LoRA adapts, or all-linear")
-    save_merged_model: bool = arg(False, "with --use_peft, also save the merged model (output_dir/merged)")
-    load_in_4bit: bool = arg(False, "QLoRA: the frozen base in 4 bits (bitsandbytes); needs --use_peft")
+    save_merged_model: bool = arg(
+        False, "with --use_peft, also save the merged model (output_dir/merged)"
+    )
+    load_in_4bit: bool = arg(
+        False, "QLoRA: the frozen base in 4 bits (bitsandbytes); needs --use_peft"
+    )
     bnb_4bit_quant_type: Literal["nf4", "fp4"] = arg("nf4", "4-bit data type")
 
 
@@ -120,15 +159,30 @@ def check_args(args: Args):
         require(getattr(args, name) >= 0, f"--{name}: must be ≥ 0, got {getattr(args, name)}")
     c = args.center_rewards_coefficient
     require(c is None or c >= 0, f"--center_rewards_coefficient: must be ≥ 0, got {c}")
-    require(0 <= args.warmup_ratio <= 1, f"--warmup_ratio: must be in [0, 1], got {args.warmup_ratio}")
-    require(0 <= args.seed < 2**32, f"--seed: must be in [0, 2**32), got {args.seed}")  # numpy's range
-    require(args.save_total_limit is None or args.save_total_limit > 0, "--save_total_limit: must be positive")
-    require(args.use_peft or not args.load_in_4bit, "--load_in_4bit: only a LoRA adapter trains on it: add --use_peft")
-    require(args.dataset_train_split != args.dataset_test_split, "--dataset_test_split: that is the training split")
+    require(
+        0 <= args.warmup_ratio <= 1, f"--warmup_ratio: must be in [0, 1], got {args.warmup_ratio}"
+    )
+    require(
+        0 <= args.seed < 2**32, f"--seed: must be in [0, 2**32), got {args.seed}"
+    )  # numpy's range
+    require(
+        args.save_total_limit is None or args.save_total_limit > 0,
+        "--save_total_limit: must be positive",
+    )
+    require(
+        args.use_peft or not args.load_in_4bit,
+        "--load_in_4bit: only a LoRA adapter trains on it: add --use_peft",
+    )
+    require(
+        args.dataset_train_split != args.dataset_test_split,
+        "--dataset_test_split: that is the training split",
+    )
 
 
 # ==== Bradley-Terry ====
-def bradley_terry_loss(chosen_rewards, rejected_rewards, margins, *, center_rewards_coefficient: float | None):
+def bradley_terry_loss(
+    chosen_rewards, rejected_rewards, margins, *, center_rewards_coefficient: float | None
+):
     """Each pair's −log σ(r_c − r_r − m), plus c · (r_c + r_r)² when centering. (B,) -> (B,)"""
     loss = -torch.nn.functional.logsigmoid(chosen_rewards - rejected_rewards - margins)
     if center_rewards_coefficient:
@@ -138,14 +192,19 @@ def bradley_terry_loss(chosen_rewards, rejected_rewards, margins, *, center_rewa
 
 def pair_accuracy(chosen_rewards, rejected_rewards) -> torch.Tensor:
     """1 for each pair scored r_c > r_r, 1/2 for a tie, else 0. (B,) -> (B,)"""
-    return (chosen_rewards > rejected_rewards).float() + 0.5 * (chosen_rewards == rejected_rewards).float()
+    return (chosen_rewards > rejected_rewards).float() + 0.5 * (
+        chosen_rewards == rejected_rewards
+    ).float()
 
 
 def tokenize_pairs(tokenizer, dataset, args, split: str) -> list[dict]:
     """chosen_ids, rejected_ids and margin of each pair, as the reward model reads them (`reward_model_text`, then the
     tokenizer with its special tokens, as rewards.reward_model_function scores); pairs over --max_length are dropped."""
     for column in ("chosen", "rejected"):
-        require(column in dataset.column_names, f"--dataset_name: the {split} split has no {column!r} column")
+        require(
+            column in dataset.column_names,
+            f"--dataset_name: the {split} split has no {column!r} column",
+        )
     prompts = dataset["prompt"] if "prompt" in dataset.column_names else [None] * len(dataset)
     margins = dataset["margin"] if "margin" in dataset.column_names else [0.0] * len(dataset)
     pairs = zip(prompts, dataset["chosen"], dataset["rejected"], margins)
@@ -156,14 +215,21 @@ def tokenize_pairs(tokenizer, dataset, args, split: str) -> list[dict]:
             rejected.append(reward_model_text(tokenizer, prompt, bad))
             margins.append(0.0 if margin is None else float(margin))
     chosen, rejected = tokenizer(chosen).input_ids, tokenizer(rejected).input_ids
-    rows = [{"chosen_ids": c, "rejected_ids": r, "margin": m} for c, r, m in zip(chosen, rejected, margins)
-            if max(len(c), len(r)) <= args.max_length]  # fmt: skip
+    rows = [
+        {"chosen_ids": c, "rejected_ids": r, "margin": m}
+        for c, r, m in zip(chosen, rejected, margins)
+        if max(len(c), len(r)) <= args.max_length
+    ]
     if len(rows) < len(chosen):
-        print(f"the {split} split: dropped {len(chosen) - len(rows)} of {len(chosen)} pairs over --max_length")
+        print(
+            f"the {split} split: dropped {len(chosen) - len(rows)} of {len(chosen)} pairs over --max_length"
+        )
     return rows
 
 
-def pair_rewards(model, rows: list[dict], pad_token_id: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+def pair_rewards(
+    model, rows: list[dict], pad_token_id: int, device
+) -> tuple[torch.Tensor, torch.Tensor]:
     """r_φ(x, y_c) and r_φ(x, y_r) (B,) each, float32: one forward pass over the 2B texts, padded on the right."""
     sequences = [row["chosen_ids"] for row in rows] + [row["rejected_ids"] for row in rows]
     L = max(map(len, sequences))
@@ -188,11 +254,22 @@ def evaluate_pairs(accelerator, model, rows: list[dict], pad_token_id: int, args
         with accelerator.autocast():
             chosen, rejected = pair_rewards(model, batch_rows, pad_token_id, accelerator.device)
         margins = torch.tensor([row["margin"] for row in batch_rows], device=accelerator.device)
-        loss = bradley_terry_loss(chosen, rejected, margins, center_rewards_coefficient=args.center_rewards_coefficient)
+        loss = bradley_terry_loss(
+            chosen, rejected, margins, center_rewards_coefficient=args.center_rewards_coefficient
+        )
         counted = (batch < len(rows)).float().to(accelerator.device)
-        sums += torch.stack([x @ counted for x in (loss, pair_accuracy(chosen, rejected), chosen - rejected, counted)])
+        sums += torch.stack(
+            [
+                x @ counted
+                for x in (loss, pair_accuracy(chosen, rejected), chosen - rejected, counted)
+            ]
+        )
     loss, accuracy, margin, pairs = accelerator.reduce(sums, "sum").tolist()
-    return {"eval/loss": loss / pairs, "eval/accuracy": accuracy / pairs, "eval/margin": margin / pairs}
+    return {
+        "eval/loss": loss / pairs,
+        "eval/accuracy": accuracy / pairs,
+        "eval/margin": margin / pairs,
+    }
 
 
 # ---- plumbing: the command line ----
@@ -216,14 +293,18 @@ def loading(flag: str, value):
 
 
 def fail(message: str):
-    tqdm.write(f"error: {message}", file=sys.stderr)  # on a line of its own, below any progress bar
+    tqdm.write(
+        f"error: {message}", file=sys.stderr
+    )  # on a line of its own, below any progress bar
     sys.exit(2)
 
 
 def parse_args(args_class):
     """The flags from the command line, over those of a --config YAML file (TRL's recipes, or a run's args.json)."""
     parser = HfArgumentParser(args_class, allow_abbrev=False)
-    parser.add_argument("--config", help="a YAML file of flag: value; flags on the command line override it")
+    parser.add_argument(
+        "--config", help="a YAML file of flag: value; flags on the command line override it"
+    )
     parser.error = lambda message: fail(message.replace("argument ", ""))
     for action in parser._actions:  # --chat_template_kwargs '{"enable_thinking": false}'
         action.type = json.loads if action.type is dict else action.type
@@ -231,7 +312,10 @@ def parse_args(args_class):
     if namespace.config:
         with loading("--config", namespace.config):
             config = yaml.safe_load(Path(namespace.config).read_text())
-        require(isinstance(config, dict), f"--config {namespace.config}: expected a mapping of flag: value")
+        require(
+            isinstance(config, dict),
+            f"--config {namespace.config}: expected a mapping of flag: value",
+        )
         unknown = sorted(set(config) - set(vars(namespace)))
         require(not unknown, f"--config {namespace.config}: unknown flags {unknown}")
         parser.set_defaults(**config)
@@ -244,48 +328,84 @@ def parse_args(args_class):
 def load_split(args, split: str):
     """A split of --dataset_name (a hub dataset, a folder, or a json, csv or parquet file: its train split), or None."""
     path = Path(args.dataset_name)
-    require(not path.is_file() or path.stat().st_size > 0, f"--dataset_name {path}: expected rows, the file is empty")
+    require(
+        not path.is_file() or path.stat().st_size > 0,
+        f"--dataset_name {path}: expected rows, the file is empty",
+    )
     with loading("--dataset_name", args.dataset_name):
         if path.is_file():  # datasets reads the format from the extension
             splits = load_dataset(str(path.parent), data_files={"train": path.name})
         else:
             splits = load_dataset(args.dataset_name, args.dataset_config)
-    require(split in splits or split != args.dataset_train_split, f"--dataset_train_split: no {split!r} split")
+    require(
+        split in splits or split != args.dataset_train_split,
+        f"--dataset_train_split: no {split!r} split",
+    )
     return splits.get(split)
 
 
 # ---- plumbing: models ----
 def load_trained(
-    args, path: str, model_class=AutoModelForCausalLM, task_type="CAUSAL_LM", flag="--model_name_or_path", **options
+    args,
+    path: str,
+    model_class=AutoModelForCausalLM,
+    task_type="CAUSAL_LM",
+    flag="--model_name_or_path",
+    **options,
 ):
     """A model to train: float32 master weights whatever the checkpoint's dtype (a frozen base is bf16 under --use_peft
     --bf16, 4-bit under --load_in_4bit), --use_peft's LoRA adapter, dropout off, --gradient_checkpointing."""
     from peft import LoraConfig, get_peft_model
 
     compute = torch.bfloat16 if args.bf16 else torch.float32
-    quantization = transformers.BitsAndBytesConfig(
-        load_in_4bit=True, bnb_4bit_quant_type=args.bnb_4bit_quant_type, bnb_4bit_compute_dtype=compute
-    ) if args.load_in_4bit else None  # fmt: skip
+    quantization = (
+        transformers.BitsAndBytesConfig(
+            load_in_4bit=True,
+            bnb_4bit_quant_type=args.bnb_4bit_quant_type,
+            bnb_4bit_compute_dtype=compute,
+        )
+        if args.load_in_4bit
+        else None
+    )
     dtype = torch.bfloat16 if args.use_peft and args.bf16 else torch.float32
     attention = args.attn_implementation
     with loading(flag, path):
         model = model_class.from_pretrained(
-            path, dtype=dtype, quantization_config=quantization, attn_implementation=attention, **options
+            path,
+            dtype=dtype,
+            quantization_config=quantization,
+            attn_implementation=attention,
+            **options,
         )
     if args.use_peft:
-        targets = "all-linear" if args.lora_target_modules == ["all-linear"] else args.lora_target_modules
-        lora = dict(r=args.lora_r, lora_alpha=args.lora_alpha, lora_dropout=args.lora_dropout, target_modules=targets)
+        targets = (
+            "all-linear"
+            if args.lora_target_modules == ["all-linear"]
+            else args.lora_target_modules
+        )
+        lora = dict(
+            r=args.lora_r,
+            lora_alpha=args.lora_alpha,
+            lora_dropout=args.lora_dropout,
+            target_modules=targets,
+        )
         with loading("--lora_target_modules", targets):
             model = get_peft_model(model, LoraConfig(task_type=task_type, **lora))
-        for param in (p for p in model.parameters() if p.requires_grad):  # what trains in float32 (a score head too)
+        for param in (
+            p for p in model.parameters() if p.requires_grad
+        ):  # what trains in float32 (a score head too)
             param.data = param.data.float()
-    if args.disable_dropout:  # dropout layers, and the rates attention layers keep as floats (Llama's, GPT-2's)
+    if (
+        args.disable_dropout
+    ):  # dropout layers, and the rates attention layers keep as floats (Llama's, GPT-2's)
         for module in model.modules():
             rates = [n for n, v in vars(module).items() if isinstance(v, float) and "drop" in n]
             for name in rates + (["p"] if isinstance(module, torch.nn.Dropout) else []):
                 setattr(module, name, 0.0)
     for layer in [m for m in model.modules() if getattr(m, "support_avx512bf16_for_cpu", False)]:
-        layer.support_avx512bf16_for_cpu = False  # bitsandbytes repacks 4-bit layers one way at a no-grad CPU forward
+        layer.support_avx512bf16_for_cpu = (
+            False  # bitsandbytes repacks 4-bit layers one way at a no-grad CPU forward
+        )
     if args.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     return model.train()
@@ -299,23 +419,35 @@ def claim_output_dir(args) -> Path | None:
         latest = args.resume_from_checkpoint == "latest"
         found = checkpoints(out)[-1:] if latest else [Path(args.resume_from_checkpoint)]
         where = found[0] if found else out
-        require(found and (where / "trainer_state.json").is_file(), f"--resume_from_checkpoint: none in {where}")
+        require(
+            found and (where / "trainer_state.json").is_file(),
+            f"--resume_from_checkpoint: none in {where}",
+        )
     with loading("--output_dir", out):
         out.mkdir(parents=True, exist_ok=True)
     if args.resume_from_checkpoint:
         step = json.loads((found[0] / "trainer_state.json").read_text())["step"]
-        records = [json.loads(line) for line in metrics.read_text().splitlines()] if metrics.is_file() else []
+        records = (
+            [json.loads(line) for line in metrics.read_text().splitlines()]
+            if metrics.is_file()
+            else []
+        )
         metrics.write_text("".join(json.dumps(r) + "\n" for r in records if r["step"] <= step))
         return found[0]
     used = checkpoints(out) + ([metrics] if metrics.is_file() else [])
-    require(not used or args.overwrite_output_dir, f"--output_dir: {out} holds another run: continue it with "
-            "--resume_from_checkpoint latest, or start over with --overwrite_output_dir")  # fmt: skip
+    require(
+        not used or args.overwrite_output_dir,
+        f"--output_dir: {out} holds another run: continue it with "
+        "--resume_from_checkpoint latest, or start over with --overwrite_output_dir",
+    )
     for path in used:  # --overwrite_output_dir
         shutil.rmtree(path) if path.is_dir() else path.unlink()
 
 
 def checkpoints(output_dir) -> list[Path]:
-    return sorted(Path(output_dir).glob("checkpoint-*"), key=lambda path: int(path.name.split("-")[1]))
+    return sorted(
+        Path(output_dir).glob("checkpoint-*"), key=lambda path: int(path.name.split("-")[1])
+    )
 
 
 def save_model(accelerator, args, model, tokenizer, folder: Path, state: dict):
@@ -326,7 +458,9 @@ def save_model(accelerator, args, model, tokenizer, folder: Path, state: dict):
         accelerator.unwrap_model(model).save_pretrained(folder, state_dict=weights)
         tokenizer.save_pretrained(folder)
         (folder / "trainer_state.json").write_text(json.dumps(state))
-        (folder / "args.json").write_text(json.dumps(asdict(args) | {"resume_from_checkpoint": None}, indent=2))
+        (folder / "args.json").write_text(
+            json.dumps(asdict(args) | {"resume_from_checkpoint": None}, indent=2)
+        )
 
 
 def save_checkpoint(accelerator, args, model, tokenizer, state: dict) -> Path:
@@ -335,14 +469,20 @@ def save_checkpoint(accelerator, args, model, tokenizer, state: dict) -> Path:
     folder = Path(args.output_dir) / f"checkpoint-{state['step']}"
     tmp = folder.with_name(f".{folder.name}.tmp")
     save_model(accelerator, args, model, tokenizer, tmp, state)
-    hook = accelerator.register_save_state_pre_hook(lambda models, weights, _: weights.clear())  # saved just above
+    hook = accelerator.register_save_state_pre_hook(
+        lambda models, weights, _: weights.clear()
+    )  # saved just above
     accelerator.save_state(tmp / "state")
     hook.remove()
     accelerator.wait_for_everyone()  # every process has written its part of state/
     if accelerator.is_main_process:
-        shutil.rmtree(folder, ignore_errors=True)  # the same step saved again (a run resumed from an earlier one)
+        shutil.rmtree(
+            folder, ignore_errors=True
+        )  # the same step saved again (a run resumed from an earlier one)
         tmp.rename(folder)
-        for old in checkpoints(args.output_dir)[: -args.save_total_limit] if args.save_total_limit else []:
+        for old in (
+            checkpoints(args.output_dir)[: -args.save_total_limit] if args.save_total_limit else []
+        ):
             shutil.rmtree(old)
     accelerator.wait_for_everyone()
     return folder
@@ -353,16 +493,30 @@ def load_checkpoint(accelerator, args, model, checkpoint: Path) -> dict:
     from peft import set_peft_model_state_dict
     from safetensors.torch import load_file, load_model
 
-    saved, skip = json.loads((checkpoint / "args.json").read_text()), ("resume_from_checkpoint", "overwrite_output_dir")
-    changed = [f"--{k} {v} (was {saved[k]})" for k, v in asdict(args).items() if k not in skip and saved.get(k, v) != v]
+    saved, skip = (
+        json.loads((checkpoint / "args.json").read_text()),
+        ("resume_from_checkpoint", "overwrite_output_dir"),
+    )
+    changed = [
+        f"--{k} {v} (was {saved[k]})"
+        for k, v in asdict(args).items()
+        if k not in skip and saved.get(k, v) != v
+    ]
     accelerator.print(f"resuming from {checkpoint}" + "".join(f"; {change}" for change in changed))
     unwrapped = accelerator.unwrap_model(model)
-    if accelerator.distributed_type not in (DistributedType.DEEPSPEED, DistributedType.FSDP):  # else in state/
+    if accelerator.distributed_type not in (
+        DistributedType.DEEPSPEED,
+        DistributedType.FSDP,
+    ):  # else in state/
         if hasattr(unwrapped, "peft_config"):
-            set_peft_model_state_dict(unwrapped, load_file(checkpoint / "adapter_model.safetensors"))
+            set_peft_model_state_dict(
+                unwrapped, load_file(checkpoint / "adapter_model.safetensors")
+            )
         else:
             load_model(unwrapped, checkpoint / "model.safetensors")
-    hook = accelerator.register_load_state_pre_hook(lambda models, _: models.clear())  # loaded just above
+    hook = accelerator.register_load_state_pre_hook(
+        lambda models, _: models.clear()
+    )  # loaded just above
     accelerator.load_state(checkpoint / "state")
     hook.remove()
     return json.loads((checkpoint / "trainer_state.json").read_text())
@@ -378,55 +532,110 @@ def log(accelerator, args, step: int, metrics: dict):
 def main(args: Args):
     # ---- plumbing: setup, a batch of rows a step ----
     check_args(args)
-    known = {"none", "all", *map(str, get_available_trackers())}  # accelerate skips the others silently
-    require(set(args.report_to) <= known, f"--report_to {args.report_to}: expected some of {sorted(known)}")
-    precision, trackers = "bf16" if args.bf16 else "no", None if args.report_to == ["none"] else args.report_to
+    known = {
+        "none",
+        "all",
+        *map(str, get_available_trackers()),
+    }  # accelerate skips the others silently
+    require(
+        set(args.report_to) <= known,
+        f"--report_to {args.report_to}: expected some of {sorted(known)}",
+    )
+    precision, trackers = (
+        "bf16" if args.bf16 else "no",
+        None if args.report_to == ["none"] else args.report_to,
+    )
     accelerator = Accelerator(
-        mixed_precision=precision, log_with=trackers, project_dir=args.output_dir, step_scheduler_with_optimizer=False
+        mixed_precision=precision,
+        log_with=trackers,
+        project_dir=args.output_dir,
+        step_scheduler_with_optimizer=False,
     )  # the scheduler steps once per update, however many processes
-    if accelerator.state.deepspeed_plugin is not None:  # no DataLoader is prepared: DeepSpeed's sizes come from here
+    if (
+        accelerator.state.deepspeed_plugin is not None
+    ):  # no DataLoader is prepared: DeepSpeed's sizes come from here
         accelerator.state.deepspeed_plugin.deepspeed_config.update(
-            train_micro_batch_size_per_gpu=1, gradient_accumulation_steps=1, train_batch_size=accelerator.num_processes,
+            train_micro_batch_size_per_gpu=1,
+            gradient_accumulation_steps=1,
+            train_batch_size=accelerator.num_processes,
             gradient_clipping=args.max_grad_norm,
-        )  # fmt: skip
+        )
     set_seed(args.seed)  # the same on every process: a new adapter or head starts alike
     device, processes = accelerator.device, accelerator.num_processes
-    require(args.train_batch_size % processes == 0, f"--train_batch_size: not divisible by the {processes} processes")
+    require(
+        args.train_batch_size % processes == 0,
+        f"--train_batch_size: not divisible by the {processes} processes",
+    )
     local_batch_size = args.train_batch_size // processes
-    my_rows = slice(accelerator.process_index * local_batch_size, (accelerator.process_index + 1) * local_batch_size)
+    my_rows = slice(
+        accelerator.process_index * local_batch_size,
+        (accelerator.process_index + 1) * local_batch_size,
+    )
 
     # ---- reward model: data, the model ----
     with loading("--model_name_or_path", args.model_name_or_path):
         tokenizer = common.load_tokenizer(args.model_name_or_path)
-    train_dataset, eval_dataset = load_split(args, args.dataset_train_split), load_split(args, args.dataset_test_split)
+    train_dataset, eval_dataset = (
+        load_split(args, args.dataset_train_split),
+        load_split(args, args.dataset_test_split),
+    )
     rows = tokenize_pairs(tokenizer, train_dataset, args, args.dataset_train_split)
-    require(len(rows) >= args.train_batch_size, f"--train_batch_size: more than the {len(rows)} pairs")
+    require(
+        len(rows) >= args.train_batch_size, f"--train_batch_size: more than the {len(rows)} pairs"
+    )
     eval_dataset = eval_dataset if args.eval_strategy == "steps" else None
-    eval_rows = tokenize_pairs(tokenizer, eval_dataset, args, args.dataset_test_split) if eval_dataset else []
+    eval_rows = (
+        tokenize_pairs(tokenizer, eval_dataset, args, args.dataset_test_split)
+        if eval_dataset
+        else []
+    )
     # a sequence classifier with one label, whatever the checkpoint's config says (a causal LM's: 2)
-    model = load_trained(args, args.model_name_or_path, AutoModelForSequenceClassification, "SEQ_CLS", num_labels=1)
-    model.config.pad_token_id = tokenizer.pad_token_id  # the head reads each text's last token that is not padding
-    evaluation = lambda: evaluate_pairs(accelerator, model, eval_rows, tokenizer.pad_token_id, args)
+    model = load_trained(
+        args, args.model_name_or_path, AutoModelForSequenceClassification, "SEQ_CLS", num_labels=1
+    )
+    model.config.pad_token_id = (
+        tokenizer.pad_token_id
+    )  # the head reads each text's last token that is not padding
+    evaluation = lambda: evaluate_pairs(
+        accelerator, model, eval_rows, tokenizer.pad_token_id, args
+    )
 
     # ---- plumbing: optimizer, scheduler, processes: one update a step ----
     trained = [p for p in model.parameters() if p.requires_grad]
     # fused: one kernel for every parameter, as transformers' adamw_torch_fused (4× faster on a CPU core at 135M)
-    optimizer = torch.optim.AdamW(trained, lr=args.learning_rate, weight_decay=args.weight_decay, fused=True)
+    optimizer = torch.optim.AdamW(
+        trained, lr=args.learning_rate, weight_decay=args.weight_decay, fused=True
+    )
     warmup = int(args.warmup_ratio * args.max_steps)
-    scheduler = transformers.get_scheduler(args.lr_scheduler_type, optimizer, warmup, args.max_steps)
+    scheduler = transformers.get_scheduler(
+        args.lr_scheduler_type, optimizer, warmup, args.max_steps
+    )
     model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
-    accelerator.unwrap_model(model, keep_fp32_wrapper=False)  # autocast is entered below: no float32 copy of logits
+    accelerator.unwrap_model(
+        model, keep_fp32_wrapper=False
+    )  # autocast is entered below: no float32 copy of logits
 
     # ---- plumbing: resume, the first evaluation, the loop's stop: one update a step ----
-    checkpoint = gather_object([claim_output_dir(args) if accelerator.is_main_process else None])[0]
-    state = load_checkpoint(accelerator, args, model, checkpoint) if checkpoint else {"step": 0, "num_tokens": 0}
+    checkpoint = gather_object([claim_output_dir(args) if accelerator.is_main_process else None])[
+        0
+    ]
+    state = (
+        load_checkpoint(accelerator, args, model, checkpoint)
+        if checkpoint
+        else {"step": 0, "num_tokens": 0}
+    )
     accelerator.init_trackers("huggingface", {k: str(v) for k, v in asdict(args).items()})
     first_eval = evaluation() if state["step"] == 0 else {}
     log(accelerator, args, 0, first_eval)
     stop = []  # Ctrl-C, or SIGTERM from a scheduler: the loop ends after its step, with a checkpoint
-    handlers = {s: signal.signal(s, lambda signum, _: stop.append(signum)) for s in (signal.SIGINT, signal.SIGTERM)}
+    handlers = {
+        s: signal.signal(s, lambda signum, _: stop.append(signum))
+        for s in (signal.SIGINT, signal.SIGTERM)
+    }
     steps = range(state["step"] + 1, args.max_steps + 1)
-    progress = tqdm(steps, initial=state["step"], total=args.max_steps, disable=not accelerator.is_main_process)
+    progress = tqdm(
+        steps, initial=state["step"], total=args.max_steps, disable=not accelerator.is_main_process
+    )
 
     for step in progress:
         step_start = time.perf_counter()
@@ -435,35 +644,54 @@ def main(args: Args):
         # ==== 1. batch: this process's share of the step's pairs ====
         # the step's pairs depend on the step alone (a fresh permutation each epoch): a resumed run sees the same
         epoch, position = divmod(step - 1, len(rows) // args.train_batch_size)
-        order = torch.randperm(len(rows), generator=torch.Generator().manual_seed(args.seed + epoch))
-        indices = order[position * args.train_batch_size : (position + 1) * args.train_batch_size][my_rows].tolist()
+        order = torch.randperm(
+            len(rows), generator=torch.Generator().manual_seed(args.seed + epoch)
+        )
+        indices = order[position * args.train_batch_size : (position + 1) * args.train_batch_size][
+            my_rows
+        ].tolist()
         pairs = [rows[i] for i in indices]
 
         # ==== 2. scores: r_φ(x, y_c) and r_φ(x, y_r) ====
         with accelerator.autocast():
-            chosen_rewards, rejected_rewards = pair_rewards(model, pairs, tokenizer.pad_token_id, device)  # (B,) each
+            chosen_rewards, rejected_rewards = pair_rewards(
+                model, pairs, tokenizer.pad_token_id, device
+            )  # (B,) each
 
         # ==== 3. loss: Bradley-Terry, the mean over this process's pairs (DDP's mean over processes: the batch's) ====
         margins = torch.tensor([pair["margin"] for pair in pairs], device=device)
         loss = bradley_terry_loss(
-            chosen_rewards, rejected_rewards, margins, center_rewards_coefficient=args.center_rewards_coefficient
+            chosen_rewards,
+            rejected_rewards,
+            margins,
+            center_rewards_coefficient=args.center_rewards_coefficient,
         ).mean()
 
         # ==== 4. update ====
         accelerator.backward(loss)
-        grad_norm = float(accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm or math.inf))
-        if not (math.isfinite(loss.item()) and math.isfinite(grad_norm)):  # before the update: nothing saved
+        grad_norm = float(
+            accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm or math.inf)
+        )
+        if not (
+            math.isfinite(loss.item()) and math.isfinite(grad_norm)
+        ):  # before the update: nothing saved
             progress.close()  # first: the error is then the log's last line
-            fail(f"step {step}: the loss or the gradient norm is not finite; the newest checkpoint is kept")
+            fail(
+                f"step {step}: the loss or the gradient norm is not finite; the newest checkpoint is kept"
+            )
         optimizer.step()
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
 
         # ==== 5. log: over the whole batch, from every process (TRL's names) ====
         tokens = sum(len(pair["chosen_ids"]) + len(pair["rejected_ids"]) for pair in pairs)
-        state["num_tokens"] += accelerator.reduce(torch.tensor(tokens, device=device), "sum").item()
+        state["num_tokens"] += accelerator.reduce(
+            torch.tensor(tokens, device=device), "sum"
+        ).item()
         if logging_step:
-            chosen, rejected = accelerator.gather((chosen_rewards.detach(), rejected_rewards.detach()))
+            chosen, rejected = accelerator.gather(
+                (chosen_rewards.detach(), rejected_rewards.detach())
+            )
             both = torch.cat([chosen, rejected])
             metrics = {
                 "loss": accelerator.reduce(loss.detach(), "mean").item(),
@@ -478,16 +706,23 @@ def main(args: Args):
         # ---- plumbing: log, evaluate, save, stop: one update a step ----
         state["step"] = step
         if logging_step:
-            metrics |= {"learning_rate": scheduler.get_last_lr()[0], "num_tokens": state["num_tokens"]}
+            metrics |= {
+                "learning_rate": scheduler.get_last_lr()[0],
+                "num_tokens": state["num_tokens"],
+            }
             log(accelerator, args, step, metrics | {"step_time": time.perf_counter() - step_start})
             progress.set_postfix(loss=f"{metrics['loss']:.3f}")
         if args.eval_steps and step % args.eval_steps == 0 and step < args.max_steps:
             log(accelerator, args, step, evaluation())
-        stopping = accelerator.reduce(torch.tensor(float(bool(stop)), device=device), "sum").item() > 0
+        stopping = (
+            accelerator.reduce(torch.tensor(float(bool(stop)), device=device), "sum").item() > 0
+        )
         if (args.save_steps and step % args.save_steps == 0) or stopping:
             folder = save_checkpoint(accelerator, args, model, tokenizer, state)
         if stopping:
-            accelerator.print(f"interrupted at step {step}: saved {folder}; continue: --resume_from_checkpoint latest")
+            accelerator.print(
+                f"interrupted at step {step}: saved {folder}; continue: --resume_from_checkpoint latest"
+            )
             accelerator.end_training()
             sys.exit(128 + (stop[0] if stop else signal.SIGTERM))
 
@@ -497,11 +732,19 @@ def main(args: Args):
     save_model(accelerator, args, model, tokenizer, Path(args.output_dir), state)
     last_eval = evaluation()
     log(accelerator, args, args.max_steps, last_eval)
-    changes = [f"{key} {first_eval[key]:.3f} → {value:.3f}" for key, value in last_eval.items() if key in first_eval]
+    changes = [
+        f"{key} {first_eval[key]:.3f} → {value:.3f}"
+        for key, value in last_eval.items()
+        if key in first_eval
+    ]
     if changes:
         accelerator.print("held-out " + ", ".join(changes).replace("eval/", ""))
-    if args.use_peft and args.save_merged_model and accelerator.is_main_process:  # a model that loads without peft
-        accelerator.unwrap_model(model).merge_and_unload().save_pretrained(Path(args.output_dir) / "merged")
+    if (
+        args.use_peft and args.save_merged_model and accelerator.is_main_process
+    ):  # a model that loads without peft
+        accelerator.unwrap_model(model).merge_and_unload().save_pretrained(
+            Path(args.output_dir) / "merged"
+        )
         tokenizer.save_pretrained(Path(args.output_dir) / "merged")
     # the DDP wrapper holds the process group: freed first, end_training stops gloo's workers with the GIL released
     # (freed after, it stops them holding the GIL, which a worker may need: a hang). One process has no group.

@@ -67,7 +67,10 @@ def accuracy_reward(completions, solution=None, ground_truth=None, **kwargs) -> 
     answer in <answer>...</answer> is verified when there is no \boxed{}. With `ground_truth`, the arithmetic task's
     check: the <answer>N</answer> text equals it."""
     if solution is not None:
-        return [None if gold is None else verified(text_of(c), gold) for c, gold in zip(completions, solution)]
+        return [
+            None if gold is None else verified(text_of(c), gold)
+            for c, gold in zip(completions, solution)
+        ]
     return [
         None if truth is None else float(same_answer(extract_answer(text_of(c)), truth))
         for c, truth in zip(completions, ground_truth)
@@ -82,22 +85,30 @@ def verified(text: str, gold: str) -> float | None:
     from latex2sympy2_extended import NormalizationConfig
     from math_verify import LatexExtractionConfig, parse, verify
 
-    gold_parsed = parse(gold, parsing_timeout=None)  # math-verify's timeouts use signal.alarm: off, as in TRL
+    gold_parsed = parse(
+        gold, parsing_timeout=None
+    )  # math-verify's timeouts use signal.alarm: off, as in TRL
     if not gold_parsed:
         return None
     answer = extract_answer(text)
     if "\\boxed" not in text and answer is not None:
         text = f"\\boxed{{{answer}}}"
     latex = LatexExtractionConfig(
-        normalization_config=NormalizationConfig(units=True), boxed_match_priority=0, try_extract_without_anchor=False
+        normalization_config=NormalizationConfig(units=True),
+        boxed_match_priority=0,
+        try_extract_without_anchor=False,
     )
-    parsed = parse(text, extraction_config=[latex], extraction_mode="first_match", parsing_timeout=None)
+    parsed = parse(
+        text, extraction_config=[latex], extraction_mode="first_match", parsing_timeout=None
+    )
     return float(verify(gold_parsed, parsed, timeout_seconds=None))
 
 
 def reasoning_accuracy_reward(completions, **kwargs) -> list[float | None]:
     """TRL's reasoning_accuracy_reward: `accuracy_reward` of the text after the last </think>; 0.0 without one."""
-    answers = [text_of(c).split("</think>")[-1] if "</think>" in text_of(c) else None for c in completions]
+    answers = [
+        text_of(c).split("</think>")[-1] if "</think>" in text_of(c) else None for c in completions
+    ]
     scores = accuracy_reward([a or "" for a in answers], **kwargs)
     return [0.0 if a is None else score for a, score in zip(answers, scores)]
 
@@ -122,7 +133,8 @@ def get_soft_overlong_punishment(max_completion_len: int, soft_punish_cache: int
     def soft_overlong_punishment_reward(completion_ids, **kwargs) -> list[float]:
         free = max_completion_len - soft_punish_cache
         return [
-            0.0 if n <= free else max((free - n) / max(soft_punish_cache, 1), -1.0) for n in map(len, completion_ids)
+            0.0 if n <= free else max((free - n) / max(soft_punish_cache, 1), -1.0)
+            for n in map(len, completion_ids)
         ]
 
     return soft_overlong_punishment_reward
@@ -146,14 +158,18 @@ def import_function(spec: str):
     module_name, _, name = spec.rpartition(":") if ":" in spec else spec.rpartition(".")
     try:
         if module_name.endswith(".py"):
-            module_spec = importlib.util.spec_from_file_location(Path(module_name).stem, module_name)
+            module_spec = importlib.util.spec_from_file_location(
+                Path(module_name).stem, module_name
+            )
             module = importlib.util.module_from_spec(module_spec)
             module_spec.loader.exec_module(module)
         else:
             sys.path.insert(0, "")
             module = importlib.import_module(module_name)
     except Exception as error:  # a missing file or module, or an error inside it
-        raise RewardError(f"--reward_funcs: cannot import {spec!r}: {type(error).__name__}: {error}") from None
+        raise RewardError(
+            f"--reward_funcs: cannot import {spec!r}: {type(error).__name__}: {error}"
+        ) from None
     if not callable(getattr(module, name, None)):
         raise RewardError(f"--reward_funcs: {module_name} has no function {name!r}")
     return getattr(module, name)
@@ -169,10 +185,14 @@ def reward_model_function(path: str, device, prepare=None, batch_size: int = 32)
         model = AutoModelForSequenceClassification.from_pretrained(path)
         tokenizer = AutoTokenizer.from_pretrained(path)
     except Exception as error:
-        reason = (str(error).strip() or type(error).__name__).splitlines()[0]  # the library's first line
+        reason = (str(error).strip() or type(error).__name__).splitlines()[
+            0
+        ]  # the library's first line
         raise RewardError(f"--reward_model_path {path}: {reason}") from None
     if model.config.num_labels != 1:
-        raise RewardError(f"--reward_model_path: {path} has {model.config.num_labels} labels; a reward model has one")
+        raise RewardError(
+            f"--reward_model_path: {path} has {model.config.num_labels} labels; a reward model has one"
+        )
     tokenizer.pad_token = tokenizer.pad_token or tokenizer.eos_token
     model.config.pad_token_id = tokenizer.pad_token_id
     model = prepare(model) if prepare else model.to(device).eval().requires_grad_(False)
@@ -182,7 +202,12 @@ def reward_model_function(path: str, device, prepare=None, batch_size: int = 32)
         texts = [reward_model_text(tokenizer, p, c) for p, c in zip(prompts, completions)]
         scores = []
         for start in range(0, len(texts), batch_size):
-            enc = tokenizer(texts[start : start + batch_size], return_tensors="pt", padding=True, padding_side="right")
+            enc = tokenizer(
+                texts[start : start + batch_size],
+                return_tensors="pt",
+                padding=True,
+                padding_side="right",
+            )
             scores += model(**enc.to(device)).logits[:, 0].float().tolist()
         return scores
 
@@ -202,7 +227,9 @@ def load_reward_funcs(args, device="cpu", prepare=None) -> dict:
     get_soft_overlong_punishment penalizes the last fifth of --max_completion_length."""
     specs, length = args.reward_funcs, args.max_completion_length
     functions = {}
-    for spec in (s.strip() for item in specs for s in item.split(",") if s.strip() and s.strip() != "none"):
+    for spec in (
+        s.strip() for item in specs for s in item.split(",") if s.strip() and s.strip() != "none"
+    ):
         if spec in BUILTIN:
             function = BUILTIN[spec]
         elif spec == "get_soft_overlong_punishment":
@@ -210,7 +237,9 @@ def load_reward_funcs(args, device="cpu", prepare=None) -> dict:
         elif ":" in spec or "." in spec:
             function = import_function(spec)
         else:
-            raise RewardError(f"--reward_funcs: unknown reward function {spec!r} (built in: {', '.join(BUILTIN)})")
+            raise RewardError(
+                f"--reward_funcs: unknown reward function {spec!r} (built in: {', '.join(BUILTIN)})"
+            )
         functions[getattr(function, "__name__", spec)] = function
     if args.reward_model_path:
         function = reward_model_function(args.reward_model_path, device, prepare)
@@ -223,11 +252,17 @@ def load_reward_funcs(args, device="cpu", prepare=None) -> dict:
 def reward_weights(weights: list[str], reward_funcs: dict) -> torch.Tensor:
     """--reward_weights as a tensor; none given means 1.0 for every function."""
     try:
-        values = [float(w) for item in weights for w in item.split(",") if w.strip()] or [1.0] * len(reward_funcs)
+        values = [float(w) for item in weights for w in item.split(",") if w.strip()] or [
+            1.0
+        ] * len(reward_funcs)
     except ValueError:
-        raise RewardError(f"--reward_weights: expected numbers, got {' '.join(weights)!r}") from None
+        raise RewardError(
+            f"--reward_weights: expected numbers, got {' '.join(weights)!r}"
+        ) from None
     if len(values) != len(reward_funcs):
-        raise RewardError(f"--reward_weights: {len(values)} weights for {len(reward_funcs)} reward functions")
+        raise RewardError(
+            f"--reward_weights: {len(values)} weights for {len(reward_funcs)} reward functions"
+        )
     return torch.tensor(values)
 
 
@@ -242,11 +277,18 @@ def check_columns(reward_funcs: dict, dataset, split: str):
             raise RewardError(
                 f"reward function {name} needs a column {' or '.join(one_of)}; the {split} split has {columns}"
             )
-        keywords = ["prompts", "completions", "completion_ids", *(c for c in columns if c != "prompt")]
+        keywords = [
+            "prompts",
+            "completions",
+            "completion_ids",
+            *(c for c in columns if c != "prompt"),
+        ]
         try:
             inspect.signature(function).bind(**dict.fromkeys(keywords))
         except TypeError as error:  # a column it needs is missing, or it takes no **kwargs
-            raise RewardError(f"reward function {name} called with {keywords} (the {split} split's): {error}") from None
+            raise RewardError(
+                f"reward function {name} called with {keywords} (the {split} split's): {error}"
+            ) from None
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -262,24 +304,41 @@ def as_completion(prompt, text: str):
     return prompt, [{"role": "assistant", "content": text}]
 
 
-def compute_rewards(reward_funcs: dict, weights, prompts: list, texts: list[str], completion_ids: list, columns: dict):
+def compute_rewards(
+    reward_funcs: dict,
+    weights,
+    prompts: list,
+    texts: list[str],
+    completion_ids: list,
+    columns: dict,
+):
     """Each function's rewards (B, F), NaN where it returned None, and their weighted sum (B,), NaN where no function
     applies. A function that returns anything but one number or None per completion is a RewardError naming it."""
     prompts, completions = map(list, zip(*(as_completion(p, t) for p, t in zip(prompts, texts))))
     per_func = torch.full((len(prompts), len(reward_funcs)), math.nan)
     for j, (name, function) in enumerate(reward_funcs.items()):
-        values = function(prompts=prompts, completions=completions, completion_ids=completion_ids, **columns)
-        values = values.tolist() if hasattr(values, "tolist") else values  # a numpy array, a tensor
+        values = function(
+            prompts=prompts, completions=completions, completion_ids=completion_ids, **columns
+        )
+        values = (
+            values.tolist() if hasattr(values, "tolist") else values
+        )  # a numpy array, a tensor
         if not isinstance(values, (list, tuple)):
-            raise RewardError(f"reward function {name} returned {str(values)[:80]}: expected a list, one value each")
+            raise RewardError(
+                f"reward function {name} returned {str(values)[:80]}: expected a list, one value each"
+            )
         if len(values) != len(prompts):
-            raise RewardError(f"reward function {name} returned {len(values)} values for {len(prompts)} completions")
+            raise RewardError(
+                f"reward function {name} returned {len(values)} values for {len(prompts)} completions"
+            )
         try:
             numbers = [math.nan if v is None else float(v) for v in values]
         except (TypeError, ValueError):
             numbers = [math.inf]
         if not all(v is None or math.isfinite(n) for v, n in zip(values, numbers)):
-            raise RewardError(f"reward function {name} returned {values[:3]}...: expected finite numbers or None")
+            raise RewardError(
+                f"reward function {name} returned {values[:3]}...: expected finite numbers or None"
+            )
         per_func[:, j] = torch.tensor(numbers)
     rewards = (per_func * weights).nansum(1)
     rewards[per_func.isnan().all(1)] = math.nan  # unscorable

@@ -62,91 +62,156 @@ HERE = Path(__file__).resolve().parent
 
 
 def arg(default, help: str):
-    kind = {"default_factory": lambda: list(default)} if isinstance(default, list) else {"default": default}
+    kind = (
+        {"default_factory": lambda: list(default)}
+        if isinstance(default, list)
+        else {"default": default}
+    )
     return field(**kind, metadata={"help": help})
 
 
 @dataclass
 class Args:
     # model and data
-    model_name_or_path: str = arg(str(HERE / "models/tiny-arith"), "policy: a hub id or a folder (default: embedded)")
-    attn_implementation: str | None = arg(None, "eager, sdpa, flash_attention_2, ... (default: transformers' choice)")
-    dataset_name: str = arg(str(HERE / "data/arithmetic"), "a hub dataset, or a data folder or file; a 'prompt' column")
+    model_name_or_path: str = arg(
+        str(HERE / "models/tiny-arith"), "policy: a hub id or a folder (default: embedded)"
+    )
+    attn_implementation: str | None = arg(
+        None, "eager, sdpa, flash_attention_2, ... (default: transformers' choice)"
+    )
+    dataset_name: str = arg(
+        str(HERE / "data/arithmetic"), "a hub dataset, or a data folder or file; a 'prompt' column"
+    )
     dataset_config: str | None = arg(None, "the configuration of a dataset that has several")
     dataset_train_split: str = arg("train", "split to train on")
-    dataset_test_split: str = arg("test", "held-out split, scored with the run's rewards (skipped when absent)")
-    reward_funcs: list[str] = arg(["accuracy"], "reward functions: built-in names, file.py:function or pkg.module.fn")
+    dataset_test_split: str = arg(
+        "test", "held-out split, scored with the run's rewards (skipped when absent)"
+    )
+    reward_funcs: list[str] = arg(
+        ["accuracy"], "reward functions: built-in names, file.py:function or pkg.module.fn"
+    )
     reward_weights: list[str] = arg([], "one weight per reward function (default 1.0 each)")
-    reward_model_path: str | None = arg(None, "a sequence classifier with one label, added to the reward functions")
+    reward_model_path: str | None = arg(
+        None, "a sequence classifier with one label, added to the reward functions"
+    )
     # RLOO
-    num_generations: int = arg(2, "completions per prompt, G ≥ 2: the group of the leave-one-out baseline")
+    num_generations: int = arg(
+        2, "completions per prompt, G ≥ 2: the group of the leave-one-out baseline"
+    )
     beta: float = arg(0.05, "KL coefficient β of the shaped reward; 0 loads no reference model")
     kl_estimator: Literal["k1", "k3"] = arg("k1", "KL estimator in the reward")
-    num_iterations: int = arg(1, "optimizer steps on each batch (> 1: the ratio and its clipping matter)")
+    num_iterations: int = arg(
+        1, "optimizer steps on each batch (> 1: the ratio and its clipping matter)"
+    )
     epsilon: float = arg(0.2, "lower clipping bound ε of the sequence ratio")
     epsilon_high: float | None = arg(None, "upper clipping bound (default: epsilon)")
-    normalize_advantages: bool = arg(False, "divide the advantages by their standard deviation over the batch")
+    normalize_advantages: bool = arg(
+        False, "divide the advantages by their standard deviation over the batch"
+    )
     mask_truncated_completions: bool = arg(False, "completions without an end token get no loss")
     # generation
     max_completion_length: int = arg(24, "tokens generated per completion at most")
-    temperature: float = arg(1.0, "sampling temperature τ; the log-probs are those of softmax(logits / τ)")
+    temperature: float = arg(
+        1.0, "sampling temperature τ; the log-probs are those of softmax(logits / τ)"
+    )
     top_p: float = arg(1.0, "nucleus sampling (1.0: off; < 1 samples off-policy)")
     top_k: int = arg(0, "top-k sampling (0: off; > 0 samples off-policy)")
-    chat_template_kwargs: dict | None = arg(None, "chat template arguments, e.g. '{\"enable_thinking\": false}'")
-    use_vllm: bool = arg(False, "sample with a colocated vLLM engine (vllm_colocate.py; needs a GPU)")
-    vllm_gpu_memory_utilization: float = arg(0.3, "fraction of GPU memory the vLLM engine may take")
+    chat_template_kwargs: dict | None = arg(
+        None, "chat template arguments, e.g. '{\"enable_thinking\": false}'"
+    )
+    use_vllm: bool = arg(
+        False, "sample with a colocated vLLM engine (vllm_colocate.py; needs a GPU)"
+    )
+    vllm_gpu_memory_utilization: float = arg(
+        0.3, "fraction of GPU memory the vLLM engine may take"
+    )
     vllm_max_model_length: int | None = arg(None, "vLLM's context length (default: the model's)")
-    vllm_importance_sampling_correction: bool = arg(True, "weight the loss by π_θ_old / π_vllm (TRL's correction)")
+    vllm_importance_sampling_correction: bool = arg(
+        True, "weight the loss by π_θ_old / π_vllm (TRL's correction)"
+    )
     vllm_importance_sampling_mode: Literal["sequence_mask", "sequence_truncate"] = arg(
         "sequence_mask", "0 above C, or C"
     )
-    vllm_importance_sampling_clip_max: float = arg(3.0, "the cap C of the importance-sampling ratio")
+    vllm_importance_sampling_clip_max: float = arg(
+        3.0, "the cap C of the importance-sampling ratio"
+    )
     # optimization
-    prompts_per_step: int = arg(16, "prompts per step; the batch is prompts_per_step × num_generations completions")
-    micro_batch_size: int = arg(0, "completions per forward and backward, gradients accumulated (0: the batch)")
+    prompts_per_step: int = arg(
+        16, "prompts per step; the batch is prompts_per_step × num_generations completions"
+    )
+    micro_batch_size: int = arg(
+        0, "completions per forward and backward, gradients accumulated (0: the batch)"
+    )
     max_steps: int = arg(100, "training steps, one batch each")
-    learning_rate: float = arg(2e-4, "AdamW learning rate (the embedded model; ~1e-6 for a 0.5B model)")
+    learning_rate: float = arg(
+        2e-4, "AdamW learning rate (the embedded model; ~1e-6 for a 0.5B model)"
+    )
     lr_scheduler_type: SchedulerType = arg("cosine", "transformers' learning-rate schedule")
     warmup_ratio: float = arg(0.03, "fraction of the optimizer steps spent warming up")
     weight_decay: float = arg(0.0, "AdamW weight decay")
     max_grad_norm: float = arg(1.0, "gradient clipping norm (0: none)")
     seed: int = arg(0, "random seed (sampling, data order)")
-    disable_dropout: bool = arg(True, "dropout off, so that sampling, π_θ_old and the loss see one policy")
+    disable_dropout: bool = arg(
+        True, "dropout off, so that sampling, π_θ_old and the loss see one policy"
+    )
     # logging, evaluation, checkpoints
-    output_dir: str = arg("outputs/rloo", "where metrics.jsonl, the checkpoints and the final model go")
+    output_dir: str = arg(
+        "outputs/rloo", "where metrics.jsonl, the checkpoints and the final model go"
+    )
     overwrite_output_dir: bool = arg(False, "start over in an output_dir that holds another run")
     logging_steps: int = arg(5, "log metrics every this many steps")
     log_completions: bool = arg(False, "print a few completions and their rewards at each log")
     num_completions_to_print: int = arg(2, "how many completions --log_completions prints")
-    report_to: list[str] = arg(["none"], "trackers besides metrics.jsonl: tensorboard, wandb, trackio, all, ...")
-    eval_strategy: Literal["steps", "no"] = arg("steps", "steps: at the start, every eval_steps and at the end")
+    report_to: list[str] = arg(
+        ["none"], "trackers besides metrics.jsonl: tensorboard, wandb, trackio, all, ..."
+    )
+    eval_strategy: Literal["steps", "no"] = arg(
+        "steps", "steps: at the start, every eval_steps and at the end"
+    )
     eval_steps: int = arg(50, "evaluate every this many steps (0: at the start and the end only)")
     num_generations_eval: int = arg(4, "completions sampled per held-out prompt (and one greedy)")
     per_device_eval_batch_size: int = arg(512, "completions per generate call of the evaluation")
-    save_steps: int = arg(100, "save a checkpoint every this many steps (0: never; a stop always saves)")
+    save_steps: int = arg(
+        100, "save a checkpoint every this many steps (0: never; a stop always saves)"
+    )
     save_total_limit: int | None = arg(None, "keep only the newest N checkpoints")
-    resume_from_checkpoint: str | None = arg(None, "a checkpoint folder, or 'latest' in output_dir")
+    resume_from_checkpoint: str | None = arg(
+        None, "a checkpoint folder, or 'latest' in output_dir"
+    )
     # efficiency
     bf16: bool = arg(False, "bf16 autocast for the forward passes; master weights stay float32")
-    gradient_checkpointing: bool = arg(False, "recompute activations in the backward pass to save memory")
-    use_peft: bool = arg(False, "train a LoRA adapter; π_ref is then the policy with its adapter disabled")
+    gradient_checkpointing: bool = arg(
+        False, "recompute activations in the backward pass to save memory"
+    )
+    use_peft: bool = arg(
+        False, "train a LoRA adapter; π_ref is then the policy with its adapter disabled"
+    )
     lora_r: int = arg(16, "LoRA rank")
     lora_alpha: int = arg(32, "LoRA alpha")
     lora_dropout: float = arg(0.05, "LoRA dropout")
     lora_target_modules: list[str] = arg(["all-linear"], "modules LoRA adapts, or all-linear")
-    load_in_4bit: bool = arg(False, "QLoRA: the frozen base in 4 bits (bitsandbytes); needs --use_peft")
+    load_in_4bit: bool = arg(
+        False, "QLoRA: the frozen base in 4 bits (bitsandbytes); needs --use_peft"
+    )
     bnb_4bit_quant_type: Literal["nf4", "fp4"] = arg("nf4", "4-bit data type")
 
 
 def check_args(args: Args):
     """This script's flags in range, each said in one line; then the ones every RL script shares."""
-    args.epsilon_high = args.epsilon if args.epsilon_high is None else args.epsilon_high  # TRL's default: ε
-    require(args.num_generations >= 2, f"--num_generations: the baseline needs G ≥ 2, got {args.num_generations}")
+    args.epsilon_high = (
+        args.epsilon if args.epsilon_high is None else args.epsilon_high
+    )  # TRL's default: ε
+    require(
+        args.num_generations >= 2,
+        f"--num_generations: the baseline needs G ≥ 2, got {args.num_generations}",
+    )
     check_shared_args(args)
 
 
 # ---- the log-probs at the temperature, which every equation above reads ----
-def completion_logprobs(model, input_ids, attention_mask, T: int, temperature: float, entropy=False, chunk=2**24):
+def completion_logprobs(
+    model, input_ids, attention_mask, T: int, temperature: float, entropy=False, chunk=2**24
+):
     """log π(y_t | x, y_<t) (B, T), float32, of the last T tokens of `input_ids` (the completion) under
     softmax(logits / temperature); with `entropy`, also that softmax's detached entropy (B, T), else None. Only the
     completion positions get logits, and the float32 log-softmax exists for `chunk` elements at a time (never
@@ -156,22 +221,35 @@ def completion_logprobs(model, input_ids, attention_mask, T: int, temperature: f
     # transformers then slices the hidden states contiguously (the int's strided view makes the bf16 lm_head copy its
     # weight for every row, 2.3× the reference forward's time)
     kept = torch.arange(input_ids.shape[1] - T - 1, input_ids.shape[1], device=input_ids.device)
-    output = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, logits_to_keep=kept)
+    output = model(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        position_ids=position_ids,
+        logits_to_keep=kept,
+    )
     logits = output.logits[:, :-1]  # (B, T, V): position t predicts completion token t
     positions = max(1, chunk // (logits.shape[0] * logits.shape[2]))
-    pieces = list(zip(logits.split(positions, 1), input_ids[:, -T:].split(positions, 1)))  # (B, t, V), (B, t)
-    logprobs_of = lambda z, y: torch.log_softmax(z.float() / temperature, -1).gather(-1, y[..., None])[..., 0]
+    pieces = list(
+        zip(logits.split(positions, 1), input_ids[:, -T:].split(positions, 1))
+    )  # (B, t, V), (B, t)
+    logprobs_of = lambda z, y: torch.log_softmax(z.float() / temperature, -1).gather(
+        -1, y[..., None]
+    )[..., 0]
     recompute = torch.utils.checkpoint.checkpoint
     logprobs = torch.cat([recompute(logprobs_of, z, y, use_reentrant=False) for z, y in pieces], 1)
     if not entropy:
         return logprobs, None
     with torch.no_grad():  # H = logsumexp(z) − Σ softmax(z) z, with z = logits / temperature
         scaled = [piece.float() / temperature for piece, _ in pieces]
-        return logprobs, torch.cat([z.logsumexp(-1) - (z.softmax(-1) * z).sum(-1) for z in scaled], 1)
+        return logprobs, torch.cat(
+            [z.logsumexp(-1) - (z.softmax(-1) * z).sum(-1) for z in scaled], 1
+        )
 
 
 # ==== RLOO ====
-def per_token_kl(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: str) -> torch.Tensor:
+def per_token_kl(
+    logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: str
+) -> torch.Tensor:
     """kl_t for each sampled token: k1 = log π − log π_ref (unbiased), k3 = exp(−k1) + k1 − 1 (unbiased, ≥ 0)."""
     log_ratio = logprobs - ref_logprobs
     return log_ratio if estimator == "k1" else torch.exp(-log_ratio) + log_ratio - 1
@@ -184,22 +262,43 @@ def leave_one_out_advantages(rewards: torch.Tensor, num_generations: int) -> tor
     A_i = NaN, as does the only scorable one of a group (TRL's rule); the loss reads NaN as 0."""
     grouped = rewards.view(-1, num_generations)
     scorable = (~grouped.isnan()).sum(1, keepdim=True)  # G when every completion is scorable
-    baseline = (grouped.nansum(1, keepdim=True) - grouped) / (scorable - 1)  # b_i: the mean of the other G−1
+    baseline = (grouped.nansum(1, keepdim=True) - grouped) / (
+        scorable - 1
+    )  # b_i: the mean of the other G−1
     return (grouped - baseline).flatten()
 
 
-def importance_sampling_weights(old_logprobs, sampler_logprobs, completion_mask, *, mode: str, clip_max: float):
+def importance_sampling_weights(
+    old_logprobs, sampler_logprobs, completion_mask, *, mode: str, clip_max: float
+):
     """is_i = π_θ_old(y_i) / π_sampler(y_i), the exp of the completion's summed log-ratio (B, 1), capped at clip_max
     (sequence_truncate) or zeroed above it (sequence_mask)."""
     ratio = torch.exp(((old_logprobs - sampler_logprobs) * completion_mask).sum(1, keepdim=True))
-    return ratio.clamp(max=clip_max) if mode.endswith("truncate") else ratio.masked_fill(ratio > clip_max, 0.0)
+    return (
+        ratio.clamp(max=clip_max)
+        if mode.endswith("truncate")
+        else ratio.masked_fill(ratio > clip_max, 0.0)
+    )
 
 
-def rloo_loss(logprobs, old_logprobs, completion_mask, advantages, weights, *, epsilon: float, epsilon_high: float):
+def rloo_loss(
+    logprobs,
+    old_logprobs,
+    completion_mask,
+    advantages,
+    weights,
+    *,
+    epsilon: float,
+    epsilon_high: float,
+):
     """−Σ_i w_i min(ρ_i A_i, clip(ρ_i, 1−ε, 1+ε_high) A_i) over a micro-batch, ρ_i the sequence ratio, w_i (B_mb,) the
     completions' weights in the loss. Returns the loss and ρ (B_mb,)."""
-    ratio = torch.exp(((logprobs - old_logprobs) * completion_mask).sum(1))  # ≡ 1 (but not its gradient) at first
-    surrogate = torch.min(ratio * advantages, ratio.clamp(1 - epsilon, 1 + epsilon_high) * advantages)
+    ratio = torch.exp(
+        ((logprobs - old_logprobs) * completion_mask).sum(1)
+    )  # ≡ 1 (but not its gradient) at first
+    surrogate = torch.min(
+        ratio * advantages, ratio.clamp(1 - epsilon, 1 + epsilon_high) * advantages
+    )
     return -(surrogate * weights).sum(), ratio
 
 
@@ -224,14 +323,18 @@ def loading(flag: str, value):
 
 
 def fail(message: str):
-    tqdm.write(f"error: {message}", file=sys.stderr)  # on a line of its own, below any progress bar
+    tqdm.write(
+        f"error: {message}", file=sys.stderr
+    )  # on a line of its own, below any progress bar
     sys.exit(2)
 
 
 def parse_args(args_class):
     """The flags from the command line, over those of a --config YAML file (TRL's recipes, or a run's args.json)."""
     parser = HfArgumentParser(args_class, allow_abbrev=False)
-    parser.add_argument("--config", help="a YAML file of flag: value; flags on the command line override it")
+    parser.add_argument(
+        "--config", help="a YAML file of flag: value; flags on the command line override it"
+    )
     parser.error = lambda message: fail(message.replace("argument ", ""))
     for action in parser._actions:  # --chat_template_kwargs '{"enable_thinking": false}'
         action.type = json.loads if action.type is dict else action.type
@@ -239,7 +342,10 @@ def parse_args(args_class):
     if namespace.config:
         with loading("--config", namespace.config):
             config = yaml.safe_load(Path(namespace.config).read_text())
-        require(isinstance(config, dict), f"--config {namespace.config}: expected a mapping of flag: value")
+        require(
+            isinstance(config, dict),
+            f"--config {namespace.config}: expected a mapping of flag: value",
+        )
         unknown = sorted(set(config) - set(vars(namespace)))
         require(not unknown, f"--config {namespace.config}: unknown flags {unknown}")
         parser.set_defaults(**config)
@@ -252,37 +358,63 @@ def parse_args(args_class):
 def check_shared_args(args):
     """The flags every RL script shares, in range."""
     positive = "max_steps prompts_per_step learning_rate max_completion_length temperature num_iterations epsilon"
-    for name in (positive + " logging_steps num_generations_eval per_device_eval_batch_size").split():
+    for name in (
+        positive + " logging_steps num_generations_eval per_device_eval_batch_size"
+    ).split():
         require(getattr(args, name) > 0, f"--{name}: must be positive, got {getattr(args, name)}")
-    for name in "beta micro_batch_size top_k eval_steps save_steps weight_decay max_grad_norm".split():
+    for (
+        name
+    ) in "beta micro_batch_size top_k eval_steps save_steps weight_decay max_grad_norm".split():
         require(getattr(args, name) >= 0, f"--{name}: must be ≥ 0, got {getattr(args, name)}")
     require(args.epsilon_high is None or args.epsilon_high > 0, "--epsilon_high: must be positive")
     require(0 < args.top_p <= 1, f"--top_p: must be in (0, 1], got {args.top_p}")
-    require(0 <= args.warmup_ratio <= 1, f"--warmup_ratio: must be in [0, 1], got {args.warmup_ratio}")
-    require(0 <= args.seed < 2**32, f"--seed: must be in [0, 2**32), got {args.seed}")  # numpy's range
-    require(args.save_total_limit is None or args.save_total_limit > 0, "--save_total_limit: must be positive")
-    require(args.use_peft or not args.load_in_4bit, "--load_in_4bit: only a LoRA adapter trains on it: add --use_peft")
-    require(args.dataset_train_split != args.dataset_test_split, "--dataset_test_split: that is the training split")
+    require(
+        0 <= args.warmup_ratio <= 1, f"--warmup_ratio: must be in [0, 1], got {args.warmup_ratio}"
+    )
+    require(
+        0 <= args.seed < 2**32, f"--seed: must be in [0, 2**32), got {args.seed}"
+    )  # numpy's range
+    require(
+        args.save_total_limit is None or args.save_total_limit > 0,
+        "--save_total_limit: must be positive",
+    )
+    require(
+        args.use_peft or not args.load_in_4bit,
+        "--load_in_4bit: only a LoRA adapter trains on it: add --use_peft",
+    )
+    require(
+        args.dataset_train_split != args.dataset_test_split,
+        "--dataset_test_split: that is the training split",
+    )
 
 
 # ---- plumbing: data ----
 def load_split(args, split: str):
     """A split of --dataset_name (a hub dataset, a folder, or a json, csv or parquet file: its train split), or None."""
     path = Path(args.dataset_name)
-    require(not path.is_file() or path.stat().st_size > 0, f"--dataset_name {path}: expected rows, the file is empty")
+    require(
+        not path.is_file() or path.stat().st_size > 0,
+        f"--dataset_name {path}: expected rows, the file is empty",
+    )
     with loading("--dataset_name", args.dataset_name):
         if path.is_file():  # datasets reads the format from the extension
             splits = load_dataset(str(path.parent), data_files={"train": path.name})
         else:
             splits = load_dataset(args.dataset_name, args.dataset_config)
-    require(split in splits or split != args.dataset_train_split, f"--dataset_train_split: no {split!r} split")
+    require(
+        split in splits or split != args.dataset_train_split,
+        f"--dataset_train_split: no {split!r} split",
+    )
     return splits.get(split)
 
 
 # ---- plumbing: prompts ----
 def prompt_texts(tokenizer, dataset, args, split: str) -> list[str]:
     """Every prompt of a split as the model reads it; one that cannot be rendered is one line that names its row."""
-    require("prompt" in dataset.column_names, f"--dataset_name: the {split} split has no 'prompt' column")
+    require(
+        "prompt" in dataset.column_names,
+        f"--dataset_name: the {split} split has no 'prompt' column",
+    )
     texts = []
     for row, prompt in enumerate(dataset["prompt"]):
         with loading("--dataset_name", f"row {row} of the {split} split"):
@@ -294,41 +426,74 @@ def check_context(model, tokenizer, texts: list[str], length: int):
     """The longest prompt and --max_completion_length tokens after it fit the model's context, else one line."""
     longest = max(map(len, tokenizer(texts, add_special_tokens=False).input_ids))
     room = model.config.max_position_embeddings - longest
-    require(length <= room, f"--max_completion_length {length}: {room} fit the context after a {longest}-token prompt")
+    require(
+        length <= room,
+        f"--max_completion_length {length}: {room} fit the context after a {longest}-token prompt",
+    )
 
 
 # ---- plumbing: models ----
 def load_trained(
-    args, path: str, model_class=AutoModelForCausalLM, task_type="CAUSAL_LM", flag="--model_name_or_path", **options
+    args,
+    path: str,
+    model_class=AutoModelForCausalLM,
+    task_type="CAUSAL_LM",
+    flag="--model_name_or_path",
+    **options,
 ):
     """A model to train: float32 master weights whatever the checkpoint's dtype (a frozen base is bf16 under --use_peft
     --bf16, 4-bit under --load_in_4bit), --use_peft's LoRA adapter, dropout off, --gradient_checkpointing."""
     from peft import LoraConfig, get_peft_model
 
     compute = torch.bfloat16 if args.bf16 else torch.float32
-    quantization = transformers.BitsAndBytesConfig(
-        load_in_4bit=True, bnb_4bit_quant_type=args.bnb_4bit_quant_type, bnb_4bit_compute_dtype=compute
-    ) if args.load_in_4bit else None  # fmt: skip
+    quantization = (
+        transformers.BitsAndBytesConfig(
+            load_in_4bit=True,
+            bnb_4bit_quant_type=args.bnb_4bit_quant_type,
+            bnb_4bit_compute_dtype=compute,
+        )
+        if args.load_in_4bit
+        else None
+    )
     dtype = torch.bfloat16 if args.use_peft and args.bf16 else torch.float32
     attention = args.attn_implementation
     with loading(flag, path):
         model = model_class.from_pretrained(
-            path, dtype=dtype, quantization_config=quantization, attn_implementation=attention, **options
+            path,
+            dtype=dtype,
+            quantization_config=quantization,
+            attn_implementation=attention,
+            **options,
         )
     if args.use_peft:
-        targets = "all-linear" if args.lora_target_modules == ["all-linear"] else args.lora_target_modules
-        lora = dict(r=args.lora_r, lora_alpha=args.lora_alpha, lora_dropout=args.lora_dropout, target_modules=targets)
+        targets = (
+            "all-linear"
+            if args.lora_target_modules == ["all-linear"]
+            else args.lora_target_modules
+        )
+        lora = dict(
+            r=args.lora_r,
+            lora_alpha=args.lora_alpha,
+            lora_dropout=args.lora_dropout,
+            target_modules=targets,
+        )
         with loading("--lora_target_modules", targets):
             model = get_peft_model(model, LoraConfig(task_type=task_type, **lora))
-        for param in (p for p in model.parameters() if p.requires_grad):  # what trains in float32 (a score head too)
+        for param in (
+            p for p in model.parameters() if p.requires_grad
+        ):  # what trains in float32 (a score head too)
             param.data = param.data.float()
-    if args.disable_dropout:  # dropout layers, and the rates attention layers keep as floats (Llama's, GPT-2's)
+    if (
+        args.disable_dropout
+    ):  # dropout layers, and the rates attention layers keep as floats (Llama's, GPT-2's)
         for module in model.modules():
             rates = [n for n, v in vars(module).items() if isinstance(v, float) and "drop" in n]
             for name in rates + (["p"] if isinstance(module, torch.nn.Dropout) else []):
                 setattr(module, name, 0.0)
     for layer in [m for m in model.modules() if getattr(m, "support_avx512bf16_for_cpu", False)]:
-        layer.support_avx512bf16_for_cpu = False  # bitsandbytes repacks 4-bit layers one way at a no-grad CPU forward
+        layer.support_avx512bf16_for_cpu = (
+            False  # bitsandbytes repacks 4-bit layers one way at a no-grad CPU forward
+        )
     if args.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     return model.train()
@@ -344,7 +509,9 @@ def prepare_frozen(accelerator, model):
     import deepspeed
 
     zero = {k: v for k, v in plugin.deepspeed_config["zero_optimization"].items() if v != "auto"}
-    engine = deepspeed.initialize(model=model, config={**plugin.deepspeed_config, "zero_optimization": zero})[0]
+    engine = deepspeed.initialize(
+        model=model, config={**plugin.deepspeed_config, "zero_optimization": zero}
+    )[0]
     engine.eval()
     return engine
 
@@ -366,7 +533,9 @@ def unwrapped_for_generation(accelerator, model):
 
 # ---- plumbing: evaluation ----
 @torch.no_grad()
-def evaluate(accelerator, model, tokenizer, eval_dataset, eval_texts, reward_funcs, weights, args) -> dict:
+def evaluate(
+    accelerator, model, tokenizer, eval_dataset, eval_texts, reward_funcs, weights, args
+) -> dict:
     """eval/reward (the weighted sum) and eval/<function> on the held-out prompts, num_generations_eval samples each and
     one greedy (`_greedy`), under an RNG of its own (training samples the same whether or not it evaluates)."""
     if eval_dataset is None:
@@ -383,13 +552,23 @@ def evaluate(accelerator, model, tokenizer, eval_dataset, eval_texts, reward_fun
                 rows = eval_dataset.select(mine[start : start + per_call])
                 texts = [eval_texts[i] for i in mine[start : start + per_call] for _ in range(G)]
                 out = common.generate(policy, tokenizer, texts, config)
-                completion_mask, _ = common.end_of_completion(out["completion_ids"], config.eos_token_id)
+                completion_mask, _ = common.end_of_completion(
+                    out["completion_ids"], config.eos_token_id
+                )
                 completions, ids = common.decode(tokenizer, out["completion_ids"], completion_mask)
                 prompts = [p for p in rows["prompt"] for _ in range(G)]
-                row_columns = {c: [v for v in rows[c] for _ in range(G)] for c in rows.column_names if c != "prompt"}
-                rewards, per_func = compute_rewards(reward_funcs, weights, prompts, completions, ids, row_columns)
+                row_columns = {
+                    c: [v for v in rows[c] for _ in range(G)]
+                    for c in rows.column_names
+                    if c != "prompt"
+                }
+                rewards, per_func = compute_rewards(
+                    reward_funcs, weights, prompts, completions, ids, row_columns
+                )
                 scores += torch.cat([rewards[:, None], per_func], 1).tolist()
-            means = torch.tensor(gather_object(scores)).nanmean(0)  # over every process's completions
+            means = torch.tensor(gather_object(scores)).nanmean(
+                0
+            )  # over every process's completions
             metrics |= {f"eval/{name}{suffix}": mean for name, mean in zip(names, means.tolist())}
     return metrics
 
@@ -402,23 +581,35 @@ def claim_output_dir(args) -> Path | None:
         latest = args.resume_from_checkpoint == "latest"
         found = checkpoints(out)[-1:] if latest else [Path(args.resume_from_checkpoint)]
         where = found[0] if found else out
-        require(found and (where / "trainer_state.json").is_file(), f"--resume_from_checkpoint: none in {where}")
+        require(
+            found and (where / "trainer_state.json").is_file(),
+            f"--resume_from_checkpoint: none in {where}",
+        )
     with loading("--output_dir", out):
         out.mkdir(parents=True, exist_ok=True)
     if args.resume_from_checkpoint:
         step = json.loads((found[0] / "trainer_state.json").read_text())["step"]
-        records = [json.loads(line) for line in metrics.read_text().splitlines()] if metrics.is_file() else []
+        records = (
+            [json.loads(line) for line in metrics.read_text().splitlines()]
+            if metrics.is_file()
+            else []
+        )
         metrics.write_text("".join(json.dumps(r) + "\n" for r in records if r["step"] <= step))
         return found[0]
     used = checkpoints(out) + ([metrics] if metrics.is_file() else [])
-    require(not used or args.overwrite_output_dir, f"--output_dir: {out} holds another run: continue it with "
-            "--resume_from_checkpoint latest, or start over with --overwrite_output_dir")  # fmt: skip
+    require(
+        not used or args.overwrite_output_dir,
+        f"--output_dir: {out} holds another run: continue it with "
+        "--resume_from_checkpoint latest, or start over with --overwrite_output_dir",
+    )
     for path in used:  # --overwrite_output_dir
         shutil.rmtree(path) if path.is_dir() else path.unlink()
 
 
 def checkpoints(output_dir) -> list[Path]:
-    return sorted(Path(output_dir).glob("checkpoint-*"), key=lambda path: int(path.name.split("-")[1]))
+    return sorted(
+        Path(output_dir).glob("checkpoint-*"), key=lambda path: int(path.name.split("-")[1])
+    )
 
 
 def save_model(accelerator, args, model, tokenizer, folder: Path, state: dict):
@@ -429,7 +620,9 @@ def save_model(accelerator, args, model, tokenizer, folder: Path, state: dict):
         accelerator.unwrap_model(model).save_pretrained(folder, state_dict=weights)
         tokenizer.save_pretrained(folder)
         (folder / "trainer_state.json").write_text(json.dumps(state))
-        (folder / "args.json").write_text(json.dumps(asdict(args) | {"resume_from_checkpoint": None}, indent=2))
+        (folder / "args.json").write_text(
+            json.dumps(asdict(args) | {"resume_from_checkpoint": None}, indent=2)
+        )
 
 
 def save_checkpoint(accelerator, args, model, tokenizer, state: dict) -> Path:
@@ -438,14 +631,20 @@ def save_checkpoint(accelerator, args, model, tokenizer, state: dict) -> Path:
     folder = Path(args.output_dir) / f"checkpoint-{state['step']}"
     tmp = folder.with_name(f".{folder.name}.tmp")
     save_model(accelerator, args, model, tokenizer, tmp, state)
-    hook = accelerator.register_save_state_pre_hook(lambda models, weights, _: weights.clear())  # saved just above
+    hook = accelerator.register_save_state_pre_hook(
+        lambda models, weights, _: weights.clear()
+    )  # saved just above
     accelerator.save_state(tmp / "state")
     hook.remove()
     accelerator.wait_for_everyone()  # every process has written its part of state/
     if accelerator.is_main_process:
-        shutil.rmtree(folder, ignore_errors=True)  # the same step saved again (a run resumed from an earlier one)
+        shutil.rmtree(
+            folder, ignore_errors=True
+        )  # the same step saved again (a run resumed from an earlier one)
         tmp.rename(folder)
-        for old in checkpoints(args.output_dir)[: -args.save_total_limit] if args.save_total_limit else []:
+        for old in (
+            checkpoints(args.output_dir)[: -args.save_total_limit] if args.save_total_limit else []
+        ):
             shutil.rmtree(old)
     accelerator.wait_for_everyone()
     return folder
@@ -456,16 +655,30 @@ def load_checkpoint(accelerator, args, model, checkpoint: Path) -> dict:
     from peft import set_peft_model_state_dict
     from safetensors.torch import load_file, load_model
 
-    saved, skip = json.loads((checkpoint / "args.json").read_text()), ("resume_from_checkpoint", "overwrite_output_dir")
-    changed = [f"--{k} {v} (was {saved[k]})" for k, v in asdict(args).items() if k not in skip and saved.get(k, v) != v]
+    saved, skip = (
+        json.loads((checkpoint / "args.json").read_text()),
+        ("resume_from_checkpoint", "overwrite_output_dir"),
+    )
+    changed = [
+        f"--{k} {v} (was {saved[k]})"
+        for k, v in asdict(args).items()
+        if k not in skip and saved.get(k, v) != v
+    ]
     accelerator.print(f"resuming from {checkpoint}" + "".join(f"; {change}" for change in changed))
     unwrapped = accelerator.unwrap_model(model)
-    if accelerator.distributed_type not in (DistributedType.DEEPSPEED, DistributedType.FSDP):  # else in state/
+    if accelerator.distributed_type not in (
+        DistributedType.DEEPSPEED,
+        DistributedType.FSDP,
+    ):  # else in state/
         if hasattr(unwrapped, "peft_config"):
-            set_peft_model_state_dict(unwrapped, load_file(checkpoint / "adapter_model.safetensors"))
+            set_peft_model_state_dict(
+                unwrapped, load_file(checkpoint / "adapter_model.safetensors")
+            )
         else:
             load_model(unwrapped, checkpoint / "model.safetensors")
-    hook = accelerator.register_load_state_pre_hook(lambda models, _: models.clear())  # loaded just above
+    hook = accelerator.register_load_state_pre_hook(
+        lambda models, _: models.clear()
+    )  # loaded just above
     accelerator.load_state(checkpoint / "state")
     hook.remove()
     return json.loads((checkpoint / "trainer_state.json").read_text())
@@ -481,48 +694,97 @@ def log(accelerator, args, step: int, metrics: dict):
 def main(args: Args):
     # ---- plumbing: setup ----
     check_args(args)
-    known = {"none", "all", *map(str, get_available_trackers())}  # accelerate skips the others silently
-    require(set(args.report_to) <= known, f"--report_to {args.report_to}: expected some of {sorted(known)}")
-    precision, trackers = "bf16" if args.bf16 else "no", None if args.report_to == ["none"] else args.report_to
+    known = {
+        "none",
+        "all",
+        *map(str, get_available_trackers()),
+    }  # accelerate skips the others silently
+    require(
+        set(args.report_to) <= known,
+        f"--report_to {args.report_to}: expected some of {sorted(known)}",
+    )
+    precision, trackers = (
+        "bf16" if args.bf16 else "no",
+        None if args.report_to == ["none"] else args.report_to,
+    )
     # the scheduler steps once per update (accelerate's default steps it once per process: for a split DataLoader)
     accelerator = Accelerator(
-        mixed_precision=precision, log_with=trackers, project_dir=args.output_dir, step_scheduler_with_optimizer=False
+        mixed_precision=precision,
+        log_with=trackers,
+        project_dir=args.output_dir,
+        step_scheduler_with_optimizer=False,
     )
-    if accelerator.state.deepspeed_plugin is not None:  # no DataLoader is prepared: DeepSpeed's sizes come from here
+    if (
+        accelerator.state.deepspeed_plugin is not None
+    ):  # no DataLoader is prepared: DeepSpeed's sizes come from here
         accelerator.state.deepspeed_plugin.deepspeed_config.update(
-            train_micro_batch_size_per_gpu=1, gradient_accumulation_steps=1, train_batch_size=accelerator.num_processes,
+            train_micro_batch_size_per_gpu=1,
+            gradient_accumulation_steps=1,
+            train_batch_size=accelerator.num_processes,
             gradient_clipping=args.max_grad_norm,
-        )  # fmt: skip
-    set_seed(args.seed, device_specific=True)  # seed + process index: each process samples its own completions
+        )
+    set_seed(
+        args.seed, device_specific=True
+    )  # seed + process index: each process samples its own completions
     device, G, processes = accelerator.device, args.num_generations, accelerator.num_processes
-    require(args.prompts_per_step % processes == 0, f"--prompts_per_step: not divisible by the {processes} processes")
+    require(
+        args.prompts_per_step % processes == 0,
+        f"--prompts_per_step: not divisible by the {processes} processes",
+    )
     local_prompts = args.prompts_per_step // processes
-    my_prompts = slice(accelerator.process_index * local_prompts, (accelerator.process_index + 1) * local_prompts)
-    local_batch_size = local_prompts * G  # whole groups: a baseline never needs another process's rewards
+    my_prompts = slice(
+        accelerator.process_index * local_prompts, (accelerator.process_index + 1) * local_prompts
+    )
+    local_batch_size = (
+        local_prompts * G
+    )  # whole groups: a baseline never needs another process's rewards
     micro_batch_size = args.micro_batch_size or local_batch_size
-    require(local_batch_size % micro_batch_size == 0, f"--micro_batch_size: must divide {local_batch_size} completions")
+    require(
+        local_batch_size % micro_batch_size == 0,
+        f"--micro_batch_size: must divide {local_batch_size} completions",
+    )
 
     # ---- plumbing: the splits and their prompts ----
     with loading("--model_name_or_path", args.model_name_or_path):
         tokenizer = common.load_tokenizer(args.model_name_or_path)
-    train_dataset, eval_dataset = load_split(args, args.dataset_train_split), load_split(args, args.dataset_test_split)
-    require(len(train_dataset) >= args.prompts_per_step, f"--prompts_per_step: more than the {len(train_dataset)} rows")
+    train_dataset, eval_dataset = (
+        load_split(args, args.dataset_train_split),
+        load_split(args, args.dataset_test_split),
+    )
+    require(
+        len(train_dataset) >= args.prompts_per_step,
+        f"--prompts_per_step: more than the {len(train_dataset)} rows",
+    )
     eval_dataset = eval_dataset if args.eval_strategy == "steps" else None
     train_texts = prompt_texts(tokenizer, train_dataset, args, args.dataset_train_split)
-    eval_texts = eval_dataset and prompt_texts(tokenizer, eval_dataset, args, args.dataset_test_split)
+    eval_texts = eval_dataset and prompt_texts(
+        tokenizer, eval_dataset, args, args.dataset_test_split
+    )
 
     # ---- plumbing: reward functions ----
-    reward_funcs = load_reward_funcs(args, device, prepare=lambda model: prepare_frozen(accelerator, model))
+    reward_funcs = load_reward_funcs(
+        args, device, prepare=lambda model: prepare_frozen(accelerator, model)
+    )
     weights = reward_weights(args.reward_weights, reward_funcs)
-    for split, dataset in ((args.dataset_train_split, train_dataset), (args.dataset_test_split, eval_dataset)):
+    for split, dataset in (
+        (args.dataset_train_split, train_dataset),
+        (args.dataset_test_split, eval_dataset),
+    ):
         check_columns(reward_funcs, dataset, split)
 
     # ---- plumbing: the policy π_θ, the reference π_ref (β > 0; with LoRA: the policy without its adapter) ----
     model, ref_model = load_trained(args, args.model_name_or_path), None
-    check_context(model, tokenizer, [*train_texts, *(eval_texts or [])], args.max_completion_length)
+    check_context(
+        model, tokenizer, [*train_texts, *(eval_texts or [])], args.max_completion_length
+    )
     if args.beta > 0 and not args.use_peft:  # frozen: bf16 under --bf16
-        ref = dict(dtype=torch.bfloat16 if args.bf16 else torch.float32, attn_implementation=args.attn_implementation)
-        ref_model = prepare_frozen(accelerator, AutoModelForCausalLM.from_pretrained(args.model_name_or_path, **ref))
+        ref = dict(
+            dtype=torch.bfloat16 if args.bf16 else torch.float32,
+            attn_implementation=args.attn_implementation,
+        )
+        ref_model = prepare_frozen(
+            accelerator, AutoModelForCausalLM.from_pretrained(args.model_name_or_path, **ref)
+        )
     generation_config = common.sampling_config(model, tokenizer, args)
     end_ids = generation_config.eos_token_id
 
@@ -530,15 +792,27 @@ def main(args: Args):
     total_updates = args.max_steps * args.num_iterations
     trained = [p for p in model.parameters() if p.requires_grad]
     # fused: one kernel for every parameter, as transformers' adamw_torch_fused (4× faster on a CPU core at 135M)
-    optimizer = torch.optim.AdamW(trained, lr=args.learning_rate, weight_decay=args.weight_decay, fused=True)
+    optimizer = torch.optim.AdamW(
+        trained, lr=args.learning_rate, weight_decay=args.weight_decay, fused=True
+    )
     warmup = int(args.warmup_ratio * total_updates)
-    scheduler = transformers.get_scheduler(args.lr_scheduler_type, optimizer, warmup, total_updates)
+    scheduler = transformers.get_scheduler(
+        args.lr_scheduler_type, optimizer, warmup, total_updates
+    )
     model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
-    accelerator.unwrap_model(model, keep_fp32_wrapper=False)  # autocast is entered below: no float32 copy of logits
+    accelerator.unwrap_model(
+        model, keep_fp32_wrapper=False
+    )  # autocast is entered below: no float32 copy of logits
 
     # ---- plumbing: resume, the first evaluation, the loop's stop ----
-    checkpoint = gather_object([claim_output_dir(args) if accelerator.is_main_process else None])[0]
-    state = load_checkpoint(accelerator, args, model, checkpoint) if checkpoint else {"step": 0, "num_tokens": 0}
+    checkpoint = gather_object([claim_output_dir(args) if accelerator.is_main_process else None])[
+        0
+    ]
+    state = (
+        load_checkpoint(accelerator, args, model, checkpoint)
+        if checkpoint
+        else {"step": 0, "num_tokens": 0}
+    )
     vllm = None
     if args.use_vllm:  # a colocated engine, sent the policy's weights now and after every update
         with loading("--use_vllm", args.use_vllm):
@@ -546,19 +820,28 @@ def main(args: Args):
 
             vllm = VLLMGenerator(accelerator, args, tokenizer, model, end_ids)
     accelerator.init_trackers("huggingface", {k: str(v) for k, v in asdict(args).items()})
-    evaluation = lambda: evaluate(accelerator, model, tokenizer, eval_dataset, eval_texts, reward_funcs, weights, args)
+    evaluation = lambda: evaluate(
+        accelerator, model, tokenizer, eval_dataset, eval_texts, reward_funcs, weights, args
+    )
     first_eval = evaluation() if state["step"] == 0 else {}
     log(accelerator, args, 0, first_eval)
     stop = []  # Ctrl-C, or SIGTERM from a scheduler: the loop ends after its step, with a checkpoint
-    handlers = {s: signal.signal(s, lambda signum, _: stop.append(signum)) for s in (signal.SIGINT, signal.SIGTERM)}
+    handlers = {
+        s: signal.signal(s, lambda signum, _: stop.append(signum))
+        for s in (signal.SIGINT, signal.SIGTERM)
+    }
     steps = range(state["step"] + 1, args.max_steps + 1)
-    progress = tqdm(steps, initial=state["step"], total=args.max_steps, disable=not accelerator.is_main_process)
+    progress = tqdm(
+        steps, initial=state["step"], total=args.max_steps, disable=not accelerator.is_main_process
+    )
 
     def reference_logprobs(input_ids, attention_mask, T):
         policy = accelerator.unwrap_model(model)
         no_adapter = policy.disable_adapter() if args.use_peft else contextlib.nullcontext()
         with torch.no_grad(), accelerator.autocast(), no_adapter:
-            return completion_logprobs(ref_model or policy, input_ids, attention_mask, T, args.temperature)[0]
+            return completion_logprobs(
+                ref_model or policy, input_ids, attention_mask, T, args.temperature
+            )[0]
 
     for step in progress:
         step_start = time.perf_counter()
@@ -567,25 +850,39 @@ def main(args: Args):
         # ==== 1. rollout: G completions per prompt, each ended at its first end token ====
         # the step's prompts depend on the step alone (a fresh permutation each epoch): a resumed run sees the same
         epoch, position = divmod(step - 1, len(train_dataset) // args.prompts_per_step)
-        order = torch.randperm(len(train_dataset), generator=torch.Generator().manual_seed(args.seed + epoch))
-        indices = order[position * args.prompts_per_step : (position + 1) * args.prompts_per_step][my_prompts].tolist()
+        order = torch.randperm(
+            len(train_dataset), generator=torch.Generator().manual_seed(args.seed + epoch)
+        )
+        indices = order[position * args.prompts_per_step : (position + 1) * args.prompts_per_step][
+            my_prompts
+        ].tolist()
         rows = train_dataset.select(indices)
-        texts = [train_texts[i] for i in indices for _ in range(G)]  # each prompt's G completions contiguous
+        texts = [
+            train_texts[i] for i in indices for _ in range(G)
+        ]  # each prompt's G completions contiguous
         if vllm is not None:
             rollout = vllm.generate(texts, device)
         else:
             with unwrapped_for_generation(accelerator, model) as policy:
                 rollout = common.generate(policy, tokenizer, texts, generation_config)
-        completion_mask, is_truncated = common.end_of_completion(rollout["completion_ids"], end_ids)  # (B, T), (B,)
-        completion_ids = rollout["completion_ids"].masked_fill(completion_mask == 0, tokenizer.pad_token_id)
+        completion_mask, is_truncated = common.end_of_completion(
+            rollout["completion_ids"], end_ids
+        )  # (B, T), (B,)
+        completion_ids = rollout["completion_ids"].masked_fill(
+            completion_mask == 0, tokenizer.pad_token_id
+        )
         input_ids = torch.cat([rollout["prompt_ids"], completion_ids], 1)
         attention_mask = torch.cat([rollout["prompt_mask"], completion_mask], 1)
         T = completion_ids.shape[1]
 
         # ==== 2. score: r(x, y_i), the weighted sum of the reward functions ====
-        completions, completion_id_lists = common.decode(tokenizer, completion_ids, completion_mask)
+        completions, completion_id_lists = common.decode(
+            tokenizer, completion_ids, completion_mask
+        )
         prompts = [p for p in rows["prompt"] for _ in range(G)]
-        row_columns = {c: [v for v in rows[c] for _ in range(G)] for c in rows.column_names if c != "prompt"}
+        row_columns = {
+            c: [v for v in rows[c] for _ in range(G)] for c in rows.column_names if c != "prompt"
+        }
         rewards, rewards_per_func = compute_rewards(
             reward_funcs, weights, prompts, completions, completion_id_lists, row_columns
         )
@@ -599,7 +896,12 @@ def main(args: Args):
         for mb in micro_batches:
             with torch.set_grad_enabled(one_pass), accelerator.autocast():
                 logprobs, token_entropy = completion_logprobs(
-                    model, input_ids[mb], attention_mask[mb], T, args.temperature, entropy=logging_step
+                    model,
+                    input_ids[mb],
+                    attention_mask[mb],
+                    T,
+                    args.temperature,
+                    entropy=logging_step,
                 )
             old_logprobs[mb] = logprobs.detach()  # π_θ_old = π_θ before the update
             entropy[mb] = token_entropy if logging_step else 0.0
@@ -609,7 +911,9 @@ def main(args: Args):
                 ref_logprobs[mb] = old_logprobs[mb]
 
         # ==== 4. KL-shaped reward: R_i = r_i − β Σ_t kl_t ====
-        kl = per_token_kl(old_logprobs, ref_logprobs, args.kl_estimator) * completion_mask  # (B, T)
+        kl = (
+            per_token_kl(old_logprobs, ref_logprobs, args.kl_estimator) * completion_mask
+        )  # (B, T)
         shaped_rewards = rewards - args.beta * kl.sum(1)
 
         # ==== 5. advantages: leave-one-out, then (optionally) divided by their std over the batch ====
@@ -624,10 +928,15 @@ def main(args: Args):
         is_weights = torch.ones(local_batch_size, 1, device=device)
         if off_policy:
             is_weights = importance_sampling_weights(
-                old_logprobs, rollout["sampler_logprobs"], completion_mask,
-                mode=args.vllm_importance_sampling_mode, clip_max=args.vllm_importance_sampling_clip_max,
-            )  # fmt: skip
-        loss_weights = is_weights[:, 0] * ~(is_truncated & args.mask_truncated_completions) / local_batch_size
+                old_logprobs,
+                rollout["sampler_logprobs"],
+                completion_mask,
+                mode=args.vllm_importance_sampling_mode,
+                clip_max=args.vllm_importance_sampling_clip_max,
+            )
+        loss_weights = (
+            is_weights[:, 0] * ~(is_truncated & args.mask_truncated_completions) / local_batch_size
+        )
 
         # ==== 6. loss and update: num_iterations passes over the batch, micro-batches accumulated ====
         # Each process's loss is the mean over its completions (w_i), and DDP's mean over processes the batch's.
@@ -644,18 +953,31 @@ def main(args: Args):
                                 model, input_ids[mb], attention_mask[mb], T, args.temperature
                             )[0]
                     loss, ratio = rloo_loss(
-                        logprobs, old_logprobs[mb], completion_mask[mb], advantages[mb], loss_weights[mb],
-                        epsilon=args.epsilon, epsilon_high=args.epsilon_high,
-                    )  # fmt: skip
+                        logprobs,
+                        old_logprobs[mb],
+                        completion_mask[mb],
+                        advantages[mb],
+                        loss_weights[mb],
+                        epsilon=args.epsilon,
+                        epsilon_high=args.epsilon_high,
+                    )
                     accelerator.backward(loss)
                 loss_sum += loss.item()
                 A = advantages[mb]
                 clip_low.append(((ratio < 1 - args.epsilon) & (A < 0)).float().mean().item())
                 clip_high.append(((ratio > 1 + args.epsilon_high) & (A > 0)).float().mean().item())
-            grad_norms.append(float(accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm or math.inf)))
-            if not (math.isfinite(loss_sum) and math.isfinite(grad_norms[-1])):  # before the update: nothing saved
+            grad_norms.append(
+                float(
+                    accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm or math.inf)
+                )
+            )
+            if not (
+                math.isfinite(loss_sum) and math.isfinite(grad_norms[-1])
+            ):  # before the update: nothing saved
                 progress.close()  # first: the error is then the log's last line
-                fail(f"step {step}: the loss or the gradient norm is not finite; the newest checkpoint is kept")
+                fail(
+                    f"step {step}: the loss or the gradient norm is not finite; the newest checkpoint is kept"
+                )
             optimizer.step()
             scheduler.step()
             optimizer.zero_grad(set_to_none=True)
@@ -665,49 +987,86 @@ def main(args: Args):
         state["num_tokens"] += accelerator.reduce(attention_mask.sum(), "sum").item()
         if logging_step:
             lengths = completion_mask.sum(1).float()
-            gathered = [accelerator.gather(torch.as_tensor(x, device=device)) for x in (
-                rewards, rewards_per_func, lengths, is_truncated, is_weights, clip_low, clip_high,
-            )]  # fmt: skip
+            gathered = [
+                accelerator.gather(torch.as_tensor(x, device=device))
+                for x in (
+                    rewards,
+                    rewards_per_func,
+                    lengths,
+                    is_truncated,
+                    is_weights,
+                    clip_low,
+                    clip_high,
+                )
+            ]
             all_rewards, per_func, lengths, truncated, all_is_weights, low, high = gathered
-            token_sums = accelerator.reduce(torch.stack([(x * completion_mask).sum() for x in (kl, entropy)]), "sum")
-            kl_mean, entropy_mean = (token_sums / lengths.sum().clamp(min=1)).tolist()  # over the completion tokens
+            token_sums = accelerator.reduce(
+                torch.stack([(x * completion_mask).sum() for x in (kl, entropy)]), "sum"
+            )
+            kl_mean, entropy_mean = (
+                token_sums / lengths.sum().clamp(min=1)
+            ).tolist()  # over the completion tokens
             grouped = all_rewards.view(-1, G)
-            group_var = (grouped - grouped.nanmean(1, keepdim=True)).pow(2).nanmean(1)  # NaN: no scorable one
+            group_var = (
+                (grouped - grouped.nanmean(1, keepdim=True)).pow(2).nanmean(1)
+            )  # NaN: no scorable one
             metrics = {
                 "reward": all_rewards.nanmean().item(),
                 "reward_std": all_rewards[~all_rewards.isnan()].std().item(),
                 "frac_reward_zero_std": (~(group_var > 1e-12)).float().mean().item(),
-                **{f"rewards/{name}/mean": per_func[:, j].nanmean().item() for j, name in enumerate(reward_funcs)},
+                **{
+                    f"rewards/{name}/mean": per_func[:, j].nanmean().item()
+                    for j, name in enumerate(reward_funcs)
+                },
                 "completions/mean_length": lengths.mean().item(),
                 "completions/clipped_ratio": truncated.float().mean().item(),
                 **({"kl": kl_mean} if args.beta > 0 else {}),
                 "entropy": entropy_mean,
-                "loss": accelerator.reduce(torch.tensor(losses, device=device).mean(), "mean").item(),
+                "loss": accelerator.reduce(
+                    torch.tensor(losses, device=device).mean(), "mean"
+                ).item(),
                 "grad_norm": sum(grad_norms) / len(grad_norms),
                 "clip_ratio/low_mean": low.mean().item(),
                 "clip_ratio/high_mean": high.mean().item(),
                 "clip_ratio/region_mean": (low + high).mean().item(),
-                **({"sampling/importance_sampling_ratio/mean": all_is_weights.mean().item()} if off_policy else {}),
+                **(
+                    {"sampling/importance_sampling_ratio/mean": all_is_weights.mean().item()}
+                    if off_policy
+                    else {}
+                ),
             }
 
         # ---- plumbing: log, evaluate, save, stop ----
         state["step"] = step
         if logging_step:
-            metrics |= {"learning_rate": scheduler.get_last_lr()[0], "num_tokens": state["num_tokens"]}
+            metrics |= {
+                "learning_rate": scheduler.get_last_lr()[0],
+                "num_tokens": state["num_tokens"],
+            }
             log(accelerator, args, step, metrics | {"step_time": time.perf_counter() - step_start})
             progress.set_postfix(reward=f"{metrics['reward']:.3f}")
-            shown = args.num_completions_to_print if args.log_completions and accelerator.is_main_process else 0
-            for text, completion, reward in list(zip(texts, completions, rewards.tolist()))[:shown]:
+            shown = (
+                args.num_completions_to_print
+                if args.log_completions and accelerator.is_main_process
+                else 0
+            )
+            for text, completion, reward in list(zip(texts, completions, rewards.tolist()))[
+                :shown
+            ]:
                 tqdm.write(f"[step {step}] {text!r} → {completion!r}  reward {reward:.3f}")
         if vllm is not None:  # the next step samples from the updated policy
             vllm.sync_weights(accelerator, model)
         if args.eval_steps and step % args.eval_steps == 0 and step < args.max_steps:
             log(accelerator, args, step, evaluation())
-        stopping = accelerator.reduce(torch.tensor(float(bool(stop)), device=device), "sum").item() > 0
+        stopping = (
+            accelerator.reduce(torch.tensor(float(bool(stop)), device=device), "sum").item() > 0
+        )
         if (args.save_steps and step % args.save_steps == 0) or stopping:
             folder = save_checkpoint(accelerator, args, model, tokenizer, state)
         if stopping:
-            accelerator.print(f"interrupted at step {step}: saved {folder}; continue: --resume_from_checkpoint latest")
+            accelerator.print(
+                f"interrupted at step {step}: saved {folder}; continue: --resume_from_checkpoint latest"
+            )
             accelerator.end_training()
             sys.exit(128 + (stop[0] if stop else signal.SIGTERM))
 
@@ -719,7 +1078,9 @@ def main(args: Args):
     log(accelerator, args, args.max_steps, last_eval)
     if first_eval and last_eval:
         key = "eval/accuracy" if "eval/accuracy" in last_eval else "eval/reward"
-        before, after = (f"{first_eval[k]:.3f} → {last_eval[k]:.3f}" for k in (key, key + "_greedy"))
+        before, after = (
+            f"{first_eval[k]:.3f} → {last_eval[k]:.3f}" for k in (key, key + "_greedy")
+        )
         accelerator.print(f"held-out {key}: {before} sampled, {after} greedy")
     # the DDP wrapper holds the process group: freed first, end_training stops gloo's workers with the GIL released
     # (freed after, it stops them holding the GIL, which a worker may need: a hang). One process has no group.

@@ -61,25 +61,41 @@ HERE = Path(__file__).resolve().parent
 
 
 def arg(default, help: str):
-    kind = {"default_factory": lambda: list(default)} if isinstance(default, list) else {"default": default}
+    kind = (
+        {"default_factory": lambda: list(default)}
+        if isinstance(default, list)
+        else {"default": default}
+    )
     return field(**kind, metadata={"help": help})
 
 
 @dataclass
 class Args:
     # model and data
-    model_name_or_path: str = arg(str(HERE / "models/tiny-arith"), "model to fine-tune: a hub id or a folder")
-    attn_implementation: str | None = arg(None, "eager, sdpa, flash_attention_2, ... (default: transformers' choice)")
-    dataset_name: str = arg(str(HERE / "data/arithmetic_sft"), "a hub dataset, or a data folder or file")
+    model_name_or_path: str = arg(
+        str(HERE / "models/tiny-arith"), "model to fine-tune: a hub id or a folder"
+    )
+    attn_implementation: str | None = arg(
+        None, "eager, sdpa, flash_attention_2, ... (default: transformers' choice)"
+    )
+    dataset_name: str = arg(
+        str(HERE / "data/arithmetic_sft"), "a hub dataset, or a data folder or file"
+    )
     dataset_config: str | None = arg(None, "the configuration of a dataset that has several")
     dataset_train_split: str = arg("train", "split to train on: 'prompt' and 'completion' columns")
     dataset_test_split: str = arg("test", "held-out split (skipped when absent)")
     max_length: int = arg(128, "tokens of prompt and completion kept, the first ones")
-    chat_template_kwargs: dict | None = arg(None, "chat template arguments, e.g. '{\"enable_thinking\": false}'")
+    chat_template_kwargs: dict | None = arg(
+        None, "chat template arguments, e.g. '{\"enable_thinking\": false}'"
+    )
     # optimization
-    train_batch_size: int = arg(64, "sequences per step, over all processes (each takes an equal share)")
+    train_batch_size: int = arg(
+        64, "sequences per step, over all processes (each takes an equal share)"
+    )
     max_steps: int = arg(1500, "training steps, one batch each")
-    learning_rate: float = arg(3e-3, "AdamW learning rate (an untrained tiny model; ~2e-5 for a 0.5B model)")
+    learning_rate: float = arg(
+        3e-3, "AdamW learning rate (an untrained tiny model; ~2e-5 for a 0.5B model)"
+    )
     lr_scheduler_type: SchedulerType = arg("cosine", "transformers' learning-rate schedule")
     warmup_ratio: float = arg(0.05, "fraction of the steps spent warming up")
     weight_decay: float = arg(0.0, "AdamW weight decay")
@@ -87,48 +103,83 @@ class Args:
     seed: int = arg(0, "random seed (data order, evaluation sampling, a LoRA adapter's start)")
     disable_dropout: bool = arg(True, "dropout off (LoRA's too)")
     # evaluation: sampling from the held-out prompts
-    eval_strategy: Literal["steps", "no"] = arg("steps", "steps: at the start, every eval_steps and at the end")
+    eval_strategy: Literal["steps", "no"] = arg(
+        "steps", "steps: at the start, every eval_steps and at the end"
+    )
     eval_steps: int = arg(500, "evaluate every this many steps (0: at the start and the end only)")
     num_generations_eval: int = arg(4, "completions sampled per held-out prompt (and one greedy)")
-    per_device_eval_batch_size: int = arg(512, "sequences per forward pass, or completions per generate call")
+    per_device_eval_batch_size: int = arg(
+        512, "sequences per forward pass, or completions per generate call"
+    )
     max_completion_length: int = arg(24, "tokens generated per completion at most")
     temperature: float = arg(1.0, "sampling temperature")
     top_p: float = arg(1.0, "nucleus sampling (1.0: off)")
     top_k: int = arg(0, "top-k sampling (0: off)")
     # logging, checkpoints
-    output_dir: str = arg("outputs/sft", "where metrics.jsonl, the checkpoints and the final model go")
+    output_dir: str = arg(
+        "outputs/sft", "where metrics.jsonl, the checkpoints and the final model go"
+    )
     overwrite_output_dir: bool = arg(False, "start over in an output_dir that holds another run")
     logging_steps: int = arg(25, "log metrics every this many steps")
-    report_to: list[str] = arg(["none"], "trackers besides metrics.jsonl: tensorboard, wandb, trackio, all, ...")
-    save_steps: int = arg(500, "save a checkpoint every this many steps (0: never; a stop always saves)")
+    report_to: list[str] = arg(
+        ["none"], "trackers besides metrics.jsonl: tensorboard, wandb, trackio, all, ..."
+    )
+    save_steps: int = arg(
+        500, "save a checkpoint every this many steps (0: never; a stop always saves)"
+    )
     save_total_limit: int | None = arg(None, "keep only the newest N checkpoints")
-    resume_from_checkpoint: str | None = arg(None, "a checkpoint folder, or 'latest' in output_dir")
+    resume_from_checkpoint: str | None = arg(
+        None, "a checkpoint folder, or 'latest' in output_dir"
+    )
     # efficiency
     bf16: bool = arg(False, "bf16 autocast for the forward passes; master weights stay float32")
-    gradient_checkpointing: bool = arg(False, "recompute activations in the backward pass to save memory")
+    gradient_checkpointing: bool = arg(
+        False, "recompute activations in the backward pass to save memory"
+    )
     use_peft: bool = arg(False, "train a LoRA adapter instead of all weights")
     lora_r: int = arg(16, "LoRA rank")
     lora_alpha: int = arg(32, "LoRA alpha")
     lora_dropout: float = arg(0.05, "LoRA dropout")
     lora_target_modules: list[str] = arg(["all-linear"], "modules LoRA adapts, or all-linear")
-    save_merged_model: bool = arg(False, "with --use_peft, also save the merged model (output_dir/merged)")
-    load_in_4bit: bool = arg(False, "QLoRA: the frozen base in 4 bits (bitsandbytes); needs --use_peft")
+    save_merged_model: bool = arg(
+        False, "with --use_peft, also save the merged model (output_dir/merged)"
+    )
+    load_in_4bit: bool = arg(
+        False, "QLoRA: the frozen base in 4 bits (bitsandbytes); needs --use_peft"
+    )
     bnb_4bit_quant_type: Literal["nf4", "fp4"] = arg("nf4", "4-bit data type")
 
 
 def check_args(args: Args):
     """The flags in range, each said in one line."""
-    positive = "max_steps train_batch_size learning_rate max_length logging_steps num_generations_eval"
-    for name in (positive + " per_device_eval_batch_size max_completion_length temperature").split():
+    positive = (
+        "max_steps train_batch_size learning_rate max_length logging_steps num_generations_eval"
+    )
+    for name in (
+        positive + " per_device_eval_batch_size max_completion_length temperature"
+    ).split():
         require(getattr(args, name) > 0, f"--{name}: must be positive, got {getattr(args, name)}")
     for name in "eval_steps save_steps weight_decay max_grad_norm top_k".split():
         require(getattr(args, name) >= 0, f"--{name}: must be ≥ 0, got {getattr(args, name)}")
     require(0 < args.top_p <= 1, f"--top_p: must be in (0, 1], got {args.top_p}")
-    require(0 <= args.warmup_ratio <= 1, f"--warmup_ratio: must be in [0, 1], got {args.warmup_ratio}")
-    require(0 <= args.seed < 2**32, f"--seed: must be in [0, 2**32), got {args.seed}")  # numpy's range
-    require(args.save_total_limit is None or args.save_total_limit > 0, "--save_total_limit: must be positive")
-    require(args.use_peft or not args.load_in_4bit, "--load_in_4bit: only a LoRA adapter trains on it: add --use_peft")
-    require(args.dataset_train_split != args.dataset_test_split, "--dataset_test_split: that is the training split")
+    require(
+        0 <= args.warmup_ratio <= 1, f"--warmup_ratio: must be in [0, 1], got {args.warmup_ratio}"
+    )
+    require(
+        0 <= args.seed < 2**32, f"--seed: must be in [0, 2**32), got {args.seed}"
+    )  # numpy's range
+    require(
+        args.save_total_limit is None or args.save_total_limit > 0,
+        "--save_total_limit: must be positive",
+    )
+    require(
+        args.use_peft or not args.load_in_4bit,
+        "--load_in_4bit: only a LoRA adapter trains on it: add --use_peft",
+    )
+    require(
+        args.dataset_train_split != args.dataset_test_split,
+        "--dataset_test_split: that is the training split",
+    )
 
 
 # ==== SFT ====
@@ -136,7 +187,10 @@ def tokenize(tokenizer, dataset, args, split: str) -> list[dict]:
     """Each prompt/completion pair as `input_ids` (the prompt's tokens, the completion's and EOS, the first
     --max_length of them) and `labels`: the same ids, with −100 (no loss) on the prompt's. The prompt is rendered by
     `prompt_texts`, as the RL scripts render it; prompt and completion are tokenized apart, as a model samples them."""
-    require("completion" in dataset.column_names, f"--dataset_name: the {split} split has no 'completion' column")
+    require(
+        "completion" in dataset.column_names,
+        f"--dataset_name: the {split} split has no 'completion' column",
+    )
     completions = []
     for row, completion in enumerate(dataset["completion"]):
         with loading("--dataset_name", f"row {row} of the {split} split"):
@@ -147,7 +201,12 @@ def tokenize(tokenizer, dataset, args, split: str) -> list[dict]:
     for prompt, completion in zip(prompt_ids, completion_ids):
         completion = completion + [tokenizer.eos_token_id]
         labels = [-100] * len(prompt) + completion
-        rows.append({"input_ids": (prompt + completion)[: args.max_length], "labels": labels[: args.max_length]})
+        rows.append(
+            {
+                "input_ids": (prompt + completion)[: args.max_length],
+                "labels": labels[: args.max_length],
+            }
+        )
     return rows
 
 
@@ -159,21 +218,32 @@ def token_ids(tokenizer, texts: list[str]) -> list[list[int]]:
     return [ids[text] for text in texts]
 
 
-def collate(rows: list[dict], pad_token_id: int, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def collate(
+    rows: list[dict], pad_token_id: int, device
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """input_ids, attention_mask and labels (B, L), padded on the right (positions then count from 0 in each row)."""
     L = max(len(row["input_ids"]) for row in rows)
     pad = lambda key, value: [row[key] + [value] * (L - len(row[key])) for row in rows]
-    input_ids, labels = torch.tensor(pad("input_ids", pad_token_id)), torch.tensor(pad("labels", -100))
-    attention_mask = (torch.arange(L) < torch.tensor([len(row["input_ids"]) for row in rows])[:, None]).long()
+    input_ids, labels = (
+        torch.tensor(pad("input_ids", pad_token_id)),
+        torch.tensor(pad("labels", -100)),
+    )
+    attention_mask = (
+        torch.arange(L) < torch.tensor([len(row["input_ids"]) for row in rows])[:, None]
+    ).long()
     return input_ids.to(device), attention_mask.to(device), labels.to(device)
 
 
-def token_losses(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def token_losses(
+    logits: torch.Tensor, labels: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """−m_t log π_θ(y_t | x, y_<t) at each position (B, L−1), float32: the logits at position t predict token t + 1;
     m (B, L−1), 1 where that token is trained on (its label is not −100); and whether π_θ ranks it first (B, L−1)."""
     logits, labels = logits[:, :-1].float(), labels[:, 1:]
     mask = labels != -100
-    nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), labels.clamp(min=0), reduction="none")
+    nll = torch.nn.functional.cross_entropy(
+        logits.transpose(1, 2), labels.clamp(min=0), reduction="none"
+    )
     return nll * mask, mask, (logits.argmax(-1) == labels) & mask
 
 
@@ -187,15 +257,19 @@ def evaluate_loss(accelerator, model, rows: list[dict], pad_token_id: int, args)
     indices = torch.arange(share) + accelerator.process_index * share
     sums = torch.zeros(3, device=accelerator.device)  # −log-probs, tokens ranked first, tokens
     for batch in indices.split(args.per_device_eval_batch_size):
-        input_ids, attention_mask, labels = collate([rows[i] for i in batch.clamp(max=len(rows) - 1)], pad_token_id,
-                                                    accelerator.device)  # fmt: skip
+        input_ids, attention_mask, labels = collate(
+            [rows[i] for i in batch.clamp(max=len(rows) - 1)], pad_token_id, accelerator.device
+        )
         labels[batch >= len(rows)] = -100  # a repeated row counts no token
         with accelerator.autocast():
             logits = model(input_ids=input_ids, attention_mask=attention_mask).logits
         nll, mask, correct = token_losses(logits, labels)
         sums += torch.stack([nll.sum(), correct.sum(), mask.sum()])
     nll, correct, tokens = accelerator.reduce(sums, "sum").tolist()
-    return {"eval/loss": nll / max(tokens, 1), "eval/mean_token_accuracy": correct / max(tokens, 1)}
+    return {
+        "eval/loss": nll / max(tokens, 1),
+        "eval/mean_token_accuracy": correct / max(tokens, 1),
+    }
 
 
 # ---- plumbing: the command line ----
@@ -219,14 +293,18 @@ def loading(flag: str, value):
 
 
 def fail(message: str):
-    tqdm.write(f"error: {message}", file=sys.stderr)  # on a line of its own, below any progress bar
+    tqdm.write(
+        f"error: {message}", file=sys.stderr
+    )  # on a line of its own, below any progress bar
     sys.exit(2)
 
 
 def parse_args(args_class):
     """The flags from the command line, over those of a --config YAML file (TRL's recipes, or a run's args.json)."""
     parser = HfArgumentParser(args_class, allow_abbrev=False)
-    parser.add_argument("--config", help="a YAML file of flag: value; flags on the command line override it")
+    parser.add_argument(
+        "--config", help="a YAML file of flag: value; flags on the command line override it"
+    )
     parser.error = lambda message: fail(message.replace("argument ", ""))
     for action in parser._actions:  # --chat_template_kwargs '{"enable_thinking": false}'
         action.type = json.loads if action.type is dict else action.type
@@ -234,7 +312,10 @@ def parse_args(args_class):
     if namespace.config:
         with loading("--config", namespace.config):
             config = yaml.safe_load(Path(namespace.config).read_text())
-        require(isinstance(config, dict), f"--config {namespace.config}: expected a mapping of flag: value")
+        require(
+            isinstance(config, dict),
+            f"--config {namespace.config}: expected a mapping of flag: value",
+        )
         unknown = sorted(set(config) - set(vars(namespace)))
         require(not unknown, f"--config {namespace.config}: unknown flags {unknown}")
         parser.set_defaults(**config)
@@ -247,20 +328,29 @@ def parse_args(args_class):
 def load_split(args, split: str):
     """A split of --dataset_name (a hub dataset, a folder, or a json, csv or parquet file: its train split), or None."""
     path = Path(args.dataset_name)
-    require(not path.is_file() or path.stat().st_size > 0, f"--dataset_name {path}: expected rows, the file is empty")
+    require(
+        not path.is_file() or path.stat().st_size > 0,
+        f"--dataset_name {path}: expected rows, the file is empty",
+    )
     with loading("--dataset_name", args.dataset_name):
         if path.is_file():  # datasets reads the format from the extension
             splits = load_dataset(str(path.parent), data_files={"train": path.name})
         else:
             splits = load_dataset(args.dataset_name, args.dataset_config)
-    require(split in splits or split != args.dataset_train_split, f"--dataset_train_split: no {split!r} split")
+    require(
+        split in splits or split != args.dataset_train_split,
+        f"--dataset_train_split: no {split!r} split",
+    )
     return splits.get(split)
 
 
 # ---- plumbing: prompts ----
 def prompt_texts(tokenizer, dataset, args, split: str) -> list[str]:
     """Every prompt of a split as the model reads it; one that cannot be rendered is one line that names its row."""
-    require("prompt" in dataset.column_names, f"--dataset_name: the {split} split has no 'prompt' column")
+    require(
+        "prompt" in dataset.column_names,
+        f"--dataset_name: the {split} split has no 'prompt' column",
+    )
     texts = []
     for row, prompt in enumerate(dataset["prompt"]):
         with loading("--dataset_name", f"row {row} of the {split} split"):
@@ -272,41 +362,74 @@ def check_context(model, tokenizer, texts: list[str], length: int):
     """The longest prompt and --max_completion_length tokens after it fit the model's context, else one line."""
     longest = max(map(len, tokenizer(texts, add_special_tokens=False).input_ids))
     room = model.config.max_position_embeddings - longest
-    require(length <= room, f"--max_completion_length {length}: {room} fit the context after a {longest}-token prompt")
+    require(
+        length <= room,
+        f"--max_completion_length {length}: {room} fit the context after a {longest}-token prompt",
+    )
 
 
 # ---- plumbing: models ----
 def load_trained(
-    args, path: str, model_class=AutoModelForCausalLM, task_type="CAUSAL_LM", flag="--model_name_or_path", **options
+    args,
+    path: str,
+    model_class=AutoModelForCausalLM,
+    task_type="CAUSAL_LM",
+    flag="--model_name_or_path",
+    **options,
 ):
     """A model to train: float32 master weights whatever the checkpoint's dtype (a frozen base is bf16 under --use_peft
     --bf16, 4-bit under --load_in_4bit), --use_peft's LoRA adapter, dropout off, --gradient_checkpointing."""
     from peft import LoraConfig, get_peft_model
 
     compute = torch.bfloat16 if args.bf16 else torch.float32
-    quantization = transformers.BitsAndBytesConfig(
-        load_in_4bit=True, bnb_4bit_quant_type=args.bnb_4bit_quant_type, bnb_4bit_compute_dtype=compute
-    ) if args.load_in_4bit else None  # fmt: skip
+    quantization = (
+        transformers.BitsAndBytesConfig(
+            load_in_4bit=True,
+            bnb_4bit_quant_type=args.bnb_4bit_quant_type,
+            bnb_4bit_compute_dtype=compute,
+        )
+        if args.load_in_4bit
+        else None
+    )
     dtype = torch.bfloat16 if args.use_peft and args.bf16 else torch.float32
     attention = args.attn_implementation
     with loading(flag, path):
         model = model_class.from_pretrained(
-            path, dtype=dtype, quantization_config=quantization, attn_implementation=attention, **options
+            path,
+            dtype=dtype,
+            quantization_config=quantization,
+            attn_implementation=attention,
+            **options,
         )
     if args.use_peft:
-        targets = "all-linear" if args.lora_target_modules == ["all-linear"] else args.lora_target_modules
-        lora = dict(r=args.lora_r, lora_alpha=args.lora_alpha, lora_dropout=args.lora_dropout, target_modules=targets)
+        targets = (
+            "all-linear"
+            if args.lora_target_modules == ["all-linear"]
+            else args.lora_target_modules
+        )
+        lora = dict(
+            r=args.lora_r,
+            lora_alpha=args.lora_alpha,
+            lora_dropout=args.lora_dropout,
+            target_modules=targets,
+        )
         with loading("--lora_target_modules", targets):
             model = get_peft_model(model, LoraConfig(task_type=task_type, **lora))
-        for param in (p for p in model.parameters() if p.requires_grad):  # what trains in float32 (a score head too)
+        for param in (
+            p for p in model.parameters() if p.requires_grad
+        ):  # what trains in float32 (a score head too)
             param.data = param.data.float()
-    if args.disable_dropout:  # dropout layers, and the rates attention layers keep as floats (Llama's, GPT-2's)
+    if (
+        args.disable_dropout
+    ):  # dropout layers, and the rates attention layers keep as floats (Llama's, GPT-2's)
         for module in model.modules():
             rates = [n for n, v in vars(module).items() if isinstance(v, float) and "drop" in n]
             for name in rates + (["p"] if isinstance(module, torch.nn.Dropout) else []):
                 setattr(module, name, 0.0)
     for layer in [m for m in model.modules() if getattr(m, "support_avx512bf16_for_cpu", False)]:
-        layer.support_avx512bf16_for_cpu = False  # bitsandbytes repacks 4-bit layers one way at a no-grad CPU forward
+        layer.support_avx512bf16_for_cpu = (
+            False  # bitsandbytes repacks 4-bit layers one way at a no-grad CPU forward
+        )
     if args.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     return model.train()
@@ -329,7 +452,9 @@ def unwrapped_for_generation(accelerator, model):
 
 # ---- plumbing: evaluation ----
 @torch.no_grad()
-def evaluate(accelerator, model, tokenizer, eval_dataset, eval_texts, reward_funcs, weights, args) -> dict:
+def evaluate(
+    accelerator, model, tokenizer, eval_dataset, eval_texts, reward_funcs, weights, args
+) -> dict:
     """eval/reward (the weighted sum) and eval/<function> on the held-out prompts, num_generations_eval samples each and
     one greedy (`_greedy`), under an RNG of its own (training samples the same whether or not it evaluates)."""
     if eval_dataset is None:
@@ -346,13 +471,23 @@ def evaluate(accelerator, model, tokenizer, eval_dataset, eval_texts, reward_fun
                 rows = eval_dataset.select(mine[start : start + per_call])
                 texts = [eval_texts[i] for i in mine[start : start + per_call] for _ in range(G)]
                 out = common.generate(policy, tokenizer, texts, config)
-                completion_mask, _ = common.end_of_completion(out["completion_ids"], config.eos_token_id)
+                completion_mask, _ = common.end_of_completion(
+                    out["completion_ids"], config.eos_token_id
+                )
                 completions, ids = common.decode(tokenizer, out["completion_ids"], completion_mask)
                 prompts = [p for p in rows["prompt"] for _ in range(G)]
-                row_columns = {c: [v for v in rows[c] for _ in range(G)] for c in rows.column_names if c != "prompt"}
-                rewards, per_func = compute_rewards(reward_funcs, weights, prompts, completions, ids, row_columns)
+                row_columns = {
+                    c: [v for v in rows[c] for _ in range(G)]
+                    for c in rows.column_names
+                    if c != "prompt"
+                }
+                rewards, per_func = compute_rewards(
+                    reward_funcs, weights, prompts, completions, ids, row_columns
+                )
                 scores += torch.cat([rewards[:, None], per_func], 1).tolist()
-            means = torch.tensor(gather_object(scores)).nanmean(0)  # over every process's completions
+            means = torch.tensor(gather_object(scores)).nanmean(
+                0
+            )  # over every process's completions
             metrics |= {f"eval/{name}{suffix}": mean for name, mean in zip(names, means.tolist())}
     return metrics
 
@@ -365,23 +500,35 @@ def claim_output_dir(args) -> Path | None:
         latest = args.resume_from_checkpoint == "latest"
         found = checkpoints(out)[-1:] if latest else [Path(args.resume_from_checkpoint)]
         where = found[0] if found else out
-        require(found and (where / "trainer_state.json").is_file(), f"--resume_from_checkpoint: none in {where}")
+        require(
+            found and (where / "trainer_state.json").is_file(),
+            f"--resume_from_checkpoint: none in {where}",
+        )
     with loading("--output_dir", out):
         out.mkdir(parents=True, exist_ok=True)
     if args.resume_from_checkpoint:
         step = json.loads((found[0] / "trainer_state.json").read_text())["step"]
-        records = [json.loads(line) for line in metrics.read_text().splitlines()] if metrics.is_file() else []
+        records = (
+            [json.loads(line) for line in metrics.read_text().splitlines()]
+            if metrics.is_file()
+            else []
+        )
         metrics.write_text("".join(json.dumps(r) + "\n" for r in records if r["step"] <= step))
         return found[0]
     used = checkpoints(out) + ([metrics] if metrics.is_file() else [])
-    require(not used or args.overwrite_output_dir, f"--output_dir: {out} holds another run: continue it with "
-            "--resume_from_checkpoint latest, or start over with --overwrite_output_dir")  # fmt: skip
+    require(
+        not used or args.overwrite_output_dir,
+        f"--output_dir: {out} holds another run: continue it with "
+        "--resume_from_checkpoint latest, or start over with --overwrite_output_dir",
+    )
     for path in used:  # --overwrite_output_dir
         shutil.rmtree(path) if path.is_dir() else path.unlink()
 
 
 def checkpoints(output_dir) -> list[Path]:
-    return sorted(Path(output_dir).glob("checkpoint-*"), key=lambda path: int(path.name.split("-")[1]))
+    return sorted(
+        Path(output_dir).glob("checkpoint-*"), key=lambda path: int(path.name.split("-")[1])
+    )
 
 
 def save_model(accelerator, args, model, tokenizer, folder: Path, state: dict):
@@ -392,7 +539,9 @@ def save_model(accelerator, args, model, tokenizer, folder: Path, state: dict):
         accelerator.unwrap_model(model).save_pretrained(folder, state_dict=weights)
         tokenizer.save_pretrained(folder)
         (folder / "trainer_state.json").write_text(json.dumps(state))
-        (folder / "args.json").write_text(json.dumps(asdict(args) | {"resume_from_checkpoint": None}, indent=2))
+        (folder / "args.json").write_text(
+            json.dumps(asdict(args) | {"resume_from_checkpoint": None}, indent=2)
+        )
 
 
 def save_checkpoint(accelerator, args, model, tokenizer, state: dict) -> Path:
@@ -401,14 +550,20 @@ def save_checkpoint(accelerator, args, model, tokenizer, state: dict) -> Path:
     folder = Path(args.output_dir) / f"checkpoint-{state['step']}"
     tmp = folder.with_name(f".{folder.name}.tmp")
     save_model(accelerator, args, model, tokenizer, tmp, state)
-    hook = accelerator.register_save_state_pre_hook(lambda models, weights, _: weights.clear())  # saved just above
+    hook = accelerator.register_save_state_pre_hook(
+        lambda models, weights, _: weights.clear()
+    )  # saved just above
     accelerator.save_state(tmp / "state")
     hook.remove()
     accelerator.wait_for_everyone()  # every process has written its part of state/
     if accelerator.is_main_process:
-        shutil.rmtree(folder, ignore_errors=True)  # the same step saved again (a run resumed from an earlier one)
+        shutil.rmtree(
+            folder, ignore_errors=True
+        )  # the same step saved again (a run resumed from an earlier one)
         tmp.rename(folder)
-        for old in checkpoints(args.output_dir)[: -args.save_total_limit] if args.save_total_limit else []:
+        for old in (
+            checkpoints(args.output_dir)[: -args.save_total_limit] if args.save_total_limit else []
+        ):
             shutil.rmtree(old)
     accelerator.wait_for_everyone()
     return folder
@@ -419,16 +574,30 @@ def load_checkpoint(accelerator, args, model, checkpoint: Path) -> dict:
     from peft import set_peft_model_state_dict
     from safetensors.torch import load_file, load_model
 
-    saved, skip = json.loads((checkpoint / "args.json").read_text()), ("resume_from_checkpoint", "overwrite_output_dir")
-    changed = [f"--{k} {v} (was {saved[k]})" for k, v in asdict(args).items() if k not in skip and saved.get(k, v) != v]
+    saved, skip = (
+        json.loads((checkpoint / "args.json").read_text()),
+        ("resume_from_checkpoint", "overwrite_output_dir"),
+    )
+    changed = [
+        f"--{k} {v} (was {saved[k]})"
+        for k, v in asdict(args).items()
+        if k not in skip and saved.get(k, v) != v
+    ]
     accelerator.print(f"resuming from {checkpoint}" + "".join(f"; {change}" for change in changed))
     unwrapped = accelerator.unwrap_model(model)
-    if accelerator.distributed_type not in (DistributedType.DEEPSPEED, DistributedType.FSDP):  # else in state/
+    if accelerator.distributed_type not in (
+        DistributedType.DEEPSPEED,
+        DistributedType.FSDP,
+    ):  # else in state/
         if hasattr(unwrapped, "peft_config"):
-            set_peft_model_state_dict(unwrapped, load_file(checkpoint / "adapter_model.safetensors"))
+            set_peft_model_state_dict(
+                unwrapped, load_file(checkpoint / "adapter_model.safetensors")
+            )
         else:
             load_model(unwrapped, checkpoint / "model.safetensors")
-    hook = accelerator.register_load_state_pre_hook(lambda models, _: models.clear())  # loaded just above
+    hook = accelerator.register_load_state_pre_hook(
+        lambda models, _: models.clear()
+    )  # loaded just above
     accelerator.load_state(checkpoint / "state")
     hook.remove()
     return json.loads((checkpoint / "trainer_state.json").read_text())
@@ -444,34 +613,71 @@ def log(accelerator, args, step: int, metrics: dict):
 def main(args: Args):
     # ---- plumbing: setup, a batch of rows a step ----
     check_args(args)
-    known = {"none", "all", *map(str, get_available_trackers())}  # accelerate skips the others silently
-    require(set(args.report_to) <= known, f"--report_to {args.report_to}: expected some of {sorted(known)}")
-    precision, trackers = "bf16" if args.bf16 else "no", None if args.report_to == ["none"] else args.report_to
+    known = {
+        "none",
+        "all",
+        *map(str, get_available_trackers()),
+    }  # accelerate skips the others silently
+    require(
+        set(args.report_to) <= known,
+        f"--report_to {args.report_to}: expected some of {sorted(known)}",
+    )
+    precision, trackers = (
+        "bf16" if args.bf16 else "no",
+        None if args.report_to == ["none"] else args.report_to,
+    )
     accelerator = Accelerator(
-        mixed_precision=precision, log_with=trackers, project_dir=args.output_dir, step_scheduler_with_optimizer=False
+        mixed_precision=precision,
+        log_with=trackers,
+        project_dir=args.output_dir,
+        step_scheduler_with_optimizer=False,
     )  # the scheduler steps once per update, however many processes
-    if accelerator.state.deepspeed_plugin is not None:  # no DataLoader is prepared: DeepSpeed's sizes come from here
+    if (
+        accelerator.state.deepspeed_plugin is not None
+    ):  # no DataLoader is prepared: DeepSpeed's sizes come from here
         accelerator.state.deepspeed_plugin.deepspeed_config.update(
-            train_micro_batch_size_per_gpu=1, gradient_accumulation_steps=1, train_batch_size=accelerator.num_processes,
+            train_micro_batch_size_per_gpu=1,
+            gradient_accumulation_steps=1,
+            train_batch_size=accelerator.num_processes,
             gradient_clipping=args.max_grad_norm,
-        )  # fmt: skip
+        )
     set_seed(args.seed)  # the same on every process: a new adapter or head starts alike
     device, processes = accelerator.device, accelerator.num_processes
-    require(args.train_batch_size % processes == 0, f"--train_batch_size: not divisible by the {processes} processes")
+    require(
+        args.train_batch_size % processes == 0,
+        f"--train_batch_size: not divisible by the {processes} processes",
+    )
     local_batch_size = args.train_batch_size // processes
-    my_rows = slice(accelerator.process_index * local_batch_size, (accelerator.process_index + 1) * local_batch_size)
+    my_rows = slice(
+        accelerator.process_index * local_batch_size,
+        (accelerator.process_index + 1) * local_batch_size,
+    )
 
     # ---- sft: data, the model ----
     with loading("--model_name_or_path", args.model_name_or_path):
         tokenizer = common.load_tokenizer(args.model_name_or_path)
-    train_dataset, eval_dataset = load_split(args, args.dataset_train_split), load_split(args, args.dataset_test_split)
+    train_dataset, eval_dataset = (
+        load_split(args, args.dataset_train_split),
+        load_split(args, args.dataset_test_split),
+    )
     eval_dataset = eval_dataset if args.eval_strategy == "steps" else None
     rows = tokenize(tokenizer, train_dataset, args, args.dataset_train_split)
-    require(len(rows) >= args.train_batch_size, f"--train_batch_size: more than the {len(rows)} rows")
-    eval_rows = tokenize(tokenizer, eval_dataset, args, args.dataset_test_split) if eval_dataset else []
-    answered = eval_dataset if eval_dataset and {"solution", "ground_truth"} & set(eval_dataset.column_names) else None
+    require(
+        len(rows) >= args.train_batch_size, f"--train_batch_size: more than the {len(rows)} rows"
+    )
+    eval_rows = (
+        tokenize(tokenizer, eval_dataset, args, args.dataset_test_split) if eval_dataset else []
+    )
+    answered = (
+        eval_dataset
+        if eval_dataset and {"solution", "ground_truth"} & set(eval_dataset.column_names)
+        else None
+    )
     eval_texts = answered and prompt_texts(tokenizer, answered, args, args.dataset_test_split)
-    reward_funcs, weights = {"accuracy_reward": accuracy_reward, "format_reward": format_reward}, torch.tensor([1.0, 0])
+    reward_funcs, weights = (
+        {"accuracy_reward": accuracy_reward, "format_reward": format_reward},
+        torch.tensor([1.0, 0]),
+    )
     model = load_trained(args, args.model_name_or_path)
     if eval_texts:  # the evaluation samples completions after the held-out prompts
         check_context(model, tokenizer, eval_texts, args.max_completion_length)
@@ -479,27 +685,46 @@ def main(args: Args):
     # ---- plumbing: optimizer, scheduler, processes: one update a step ----
     trained = [p for p in model.parameters() if p.requires_grad]
     # fused: one kernel for every parameter, as transformers' adamw_torch_fused (4× faster on a CPU core at 135M)
-    optimizer = torch.optim.AdamW(trained, lr=args.learning_rate, weight_decay=args.weight_decay, fused=True)
+    optimizer = torch.optim.AdamW(
+        trained, lr=args.learning_rate, weight_decay=args.weight_decay, fused=True
+    )
     warmup = int(args.warmup_ratio * args.max_steps)
-    scheduler = transformers.get_scheduler(args.lr_scheduler_type, optimizer, warmup, args.max_steps)
+    scheduler = transformers.get_scheduler(
+        args.lr_scheduler_type, optimizer, warmup, args.max_steps
+    )
     model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
-    accelerator.unwrap_model(model, keep_fp32_wrapper=False)  # autocast is entered below: no float32 copy of logits
+    accelerator.unwrap_model(
+        model, keep_fp32_wrapper=False
+    )  # autocast is entered below: no float32 copy of logits
 
     # ---- sft: the evaluation (eval/reward is eval/accuracy) ----
     def evaluation():
         loss = evaluate_loss(accelerator, model, eval_rows, tokenizer.pad_token_id, args)
-        return loss | evaluate(accelerator, model, tokenizer, answered, eval_texts, reward_funcs, weights, args)
+        return loss | evaluate(
+            accelerator, model, tokenizer, answered, eval_texts, reward_funcs, weights, args
+        )
 
     # ---- plumbing: resume, the first evaluation, the loop's stop: one update a step ----
-    checkpoint = gather_object([claim_output_dir(args) if accelerator.is_main_process else None])[0]
-    state = load_checkpoint(accelerator, args, model, checkpoint) if checkpoint else {"step": 0, "num_tokens": 0}
+    checkpoint = gather_object([claim_output_dir(args) if accelerator.is_main_process else None])[
+        0
+    ]
+    state = (
+        load_checkpoint(accelerator, args, model, checkpoint)
+        if checkpoint
+        else {"step": 0, "num_tokens": 0}
+    )
     accelerator.init_trackers("huggingface", {k: str(v) for k, v in asdict(args).items()})
     first_eval = evaluation() if state["step"] == 0 else {}
     log(accelerator, args, 0, first_eval)
     stop = []  # Ctrl-C, or SIGTERM from a scheduler: the loop ends after its step, with a checkpoint
-    handlers = {s: signal.signal(s, lambda signum, _: stop.append(signum)) for s in (signal.SIGINT, signal.SIGTERM)}
+    handlers = {
+        s: signal.signal(s, lambda signum, _: stop.append(signum))
+        for s in (signal.SIGINT, signal.SIGTERM)
+    }
     steps = range(state["step"] + 1, args.max_steps + 1)
-    progress = tqdm(steps, initial=state["step"], total=args.max_steps, disable=not accelerator.is_main_process)
+    progress = tqdm(
+        steps, initial=state["step"], total=args.max_steps, disable=not accelerator.is_main_process
+    )
 
     for step in progress:
         step_start = time.perf_counter()
@@ -508,23 +733,39 @@ def main(args: Args):
         # ==== 1. batch: this process's share of the step's rows ====
         # the step's rows depend on the step alone (a fresh permutation each epoch): a resumed run sees the same
         epoch, position = divmod(step - 1, len(rows) // args.train_batch_size)
-        order = torch.randperm(len(rows), generator=torch.Generator().manual_seed(args.seed + epoch))
-        indices = order[position * args.train_batch_size : (position + 1) * args.train_batch_size][my_rows].tolist()
-        input_ids, attention_mask, labels = collate([rows[i] for i in indices], tokenizer.pad_token_id, device)
+        order = torch.randperm(
+            len(rows), generator=torch.Generator().manual_seed(args.seed + epoch)
+        )
+        indices = order[position * args.train_batch_size : (position + 1) * args.train_batch_size][
+            my_rows
+        ].tolist()
+        input_ids, attention_mask, labels = collate(
+            [rows[i] for i in indices], tokenizer.pad_token_id, device
+        )
 
         # ==== 2. loss: the mean of −log π_θ(y_t | x, y_<t) over the completion tokens of the whole batch ====
         with accelerator.autocast():
             logits = model(input_ids=input_ids, attention_mask=attention_mask).logits  # (B, L, V)
         nll, mask, correct = token_losses(logits, labels)
-        num_completion_tokens = accelerator.reduce(mask.sum(), "sum").clamp(min=1)  # over every process's rows
-        loss = nll.sum() / num_completion_tokens * processes  # DDP averages the processes' gradients: × processes
+        num_completion_tokens = accelerator.reduce(mask.sum(), "sum").clamp(
+            min=1
+        )  # over every process's rows
+        loss = (
+            nll.sum() / num_completion_tokens * processes
+        )  # DDP averages the processes' gradients: × processes
 
         # ==== 3. update ====
         accelerator.backward(loss)
-        grad_norm = float(accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm or math.inf))
-        if not (math.isfinite(loss.item()) and math.isfinite(grad_norm)):  # before the update: nothing saved
+        grad_norm = float(
+            accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm or math.inf)
+        )
+        if not (
+            math.isfinite(loss.item()) and math.isfinite(grad_norm)
+        ):  # before the update: nothing saved
             progress.close()  # first: the error is then the log's last line
-            fail(f"step {step}: the loss or the gradient norm is not finite; the newest checkpoint is kept")
+            fail(
+                f"step {step}: the loss or the gradient norm is not finite; the newest checkpoint is kept"
+            )
         optimizer.step()
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
@@ -535,23 +776,34 @@ def main(args: Args):
             with torch.no_grad():  # H = logsumexp(z) − Σ softmax(z) z at the completion tokens
                 z = logits[:, :-1][mask].float()
                 entropy = (z.logsumexp(-1) - (z.softmax(-1) * z).sum(-1)).sum()
-            sums = accelerator.reduce(torch.stack([nll.sum().detach(), correct.sum(), entropy]), "sum")
+            sums = accelerator.reduce(
+                torch.stack([nll.sum().detach(), correct.sum(), entropy]), "sum"
+            )
             names = ("loss", "mean_token_accuracy", "entropy")
-            metrics = dict(zip(names, (sums / num_completion_tokens).tolist()), grad_norm=grad_norm)
+            metrics = dict(
+                zip(names, (sums / num_completion_tokens).tolist()), grad_norm=grad_norm
+            )
 
         # ---- plumbing: log, evaluate, save, stop: one update a step ----
         state["step"] = step
         if logging_step:
-            metrics |= {"learning_rate": scheduler.get_last_lr()[0], "num_tokens": state["num_tokens"]}
+            metrics |= {
+                "learning_rate": scheduler.get_last_lr()[0],
+                "num_tokens": state["num_tokens"],
+            }
             log(accelerator, args, step, metrics | {"step_time": time.perf_counter() - step_start})
             progress.set_postfix(loss=f"{metrics['loss']:.3f}")
         if args.eval_steps and step % args.eval_steps == 0 and step < args.max_steps:
             log(accelerator, args, step, evaluation())
-        stopping = accelerator.reduce(torch.tensor(float(bool(stop)), device=device), "sum").item() > 0
+        stopping = (
+            accelerator.reduce(torch.tensor(float(bool(stop)), device=device), "sum").item() > 0
+        )
         if (args.save_steps and step % args.save_steps == 0) or stopping:
             folder = save_checkpoint(accelerator, args, model, tokenizer, state)
         if stopping:
-            accelerator.print(f"interrupted at step {step}: saved {folder}; continue: --resume_from_checkpoint latest")
+            accelerator.print(
+                f"interrupted at step {step}: saved {folder}; continue: --resume_from_checkpoint latest"
+            )
             accelerator.end_training()
             sys.exit(128 + (stop[0] if stop else signal.SIGTERM))
 
@@ -561,11 +813,19 @@ def main(args: Args):
     save_model(accelerator, args, model, tokenizer, Path(args.output_dir), state)
     last_eval = evaluation()
     log(accelerator, args, args.max_steps, last_eval)
-    changes = [f"{key} {first_eval[key]:.3f} → {value:.3f}" for key, value in last_eval.items() if key in first_eval]
+    changes = [
+        f"{key} {first_eval[key]:.3f} → {value:.3f}"
+        for key, value in last_eval.items()
+        if key in first_eval
+    ]
     if changes:
         accelerator.print("held-out " + ", ".join(changes).replace("eval/", ""))
-    if args.use_peft and args.save_merged_model and accelerator.is_main_process:  # a model that loads without peft
-        accelerator.unwrap_model(model).merge_and_unload().save_pretrained(Path(args.output_dir) / "merged")
+    if (
+        args.use_peft and args.save_merged_model and accelerator.is_main_process
+    ):  # a model that loads without peft
+        accelerator.unwrap_model(model).merge_and_unload().save_pretrained(
+            Path(args.output_dir) / "merged"
+        )
         tokenizer.save_pretrained(Path(args.output_dir) / "merged")
     # the DDP wrapper holds the process group: freed first, end_training stops gloo's workers with the GIL released
     # (freed after, it stops them holding the GIL, which a worker may need: a hang). One process has no group.

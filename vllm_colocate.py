@@ -20,7 +20,9 @@ class VLLMGenerator:
         import vllm  # pip install vllm
 
         if args.load_in_4bit:
-            raise ValueError("vLLM is sent the policy's full weights, which a 4-bit base (--load_in_4bit) lacks")
+            raise ValueError(
+                "vLLM is sent the policy's full weights, which a 4-bit base (--load_in_4bit) lacks"
+            )
         # vLLM's "external_launcher" joins the process group that `accelerate launch` (or a single process) describes
         for key, value in {
             "RANK": accelerator.process_index,
@@ -74,17 +76,27 @@ class VLLMGenerator:
             weights = policy.state_dict().items()
             if hasattr(policy, "get_base_model"):
                 lora = {
-                    f"{n}.base_layer.weight": m for n, m in policy.named_modules() if hasattr(m, "get_delta_weight")
+                    f"{n}.base_layer.weight": m
+                    for n, m in policy.named_modules()
+                    if hasattr(m, "get_delta_weight")
                 }
 
-                def merged(name, weight):  # W + scale · B A, a new tensor; the base weight is only read
+                def merged(
+                    name, weight
+                ):  # W + scale · B A, a new tensor; the base weight is only read
                     if name not in lora:
                         return weight
-                    delta = sum(lora[name].get_delta_weight(adapter) for adapter in lora[name].active_adapters)
+                    delta = sum(
+                        lora[name].get_delta_weight(adapter)
+                        for adapter in lora[name].active_adapters
+                    )
                     return (weight + delta).to(weight.dtype)
 
                 weights = (  # one layer at a time, under the base model's names; the adapters are not copied
-                    (name.removeprefix("base_model.model.").replace(".base_layer", ""), merged(name, value))
+                    (
+                        name.removeprefix("base_model.model.").replace(".base_layer", ""),
+                        merged(name, value),
+                    )
                     for name, value in weights
                     if "lora_" not in name
                 )
@@ -100,11 +112,18 @@ class VLLMGenerator:
             texts, return_tensors="pt", padding=True, padding_side="left", add_special_tokens=False
         ).to(device)
         prompts = [
-            {"prompt_token_ids": ids[mask.bool()].tolist()} for ids, mask in zip(enc.input_ids, enc.attention_mask)
+            {"prompt_token_ids": ids[mask.bool()].tolist()}
+            for ids, mask in zip(enc.input_ids, enc.attention_mask)
         ]
-        outputs = [out.outputs[0] for out in self.llm.generate(prompts, self.sampling_params, use_tqdm=False)]
+        outputs = [
+            out.outputs[0]
+            for out in self.llm.generate(prompts, self.sampling_params, use_tqdm=False)
+        ]
         T = max(len(out.token_ids) for out in outputs)
-        padded = [list(out.token_ids) + [self.tokenizer.pad_token_id] * (T - len(out.token_ids)) for out in outputs]
+        padded = [
+            list(out.token_ids) + [self.tokenizer.pad_token_id] * (T - len(out.token_ids))
+            for out in outputs
+        ]
         logprobs = [
             [position[token].logprob for token, position in zip(out.token_ids, out.logprobs)]
             + [0.0] * (T - len(out.token_ids))
@@ -114,5 +133,7 @@ class VLLMGenerator:
             "prompt_ids": enc.input_ids,
             "prompt_mask": enc.attention_mask,
             "completion_ids": torch.tensor(padded, device=device),
-            "sampler_logprobs": torch.tensor(logprobs, device=device),  # (B, T), for the importance-sampling weights
+            "sampler_logprobs": torch.tensor(
+                logprobs, device=device
+            ),  # (B, T), for the importance-sampling weights
         }

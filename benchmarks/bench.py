@@ -58,7 +58,11 @@ sys.path.insert(0, str(ROOT))  # the scripts, common.py and rewards.py
 EMBEDDED = str(ROOT / "models" / "tiny-arith")
 PROMPTS = ROOT / "data" / "arithmetic" / "train.jsonl"
 ALGORITHMS = ("rloo", "grpo", "reinforce", "ppo", "trl_rloo")  # trl_rloo: TRL's RLOOTrainer
-GROUPED = {"rloo", "grpo", "trl_rloo"}  # prompts × num_generations; the others sample one completion per prompt
+GROUPED = {
+    "rloo",
+    "grpo",
+    "trl_rloo",
+}  # prompts × num_generations; the others sample one completion per prompt
 CONFIGS = {"embedded": 24, "llama135m": 64, "qwen0.5b": 64}  # config → max_completion_length
 PRECISIONS = ("fp32", "bf16")  # bf16: the scripts' --bf16, TRL's bf16=True
 PHASES = ("generation", "policy forward", "reference forward", "backward", "optimizer")  # --phases
@@ -76,8 +80,12 @@ LLAMA_135M = dict(
     rope_theta=100000.0,
 )
 # Qwen2.5-0.5B's shape (its 151,936-row embedding; the tokenizer has 49,152 entries, as Qwen's has fewer than its rows)
-QWEN_05B = dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14)
-QWEN_05B |= dict(num_key_value_heads=2, vocab_size=151936, attention_bias=True, rope_theta=1000000.0)
+QWEN_05B = dict(
+    hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14
+)
+QWEN_05B |= dict(
+    num_key_value_heads=2, vocab_size=151936, attention_bias=True, rope_theta=1000000.0
+)
 SHAPES = {"llama135m": LLAMA_135M, "qwen0.5b": LLAMA_135M | QWEN_05B}
 
 
@@ -92,24 +100,47 @@ class Args:
         "comma-separated: rloo, grpo, reinforce, ppo, trl_rloo (TRL's RLOOTrainer, needs --trl_python)",
     )
     configs: str = arg(
-        "embedded", "comma-separated: embedded (models/tiny-arith), llama135m, qwen0.5b (random: SHAPES)"
+        "embedded",
+        "comma-separated: embedded (models/tiny-arith), llama135m, qwen0.5b (random: SHAPES)",
     )
-    precisions: str = arg("fp32", "comma-separated: fp32, bf16 (the scripts' --bf16; TRL's bf16=True), each for all")
+    precisions: str = arg(
+        "fp32", "comma-separated: fp32, bf16 (the scripts' --bf16; TRL's bf16=True), each for all"
+    )
     steps: int = arg(8, "training steps per run, warm-up included")
-    warmup_steps: int = arg(2, "first steps of each run left out of the median (caches, first-call overheads)")
-    repeats: int = arg(1, "runs per config and algorithm, interleaved; the table shows the median over runs")
-    completions_per_step: int = arg(32, "completions per step, for every algorithm")
-    num_generations: int = arg(4, "completions per prompt for rloo, grpo and trl_rloo (reinforce and ppo: 1)")
-    beta: float = arg(0.05, "KL coefficient for every algorithm (ppo: --kl_coef)")
-    max_completion_length: int = arg(0, "max generated tokens per completion (0: the config's, 24 embedded, else 64)")
-    script_flags: str = arg(
-        "", "extra flags for every algorithm script, with '=': --script_flags='--use_peft --bf16' (not for trl_rloo)"
+    warmup_steps: int = arg(
+        2, "first steps of each run left out of the median (caches, first-call overheads)"
     )
-    num_threads: int = arg(1, "OMP_NUM_THREADS in each child (0: leave unset, PyTorch's default of one per core)")
-    trl_python: str = arg(sys.executable, "python of an environment with trl installed, for trl_rloo")
-    phases: bool = arg(False, "also each phase of a step (generation, forwards, backward, optimizer) and its bound")
-    work_dir: str = arg("outputs/bench", "where the runs, the random models and the prompt file go")
-    output_json: str = arg("outputs/bench/bench.json", "the figures for machines: settings, every run and the summary")
+    repeats: int = arg(
+        1, "runs per config and algorithm, interleaved; the table shows the median over runs"
+    )
+    completions_per_step: int = arg(32, "completions per step, for every algorithm")
+    num_generations: int = arg(
+        4, "completions per prompt for rloo, grpo and trl_rloo (reinforce and ppo: 1)"
+    )
+    beta: float = arg(0.05, "KL coefficient for every algorithm (ppo: --kl_coef)")
+    max_completion_length: int = arg(
+        0, "max generated tokens per completion (0: the config's, 24 embedded, else 64)"
+    )
+    script_flags: str = arg(
+        "",
+        "extra flags for every algorithm script, with '=': --script_flags='--use_peft --bf16' (not for trl_rloo)",
+    )
+    num_threads: int = arg(
+        1, "OMP_NUM_THREADS in each child (0: leave unset, PyTorch's default of one per core)"
+    )
+    trl_python: str = arg(
+        sys.executable, "python of an environment with trl installed, for trl_rloo"
+    )
+    phases: bool = arg(
+        False,
+        "also each phase of a step (generation, forwards, backward, optimizer) and its bound",
+    )
+    work_dir: str = arg(
+        "outputs/bench", "where the runs, the random models and the prompt file go"
+    )
+    output_json: str = arg(
+        "outputs/bench/bench.json", "the figures for machines: settings, every run and the summary"
+    )
 
 
 class BadInput(Exception):
@@ -143,7 +174,9 @@ def split_list(text: str, kind=str) -> list:
 
 
 def read_metrics(run_dir) -> list[dict]:
-    return [json.loads(line) for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]
+    return [
+        json.loads(line) for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()
+    ]
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -152,7 +185,9 @@ def read_metrics(run_dir) -> list[dict]:
 def peak_rss_mb() -> float:
     """This process's own peak resident set size: Linux's VmHWM (getrusage counts the parent's too, from the fork)."""
     lines = Path("/proc/self/status").read_text().splitlines()
-    return [int(line.split()[1]) for line in lines if line.startswith("VmHWM:")][0] / 1024  # in KiB
+    return [int(line.split()[1]) for line in lines if line.startswith("VmHWM:")][
+        0
+    ] / 1024  # in KiB
 
 
 def child(spec_json: str):
@@ -208,8 +243,14 @@ def install_hooks(report: dict, phases: bool):
     import accelerate
     import torch
     import transformers
-    from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
-    from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+    from torch.nn.modules.module import (
+        register_module_forward_hook,
+        register_module_forward_pre_hook,
+    )
+    from torch.optim.optimizer import (
+        register_optimizer_step_post_hook,
+        register_optimizer_step_pre_hook,
+    )
 
     steps, cpu_marks, starts = [[]], [], []
     generating = False
@@ -280,7 +321,12 @@ def install_hooks(report: dict, phases: bool):
     register_optimizer_step_pre_hook(lambda *_: optimizer_starts.append(clock()))
 
     def optimizer_end(optimizer, args, kwargs):
-        trained = sum(p.numel() for group in optimizer.param_groups for p in group["params"] if p.requires_grad)
+        trained = sum(
+            p.numel()
+            for group in optimizer.param_groups
+            for p in group["params"]
+            if p.requires_grad
+        )
         note("optimizer", optimizer_starts.pop(), parameters=trained)
 
     register_optimizer_step_post_hook(optimizer_end)
@@ -300,7 +346,9 @@ def model_shapes(model) -> dict:
     return {
         "linears": [[i, o, count] for (i, o), count in counts.items()],
         "head": [head.in_features, head.out_features] if head is not None else None,
-        "attention": config.num_hidden_layers * heads * head_dim,  # query·key and the sum of values: 2 FLOPs each
+        "attention": config.num_hidden_layers
+        * heads
+        * head_dim,  # query·key and the sum of values: 2 FLOPs each
         "cache": 2 * config.num_hidden_layers * kv_heads * head_dim,  # keys and values
     }
 
@@ -314,7 +362,9 @@ def phase_bounds(report: dict, bf16: bool) -> tuple[list[dict], dict]:
     device = "cuda" if torch.cuda.is_available() else "cpu"
     seconds_per_flop = {}
 
-    def best_of_3(work) -> float:  # after a warm-up; on CUDA 10 calls at a time, so that one is not a sync's latency
+    def best_of_3(
+        work,
+    ) -> float:  # after a warm-up; on CUDA 10 calls at a time, so that one is not a sync's latency
         calls = 10 if device == "cuda" else 1
         return min(timeit.repeat(work, timer=clock, repeat=4, number=calls)[1:]) / calls
 
@@ -329,18 +379,26 @@ def phase_bounds(report: dict, bf16: bool) -> tuple[list[dict], dict]:
 
     source = torch.empty(2**26, device=device)  # 256 MB of float32
     copy = torch.empty_like(source)
-    bandwidth = 2 * source.nbytes / best_of_3(lambda: copy.copy_(source))  # bytes read and written per second
+    bandwidth = (
+        2 * source.nbytes / best_of_3(lambda: copy.copy_(source))
+    )  # bytes read and written per second
 
     def pass_seconds(shapes: dict, B: int, L: int, past: int, kept: int) -> float:
         """B sequences of L tokens after `past` cached ones, logits at `kept` positions: the larger of its FLOPs' time
         and its bytes' time."""
         linears = sum(matmul_seconds(B * L, i, o, count) for i, o, count in shapes["linears"])
         linear_flops = sum(2 * B * L * i * o * count for i, o, count in shapes["linears"])
-        attended = L * past + L * (L + 1) / 2  # each token attends to the cache, to itself and to the ones before
+        attended = (
+            L * past + L * (L + 1) / 2
+        )  # each token attends to the cache, to itself and to the ones before
         attention_flops = 4 * B * shapes["attention"] * attended
         head = matmul_seconds(B * kept, *shapes["head"]) if shapes["head"] and kept else 0.0
-        compute = linears * (1 + attention_flops / linear_flops) + head  # attention at the linears' mean rate
-        weights = sum(i * o * count for i, o, count in shapes["linears"]) + math.prod(shapes["head"] or [0])
+        compute = (
+            linears * (1 + attention_flops / linear_flops) + head
+        )  # attention at the linears' mean rate
+        weights = sum(i * o * count for i, o, count in shapes["linears"]) + math.prod(
+            shapes["head"] or [0]
+        )
         cache = B * shapes["cache"] * (past + L)
         return max(compute, (weights + cache) * dtype.itemsize / bandwidth)
 
@@ -348,11 +406,15 @@ def phase_bounds(report: dict, bf16: bool) -> tuple[list[dict], dict]:
     for events in report["steps"]:
         bound = dict.fromkeys(PHASES, 0.0)
         for event in events:
-            if event["phase"] == "generation":  # a prefill, then one token at a time: the t-th after P + t - 1
+            if (
+                event["phase"] == "generation"
+            ):  # a prefill, then one token at a time: the t-th after P + t - 1
                 B, P, T = event["B"], event["P"], event["T"]
                 decoding = sum(pass_seconds(event, B, 1, P + t - 1, 1) for t in range(1, T))
                 bound["generation"] += pass_seconds(event, B, P, 0, 1) + decoding
-            elif event["phase"] == "optimizer":  # AdamW: 4 float32 reads and 3 writes per trained parameter
+            elif (
+                event["phase"] == "optimizer"
+            ):  # AdamW: 4 float32 reads and 3 writes per trained parameter
                 bound["optimizer"] += 28 * event["parameters"] / bandwidth
             elif event["phase"] != "backward":
                 forward = pass_seconds(event, event["B"], event["L"], 0, event["kept"])
@@ -360,7 +422,10 @@ def phase_bounds(report: dict, bf16: bool) -> tuple[list[dict], dict]:
                 bound["backward"] += event["backward"] * forward
         bounds.append(bound)
     matmuls = {"x".join(map(str, shape)): 1e-9 / rate for shape, rate in seconds_per_flop.items()}
-    return bounds, {"copy_GB_per_s": bandwidth / 1e9, "matmul_GFLOP_per_s (tokens x in x out)": matmuls}
+    return bounds, {
+        "copy_GB_per_s": bandwidth / 1e9,
+        "matmul_GFLOP_per_s (tokens x in x out)": matmuls,
+    }
 
 
 def trl_run(spec: dict, report: dict):
@@ -418,10 +483,21 @@ def trl_run(spec: dict, report: dict):
         callbacks=[StepTimer()],
     )
     trainer.train()
-    lengths = [log["completions/mean_length"] for log in trainer.state.log_history if "completions/mean_length" in log]
-    with open(Path(spec["output_dir"]) / "metrics.jsonl", "w") as f:  # the scripts' format, so one parser reads both
+    lengths = [
+        log["completions/mean_length"]
+        for log in trainer.state.log_history
+        if "completions/mean_length" in log
+    ]
+    with open(
+        Path(spec["output_dir"]) / "metrics.jsonl", "w"
+    ) as f:  # the scripts' format, so one parser reads both
         for step, (step_time, length) in enumerate(zip(step_times, lengths), 1):
-            f.write(json.dumps({"step": step, "step_time": step_time, "completions/mean_length": length}) + "\n")
+            f.write(
+                json.dumps(
+                    {"step": step, "step_time": step_time, "completions/mean_length": length}
+                )
+                + "\n"
+            )
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -440,7 +516,9 @@ def build_random_model(path: Path, shape: dict) -> int:
     tokenizer = common.load_tokenizer(EMBEDDED)
     spec = json.loads(tokenizer.backend_tokenizer.to_str())
     vocab, merges = spec["model"]["vocab"], spec["model"]["merges"]
-    byte_chars = [c for c in vocab if len(c) == 1][:256]  # the byte-level alphabet (one character per byte)
+    byte_chars = [c for c in vocab if len(c) == 1][
+        :256
+    ]  # the byte-level alphabet (one character per byte)
     for a in byte_chars:
         for b in byte_chars:
             if len(vocab) == LLAMA_135M["vocab_size"]:  # 49,152
@@ -458,7 +536,10 @@ def build_random_model(path: Path, shape: dict) -> int:
     )
     big.chat_template = tokenizer.chat_template
     config = LlamaConfig(
-        **shape, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, bos_token_id=None
+        **shape,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=None,
     )
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config)
@@ -468,7 +549,13 @@ def build_random_model(path: Path, shape: dict) -> int:
 
 
 def script_argv(
-    args: Args, algorithm: str, model: str, data_file: Path, length: int, run_dir: Path, precision: str
+    args: Args,
+    algorithm: str,
+    model: str,
+    data_file: Path,
+    length: int,
+    run_dir: Path,
+    precision: str,
 ) -> list[str]:
     G = args.num_generations if algorithm in GROUPED else 1
     flags = {
@@ -512,10 +599,14 @@ def run_child(args: Args, spec: dict, run_dir: Path) -> dict:
     records = [r for r in read_metrics(run_dir) if "step_time" in r]
     measured = records[args.warmup_steps :]
     step_times = [r["step_time"] for r in measured]
-    tokens = [r["completions/mean_length"] * args.completions_per_step for r in measured]  # real tokens, up to EOS
+    tokens = [
+        r["completions/mean_length"] * args.completions_per_step for r in measured
+    ]  # real tokens, up to EOS
     child_report = json.loads((run_dir / "bench_child.json").read_text())
     median_step_time = statistics.median(step_times)
-    step_cpu_times = [t for t in child_report["step_cpu_times"][args.warmup_steps :] if t is not None]
+    step_cpu_times = [
+        t for t in child_report["step_cpu_times"][args.warmup_steps :] if t is not None
+    ]
     return {
         "median_step_time_s": median_step_time,
         "median_step_cpu_time_s": statistics.median(step_cpu_times) if step_cpu_times else None,
@@ -529,7 +620,11 @@ def run_child(args: Args, spec: dict, run_dir: Path) -> dict:
         "step_times_s": [r["step_time"] for r in records],
         "wall_s": time.perf_counter() - start,
         **({"trl_version": child_report["trl_version"]} if "trl_version" in child_report else {}),
-        **({"phases": phase_medians(records, child_report, args.warmup_steps)} if args.phases else {}),
+        **(
+            {"phases": phase_medians(records, child_report, args.warmup_steps)}
+            if args.phases
+            else {}
+        ),
         "phase_rates": child_report.get("rates"),  # --phases: what the bounds were measured at
     }
 
@@ -540,12 +635,17 @@ def phase_medians(records: list[dict], child_report: dict, warmup_steps: int) ->
     cuda = "cuda_max_allocated_mb" in child_report
     step_seconds = [r["step_time"] for r in records] if cuda else child_report["step_cpu_times"]
     seconds, bounds = [], []
-    for step, events, bound in list(zip(step_seconds, child_report["steps"], child_report["bounds"]))[warmup_steps:]:
+    for step, events, bound in list(
+        zip(step_seconds, child_report["steps"], child_report["bounds"])
+    )[warmup_steps:]:
         phases = {name: sum(e["seconds"] for e in events if e["phase"] == name) for name in PHASES}
         seconds.append(phases | {"rest": step - sum(phases.values()), "step": step})
         bounds.append(bound | {"rest": None, "step": sum(bound.values())})
     return {
-        name: {"seconds": median([s[name] for s in seconds]), "bound": median([b[name] for b in bounds])}
+        name: {
+            "seconds": median([s[name] for s in seconds]),
+            "bound": median([b[name] for b in bounds]),
+        }
         for name in seconds[0]
     }
 
@@ -569,13 +669,17 @@ def summarize(runs: list[dict]) -> list[dict]:
     for key in dict.fromkeys((r["config"], r["algorithm"], r["precision"]) for r in runs):
         group = [r for r in runs if (r["config"], r["algorithm"], r["precision"]) == key]
         row = dict(
-            zip(("config", "algorithm", "precision"), key), repeats=len(group), parameters=group[0]["parameters"]
+            zip(("config", "algorithm", "precision"), key),
+            repeats=len(group),
+            parameters=group[0]["parameters"],
         )
         for name in FIGURES:
             row[name] = median([r[name] for r in group])
         for name in group[0].get("phases", {}):  # each phase's medians over the repeats
             figures = [r["phases"][name] for r in group]
-            row.setdefault("phases", {})[name] = {k: median([f[k] for f in figures]) for k in ("seconds", "bound")}
+            row.setdefault("phases", {})[name] = {
+                k: median([f[k] for f in figures]) for k in ("seconds", "bound")
+            }
         summary.append(row)
     return summary
 
@@ -587,8 +691,16 @@ def median(values: list):
 
 
 def print_table(summary: list[dict], cuda: bool):
-    shown = [name for name, (column, _) in FIGURES.items() if column and (cuda or name != "cuda_max_allocated_mb")]
-    print("| config | algorithm | precision | runs | " + " | ".join(FIGURES[name][0] for name in shown) + " |")
+    shown = [
+        name
+        for name, (column, _) in FIGURES.items()
+        if column and (cuda or name != "cuda_max_allocated_mb")
+    ]
+    print(
+        "| config | algorithm | precision | runs | "
+        + " | ".join(FIGURES[name][0] for name in shown)
+        + " |"
+    )
     print("|" + "---|" * (4 + len(shown)))
     for r in summary:
         cells = [r["config"], r["algorithm"], r["precision"], str(r["repeats"])]
@@ -600,7 +712,9 @@ def print_phases(row: dict):
     """One run's phases in markdown: median seconds, bound and ratio; the step's bound is the sum of its phases'."""
     unit = "seconds" if row["cuda_max_allocated_mb"] else "CPU seconds"
     wall = f"(the wall clock's step: {row['median_step_time_s']:.3g} s)"
-    print(f"\n{row['config']}, {row['algorithm']}, {row['precision']}: medians over the measured steps {wall}")
+    print(
+        f"\n{row['config']}, {row['algorithm']}, {row['precision']}: medians over the measured steps {wall}"
+    )
     print(f"| phase | {unit} | bound | ratio |\n|---|---|---|---|")
     for name, figure in row["phases"].items():
         seconds, bound = figure["seconds"], figure["bound"]
@@ -611,7 +725,11 @@ def print_phases(row: dict):
 
 
 def main(args: Args):
-    algorithms, configs, precisions = split_list(args.algorithms), split_list(args.configs), split_list(args.precisions)
+    algorithms, configs, precisions = (
+        split_list(args.algorithms),
+        split_list(args.configs),
+        split_list(args.precisions),
+    )
     for kind, names, known in (
         ("algorithm", algorithms, ALGORITHMS),
         ("config", configs, CONFIGS),
@@ -619,20 +737,43 @@ def main(args: Args):
     ):
         require(bool(names), f"--{kind}s: nothing to run")
         for name in names:
-            require(name in known, f"--{kind}s: unknown {kind} {name!r} (choose from {', '.join(known)})")
+            require(
+                name in known,
+                f"--{kind}s: unknown {kind} {name!r} (choose from {', '.join(known)})",
+            )
     unmeasured = f"{args.steps} leaves no measured step after --warmup_steps {args.warmup_steps}"
     require(args.steps > args.warmup_steps >= 0, f"--steps: {unmeasured}")
     require(args.repeats >= 1, f"--repeats: must be ≥ 1, got {args.repeats}")
-    require(not (args.phases and "trl_rloo" in algorithms), "--phases: for the scripts, not for trl_rloo")
-    require(args.warmup_steps >= 1 or not args.phases, "--phases: needs --warmup_steps ≥ 1 (step 1 has no CPU time)")
-    require(args.num_generations >= 2, f"--num_generations: RLOO and GRPO need at least 2, got {args.num_generations}")
+    require(
+        not (args.phases and "trl_rloo" in algorithms),
+        "--phases: for the scripts, not for trl_rloo",
+    )
+    require(
+        args.warmup_steps >= 1 or not args.phases,
+        "--phases: needs --warmup_steps ≥ 1 (step 1 has no CPU time)",
+    )
+    require(
+        args.num_generations >= 2,
+        f"--num_generations: RLOO and GRPO need at least 2, got {args.num_generations}",
+    )
     not_multiple = f"{args.completions_per_step} is not a multiple of --num_generations {args.num_generations}"
-    require(args.completions_per_step % args.num_generations == 0, f"--completions_per_step: {not_multiple}")
-    require(args.max_completion_length >= 0, f"--max_completion_length: must be ≥ 0, got {args.max_completion_length}")
+    require(
+        args.completions_per_step % args.num_generations == 0,
+        f"--completions_per_step: {not_multiple}",
+    )
+    require(
+        args.max_completion_length >= 0,
+        f"--max_completion_length: must be ≥ 0, got {args.max_completion_length}",
+    )
     if "trl_rloo" in algorithms:
         command = [args.trl_python, "-c", "import trl"]
-        found = Path(args.trl_python).exists() and subprocess.run(command, capture_output=True).returncode == 0
-        install = "install it in a separate environment (pip install 'trl==1.16.*') and pass its python"
+        found = (
+            Path(args.trl_python).exists()
+            and subprocess.run(command, capture_output=True).returncode == 0
+        )
+        install = (
+            "install it in a separate environment (pip install 'trl==1.16.*') and pass its python"
+        )
         require(found, f"--trl_python: {args.trl_python} cannot import trl; {install}")
 
     import torch
@@ -640,11 +781,18 @@ def main(args: Args):
 
     work_dir = Path(args.work_dir)
     work_dir.mkdir(parents=True, exist_ok=True)
-    data_file = work_dir / "arithmetic_train.jsonl"  # the train split alone: no test split, so no evaluation
+    data_file = (
+        work_dir / "arithmetic_train.jsonl"
+    )  # the train split alone: no test split, so no evaluation
     shutil.copyfile(PROMPTS, data_file)
-    models = {"embedded": (EMBEDDED, AutoModelForCausalLM.from_pretrained(EMBEDDED).num_parameters())}
+    models = {
+        "embedded": (EMBEDDED, AutoModelForCausalLM.from_pretrained(EMBEDDED).num_parameters())
+    }
     for config in set(configs) & set(SHAPES):
-        models[config] = (str(work_dir / config), build_random_model(work_dir / config, SHAPES[config]))
+        models[config] = (
+            str(work_dir / config),
+            build_random_model(work_dir / config, SHAPES[config]),
+        )
 
     schedule = {}
     if "trl_rloo" in algorithms:  # TRL trains with rloo.py's learning rate, schedule and warm-up
@@ -652,7 +800,9 @@ def main(args: Args):
 
         defaults = rloo.Args()
         schedule = dict(learning_rate=defaults.learning_rate, warmup_ratio=defaults.warmup_ratio)
-        schedule["lr_scheduler_type"] = getattr(defaults.lr_scheduler_type, "value", defaults.lr_scheduler_type)
+        schedule["lr_scheduler_type"] = getattr(
+            defaults.lr_scheduler_type, "value", defaults.lr_scheduler_type
+        )
     runs = []
     for repeat in range(args.repeats):  # one run of each, then the next
         for config in configs:
@@ -661,15 +811,28 @@ def main(args: Args):
             for algorithm, precision in [(a, p) for a in algorithms for p in precisions]:
                 run_dir = work_dir / f"{config}-{algorithm}-{precision}-{repeat}"
                 G = args.num_generations if algorithm in GROUPED else 1
-                spec = asdict(args) | schedule  # the child reads its steps, batch, β and --phases there
-                spec |= dict(algorithm=algorithm, output_dir=str(run_dir), model=model, num_generations=G)
+                spec = (
+                    asdict(args) | schedule
+                )  # the child reads its steps, batch, β and --phases there
+                spec |= dict(
+                    algorithm=algorithm, output_dir=str(run_dir), model=model, num_generations=G
+                )
                 spec |= dict(max_completion_length=length, bf16=precision == "bf16")
-                spec["argv"] = script_argv(args, algorithm, model, data_file, length, run_dir, precision)
+                spec["argv"] = script_argv(
+                    args, algorithm, model, data_file, length, run_dir, precision
+                )
                 result = run_child(args, spec, run_dir)
-                run = dict(config=config, precision=precision, repeat=repeat, parameters=parameters)
-                runs.append(run | {"algorithm": algorithm, "max_completion_length": length} | result)
+                run = dict(
+                    config=config, precision=precision, repeat=repeat, parameters=parameters
+                )
+                runs.append(
+                    run | {"algorithm": algorithm, "max_completion_length": length} | result
+                )
                 figures = f"{result['median_step_time_s']:.3f} s/step, peak RSS {result['peak_rss_mb']:.0f} MB"
-                print(f"[{repeat + 1}/{args.repeats}] {config:>9} {algorithm:>9} {precision}: {figures}", flush=True)
+                print(
+                    f"[{repeat + 1}/{args.repeats}] {config:>9} {algorithm:>9} {precision}: {figures}",
+                    flush=True,
+                )
 
     summary = summarize(runs)
     cuda = torch.cuda.is_available()

@@ -25,7 +25,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = ["rloo.py", "grpo.py", "reinforce.py", "ppo.py", "sft.py", "reward_model.py"]
 PHASE = re.compile(r"# ==== \d[\d-]*\. (.*)")  # "3." or "1-2."
-BOOKKEEPING = ("clip_low.append", "clip_high.append", "losses.append", "_sum +=", "token_sums", "isfinite", "fail(")
+BOOKKEEPING = (
+    "clip_low.append",
+    "clip_high.append",
+    "losses.append",
+    "_sum +=",
+    "token_sums",
+    "isfinite",
+    "fail(",
+)
 
 
 def project_imports(path: Path) -> set[str]:
@@ -60,7 +68,11 @@ def outside_names(tree: ast.Module) -> set[str]:
 
 def leaf_statements(statements):
     for node in statements:
-        bodies = [getattr(node, field) for field in ("body", "orelse", "finalbody") if getattr(node, field, None)]
+        bodies = [
+            getattr(node, field)
+            for field in ("body", "orelse", "finalbody")
+            if getattr(node, field, None)
+        ]
         if bodies and not isinstance(node, ast.FunctionDef):
             yield node, True  # the compound statement's own header line
             for body in bodies:
@@ -73,14 +85,20 @@ def loop_figures(path: Path) -> tuple[int, int, float]:
     """The training loop's first line, its statement lines, and the share of them that are the algorithm."""
     source = path.read_text()
     lines = source.splitlines()
-    main = next(n for n in ast.parse(source).body if isinstance(n, ast.FunctionDef) and n.name == "main")
-    loop = next(n for n in ast.walk(main) if isinstance(n, ast.For) and ast.unparse(n.target) == "step")
+    main = next(
+        n for n in ast.parse(source).body if isinstance(n, ast.FunctionDef) and n.name == "main"
+    )
+    loop = next(
+        n for n in ast.walk(main) if isinstance(n, ast.For) and ast.unparse(n.target) == "step"
+    )
     algorithm = other = 0
     for node, header in leaf_statements(loop.body):
         span = range(node.lineno, (node.lineno if header else node.end_lineno) + 1)
         text = "\n".join(lines[i - 1] for i in span)
         marks = [
-            line.strip() for line in lines[loop.lineno : node.lineno] if line.strip().startswith(("# ====", "# ----"))
+            line.strip()
+            for line in lines[loop.lineno : node.lineno]
+            if line.strip().startswith(("# ====", "# ----"))
         ]
         phase = PHASE.match(marks[-1]) if marks else None
         plumbing = (
@@ -94,11 +112,17 @@ def loop_figures(path: Path) -> tuple[int, int, float]:
             other += len(span)
         else:
             algorithm += len(span)
-    return loop.lineno, algorithm + other + 1, algorithm / (algorithm + other + 1)  # + 1: the `for` line
+    return (
+        loop.lineno,
+        algorithm + other + 1,
+        algorithm / (algorithm + other + 1),
+    )  # + 1: the `for` line
 
 
 def main():
-    print("| script | lines | loop starts at | loop lines | algorithm | names from project files | copy set |")
+    print(
+        "| script | lines | loop starts at | loop lines | algorithm | names from project files | copy set |"
+    )
     print("|---|---|---|---|---|---|---|")
     for script in SCRIPTS:
         path = ROOT / script
@@ -108,8 +132,12 @@ def main():
         copied = sum(len(f.read_text().splitlines()) for f in files)
         total = len(path.read_text().splitlines())
         listed = " + ".join(f.name for f in files)
-        print(f"| {script} | {total} | {start} | {loop} | {share:.0%} | {names} | {copied} ({listed}) |")
-    diff = subprocess.run(["diff", ROOT / "rloo.py", ROOT / "grpo.py"], capture_output=True, text=True).stdout
+        print(
+            f"| {script} | {total} | {start} | {loop} | {share:.0%} | {names} | {copied} ({listed}) |"
+        )
+    diff = subprocess.run(
+        ["diff", ROOT / "rloo.py", ROOT / "grpo.py"], capture_output=True, text=True
+    ).stdout
     changed = sum(line[:1] in "<>" for line in diff.splitlines())
     print(f"\n`diff rloo.py grpo.py`: {changed} changed lines")
 

@@ -79,7 +79,13 @@ sys.path.insert(0, str(ROOT))  # the scripts, common.py and rewards.py
 
 import common  # noqa: E402
 from bench import BadInput, arg, fail, flag_message, parse_args, read_metrics, require, split_list  # noqa: E402
-from rewards import RewardError, accuracy_reward, as_completion, extract_answer, reward_model_function  # noqa: E402
+from rewards import (  # noqa: E402
+    RewardError,
+    accuracy_reward,
+    as_completion,
+    extract_answer,
+    reward_model_function,
+)
 from rloo import completion_logprobs, load_split  # noqa: E402
 
 ALGORITHMS = {
@@ -91,7 +97,16 @@ ALGORITHMS = {
         "Vanilla PG",
         "ppo.py",
         1,
-        ["--lam", "1.0", "--num_ppo_epochs", "1", "--num_mini_batches", "1", "--whiten_advantages", "False"],
+        [
+            "--lam",
+            "1.0",
+            "--num_ppo_epochs",
+            "1",
+            "--num_mini_batches",
+            "1",
+            "--whiten_advantages",
+            "False",
+        ],
     ),
     "ppo": ("PPO", "ppo.py", 1, []),
     "grpo": ("GRPO", "grpo.py", 8, ["--num_generations", "8"]),
@@ -109,7 +124,9 @@ PASSED_THROUGH = (
 )
 QUICK = dict(seeds="0", completions_per_step=8, max_steps=2, eval_steps=2, num_generations_eval=1)
 NUMBER_PAIRS = "data/arithmetic_preferences_number"  # pairs that only arithmetic separates (tools/make_data.py)
-QUICK_REWARD_MODEL = f"--dataset_name {NUMBER_PAIRS} --max_steps 2 --train_batch_size 8 --eval_strategy no"
+QUICK_REWARD_MODEL = (
+    f"--dataset_name {NUMBER_PAIRS} --max_steps 2 --train_batch_size 8 --eval_strategy no"
+)
 EXPERIMENTS = {
     # name: (report file stem, run folders under output_dir)
     "accuracy": ("compare", "runs"),
@@ -121,18 +138,24 @@ EXPERIMENTS = {
 class Args:
     # what is compared
     algorithms: str = arg(
-        ",".join(ALGORITHMS), f"comma-separated algorithms, in the order of the report ({', '.join(ALGORITHMS)})"
+        ",".join(ALGORITHMS),
+        f"comma-separated algorithms, in the order of the report ({', '.join(ALGORITHMS)})",
     )
     seeds: str = arg("0,1,2", "comma-separated seeds; every algorithm runs once with each")
     # the budget, the same for every algorithm
     completions_per_step: int = arg(
         32, "completions sampled per step by every algorithm (C / G prompts × G completions)"
     )
-    max_steps: int = arg(50, "steps per run: every run samples completions_per_step × max_steps completions")
-    eval_steps: int = arg(
-        10, "held-out evaluation every this many steps for every algorithm (also at step 0 and the end)"
+    max_steps: int = arg(
+        50, "steps per run: every run samples completions_per_step × max_steps completions"
     )
-    num_generations_eval: int = arg(4, "completions sampled per held-out prompt for eval/accuracy and the final KL")
+    eval_steps: int = arg(
+        10,
+        "held-out evaluation every this many steps for every algorithm (also at step 0 and the end)",
+    )
+    num_generations_eval: int = arg(
+        4, "completions sampled per held-out prompt for eval/accuracy and the final KL"
+    )
     # the reward every algorithm optimizes
     experiment: str = arg(
         "accuracy",
@@ -155,16 +178,26 @@ class Args:
         "and proxy reward are read off each run's curve",
     )
     # passed to every script when given (None: each script's own default)
-    model_name_or_path: str | None = arg(None, "policy to train (default: the scripts' default, the embedded model)")
-    dataset_name: str | None = arg(None, "dataset (default: the scripts' default, data/arithmetic)")
+    model_name_or_path: str | None = arg(
+        None, "policy to train (default: the scripts' default, the embedded model)"
+    )
+    dataset_name: str | None = arg(
+        None, "dataset (default: the scripts' default, data/arithmetic)"
+    )
     dataset_config: str | None = arg(None, "the configuration of a dataset that has several")
     dataset_train_split: str | None = arg(None, "split to train on")
     dataset_test_split: str | None = arg(None, "held-out split with a ground_truth column")
-    reward_funcs: str | None = arg(None, "comma-separated reward functions (default: the scripts' default, accuracy)")
+    reward_funcs: str | None = arg(
+        None, "comma-separated reward functions (default: the scripts' default, accuracy)"
+    )
     reward_weights: str | None = arg(None, "comma-separated weights, one per reward")
-    reward_model_path: str | None = arg(None, "a sequence-classification reward model added to the rewards")
+    reward_model_path: str | None = arg(
+        None, "a sequence-classification reward model added to the rewards"
+    )
     max_completion_length: int | None = arg(None, "max generated tokens per completion")
-    script_args: str = arg("", "more flags for every script, e.g. --script_args='--bf16 --micro_batch_size 16'")
+    script_args: str = arg(
+        "", "more flags for every script, e.g. --script_args='--bf16 --micro_batch_size 16'"
+    )
     # running and reporting
     quick: bool = arg(
         False,
@@ -177,7 +210,8 @@ class Args:
         "{output_dir}/runs/<algorithm>/seed<k> (runs/rm/... under --experiment reward_model)",
     )
     report_only: bool = arg(
-        False, "rebuild the report from the run folders of an earlier comparison with the same flags, training nothing"
+        False,
+        "rebuild the report from the run folders of an earlier comparison with the same flags, training nothing",
     )
 
 
@@ -188,8 +222,14 @@ def check_args(args: Args):
     names = split_list(args.algorithms)
     require(bool(names), "--algorithms: none selected")
     for name in names:
-        require(name in ALGORITHMS, f"--algorithms: unknown algorithm {name!r} (choose from {', '.join(ALGORITHMS)})")
-    require(len(set(names)) == len(names), f"--algorithms: an algorithm is listed twice in {args.algorithms!r}")
+        require(
+            name in ALGORITHMS,
+            f"--algorithms: unknown algorithm {name!r} (choose from {', '.join(ALGORITHMS)})",
+        )
+    require(
+        len(set(names)) == len(names),
+        f"--algorithms: an algorithm is listed twice in {args.algorithms!r}",
+    )
     try:
         seeds = split_list(args.seeds, int)
     except ValueError:
@@ -198,7 +238,10 @@ def check_args(args: Args):
         bool(seeds) and len(set(seeds)) == len(seeds),
         f"--seeds: expected distinct comma-separated integers, got {args.seeds!r}",
     )
-    require(args.completions_per_step > 0, f"--completions_per_step: must be positive, got {args.completions_per_step}")
+    require(
+        args.completions_per_step > 0,
+        f"--completions_per_step: must be positive, got {args.completions_per_step}",
+    )
     for name in names:
         G = ALGORITHMS[name][2]
         require(
@@ -208,7 +251,10 @@ def check_args(args: Args):
         )
     require(args.max_steps > 0, f"--max_steps: must be positive, got {args.max_steps}")
     require(args.eval_steps > 0, f"--eval_steps: must be positive, got {args.eval_steps}")
-    require(args.num_generations_eval > 0, f"--num_generations_eval: must be positive, got {args.num_generations_eval}")
+    require(
+        args.num_generations_eval > 0,
+        f"--num_generations_eval: must be positive, got {args.num_generations_eval}",
+    )
     require(
         args.experiment in EXPERIMENTS,
         f"--experiment: expected one of {', '.join(EXPERIMENTS)}, got {args.experiment!r}",
@@ -217,7 +263,9 @@ def check_args(args: Args):
     try:
         kls = split_list(args.frontier_kls, float)
     except ValueError:
-        raise BadInput(f"--frontier_kls: expected comma-separated numbers, got {args.frontier_kls!r}") from None
+        raise BadInput(
+            f"--frontier_kls: expected comma-separated numbers, got {args.frontier_kls!r}"
+        ) from None
     require(
         bool(kls) and all(k > 0 for k in kls),
         f"--frontier_kls: expected positive comma-separated numbers, got {args.frontier_kls!r}",
@@ -229,9 +277,12 @@ def check_args(args: Args):
         )
         if args.reward_model_path is None:
             require(
-                "--output_dir" not in args.reward_model_args, "--reward_model_args: the output folder is ours to set"
+                "--output_dir" not in args.reward_model_args,
+                "--reward_model_args: the output folder is ours to set",
             )
-            script_config("reward_model.py", shlex.split(args.reward_model_args), flag="--reward_model_args")
+            script_config(
+                "reward_model.py", shlex.split(args.reward_model_args), flag="--reward_model_args"
+            )
 
 
 def resolve_experiment(args: Args) -> Args:
@@ -323,9 +374,13 @@ def run_script(script: str, flags: list[str]) -> dict:
     """Run `python script flags`, its output passing through. Returns its exit status, wall time and peak RSS."""
     start = time.perf_counter()
     process = subprocess.Popen([sys.executable, str(ROOT / script), *flags])
-    _, status, rusage = os.wait4(process.pid, 0)  # the child's own rusage, not the sum over every child so far
+    _, status, rusage = os.wait4(
+        process.pid, 0
+    )  # the child's own rusage, not the sum over every child so far
     process.returncode = os.waitstatus_to_exitcode(status)
-    peak_kib = rusage.ru_maxrss / (1024 if sys.platform == "darwin" else 1)  # bytes on macOS, KiB on Linux
+    peak_kib = rusage.ru_maxrss / (
+        1024 if sys.platform == "darwin" else 1
+    )  # bytes on macOS, KiB on Linux
     return {
         "returncode": process.returncode,
         "wall_s": time.perf_counter() - start,
@@ -337,7 +392,9 @@ def sequence_kl(record: dict) -> float:
     """KL to the reference per completion (Σ_t kl_t, mean over the batch) from a training record of any script."""
     if "objective/kl" in record:  # ppo.py logs it per completion already
         return record["objective/kl"]
-    return record["kl"] * record["completions/mean_length"]  # token mean × tokens per completion = Σ_t kl_t / B
+    return (
+        record["kl"] * record["completions/mean_length"]
+    )  # token mean × tokens per completion = Σ_t kl_t / B
 
 
 def read_run(run_dir: str, config, frontier: dict | None = None) -> dict:
@@ -346,11 +403,18 @@ def read_run(run_dir: str, config, frontier: dict | None = None) -> dict:
     records = read_metrics(run_dir)
     evals = [r for r in records if "eval/accuracy" in r]
     if frontier is not None:
-        evals = [{"step": s, "eval/accuracy": gold} for s, gold in zip(frontier["steps"], frontier["gold"])]
+        evals = [
+            {"step": s, "eval/accuracy": gold}
+            for s, gold in zip(frontier["steps"], frontier["gold"])
+        ]
     train = [r for r in records if "step_time" in r]
-    has_kl = kl_coefficient(config) > 0 and any("kl" in r or "objective/kl" in r for r in train)  # GRPO at β = 0: none
+    has_kl = kl_coefficient(config) > 0 and any(
+        "kl" in r or "objective/kl" in r for r in train
+    )  # GRPO at β = 0: none
     kl = [sequence_kl(r) for r in train] if has_kl else []
-    zero_std = [r["frac_reward_zero_std"] for r in train if r.get("frac_reward_zero_std") is not None]  # G ≥ 2 only
+    zero_std = [
+        r["frac_reward_zero_std"] for r in train if r.get("frac_reward_zero_std") is not None
+    ]  # G ≥ 2 only
     variances = [r["reward_std"] ** 2 for r in train if r.get("reward_std") is not None]
     return {
         "eval_steps": [r["step"] for r in evals],
@@ -375,7 +439,9 @@ def heldout_kl(run_dir: str, config) -> float | None:
 
 
 @torch.no_grad()
-def heldout_measurements(policy_paths: list[str], config, reward_model_path: str | None = None) -> list[dict] | None:
+def heldout_measurements(
+    policy_paths: list[str], config, reward_model_path: str | None = None
+) -> list[dict] | None:
     """For each policy: num_generations_eval samples y ~ π per held-out prompt (seeded by config.seed), and over them
     the mean KL per completion Σ_t log π(y_t) − log π_ref(y_t) (k1), with a reward model the mean proxy reward
     r_φ(x, y), and the exact-match accuracy on these same samples. None when the dataset has no held-out split."""
@@ -385,32 +451,50 @@ def heldout_measurements(policy_paths: list[str], config, reward_model_path: str
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     tokenizer = common.load_tokenizer(config.model_name_or_path)
     reference = AutoModelForCausalLM.from_pretrained(config.model_name_or_path).to(device).eval()
-    proxy = reward_model_function(reward_model_path, device) if reward_model_path else None  # the scripts' scorer
+    proxy = (
+        reward_model_function(reward_model_path, device) if reward_model_path else None
+    )  # the scripts' scorer
     prompts = [p for p in eval_dataset["prompt"] for _ in range(config.num_generations_eval)]
     truths = None
     if "ground_truth" in eval_dataset.column_names:
-        truths = [t for t in eval_dataset["ground_truth"] for _ in range(config.num_generations_eval)]
+        truths = [
+            t for t in eval_dataset["ground_truth"] for _ in range(config.num_generations_eval)
+        ]
     texts = [common.prompt_text(tokenizer, p, config.chat_template_kwargs) for p in prompts]
     generation_config = common.sampling_config(reference, tokenizer, config)
     measured = []
     for path in policy_paths:
-        policy = AutoModelForCausalLM.from_pretrained(path).to(device).eval()  # a LoRA run's adapter: on its base
+        policy = (
+            AutoModelForCausalLM.from_pretrained(path).to(device).eval()
+        )  # a LoRA run's adapter: on its base
         sums, completions = [], []
-        with torch.random.fork_rng(devices=[torch.cuda.current_device()] if torch.cuda.is_available() else []):
+        with torch.random.fork_rng(
+            devices=[torch.cuda.current_device()] if torch.cuda.is_available() else []
+        ):
             torch.manual_seed(config.seed)
             for start in range(0, len(texts), config.per_device_eval_batch_size):
                 batch = texts[start : start + config.per_device_eval_batch_size]
                 out = common.generate(policy, tokenizer, batch, generation_config)
-                completion_mask, _ = common.end_of_completion(out["completion_ids"], generation_config.eos_token_id)
-                completion_ids = out["completion_ids"].masked_fill(completion_mask == 0, tokenizer.pad_token_id)
+                completion_mask, _ = common.end_of_completion(
+                    out["completion_ids"], generation_config.eos_token_id
+                )
+                completion_ids = out["completion_ids"].masked_fill(
+                    completion_mask == 0, tokenizer.pad_token_id
+                )
                 input_ids = torch.cat([out["prompt_ids"], completion_ids], 1)
                 attention_mask = torch.cat([out["prompt_mask"], completion_mask], 1)
                 T = completion_ids.shape[1]
-                logprobs = completion_logprobs(policy, input_ids, attention_mask, T, config.temperature)[0]
-                ref_logprobs = completion_logprobs(reference, input_ids, attention_mask, T, config.temperature)[0]
+                logprobs = completion_logprobs(
+                    policy, input_ids, attention_mask, T, config.temperature
+                )[0]
+                ref_logprobs = completion_logprobs(
+                    reference, input_ids, attention_mask, T, config.temperature
+                )[0]
                 sums += ((logprobs - ref_logprobs) * completion_mask).sum(1).tolist()
                 completions += common.decode(tokenizer, completion_ids, completion_mask)[0]
-        shown, completions = map(list, zip(*(as_completion(p, c) for p, c in zip(prompts, completions))))  # as TRL
+        shown, completions = map(
+            list, zip(*(as_completion(p, c) for p, c in zip(prompts, completions)))
+        )  # as TRL
         record = {"kl": sum(sums) / len(sums), "prompts": len(eval_dataset)}
         if proxy is not None:
             record["proxy"] = statistics.mean(proxy(prompts=shown, completions=completions))
@@ -436,7 +520,11 @@ def frontier(run_dir: str, config, eval_steps: list[int]) -> dict:
     for checkpoint in Path(run_dir).glob("checkpoint-*"):
         shutil.rmtree(checkpoint)
     keys = ("kl", "proxy", "gold")
-    return {"steps": eval_steps, "prompts": measured[0]["prompts"], **{k: [m.get(k) for m in measured] for k in keys}}
+    return {
+        "steps": eval_steps,
+        "prompts": measured[0]["prompts"],
+        **{k: [m.get(k) for m in measured] for k in keys},
+    }
 
 
 def value_at_kl(kls: list[float], values: list[float], kl: float) -> float | None:
@@ -471,14 +559,25 @@ def reward_model_accuracy(path: str, pairs_per_problem: int = 8) -> dict:
             lines = (ROOT / folder / f"{split}.jsonl").read_text().splitlines()
             rows = [json.loads(line) for i, line in enumerate(lines) if i % 8 < pairs_per_problem]
             prompts = [row["prompt"] for row in rows]
-            chosen = torch.tensor(score(prompts=prompts, completions=[row["chosen"] for row in rows]))
-            rejected = torch.tensor(score(prompts=prompts, completions=[row["rejected"] for row in rows]))
+            chosen = torch.tensor(
+                score(prompts=prompts, completions=[row["chosen"] for row in rows])
+            )
+            rejected = torch.tensor(
+                score(prompts=prompts, completions=[row["rejected"] for row in rows])
+            )
             correct = (chosen > rejected).float() + 0.5 * (chosen == rejected).float()
             texts = [(row["chosen"][0]["content"], row["rejected"][0]["content"]) for row in rows]
-            selected = kinds.items() if folder == NUMBER_PAIRS else [("demonstrator pairs (form separates them)", None)]
+            selected = (
+                kinds.items()
+                if folder == NUMBER_PAIRS
+                else [("demonstrator pairs (form separates them)", None)]
+            )
             for kind, keep in selected:
                 index = [i for i, (c, r) in enumerate(texts) if keep is None or keep(c, r)]
-                accuracies.setdefault(kind, {})[split] = {"accuracy": correct[index].mean().item(), "pairs": len(index)}
+                accuracies.setdefault(kind, {})[split] = {
+                    "accuracy": correct[index].mean().item(),
+                    "pairs": len(index),
+                }
     return accuracies
 
 
@@ -500,7 +599,11 @@ def mean_std(values: list[float], digits: int = 3) -> str:
 def display_path(path: str) -> str:
     """A path inside the repository relative to it, so the report reads the same on every clone; anything else as is."""
     resolved = Path(path).resolve()
-    return str(resolved.relative_to(ROOT)) if Path(path).exists() and resolved.is_relative_to(ROOT) else path
+    return (
+        str(resolved.relative_to(ROOT))
+        if Path(path).exists() and resolved.is_relative_to(ROOT)
+        else path
+    )
 
 
 def display_command(script: str, flags: list[str]) -> str:
@@ -509,7 +612,9 @@ def display_command(script: str, flags: list[str]) -> str:
 
 def summarize(name: str, runs: list[dict]) -> dict:
     label, script, G, _ = ALGORITHMS[name]
-    variances = [r["reward_variance"] for r in runs if r["reward_variance"] is not None]  # none: ppo.py logs no std
+    variances = [
+        r["reward_variance"] for r in runs if r["reward_variance"] is not None
+    ]  # none: ppo.py logs no std
     accuracies = [r["final_accuracy"] for r in runs if r["final_accuracy"] is not None]
     return {
         "label": label,
@@ -538,7 +643,10 @@ def summarize_frontier(runs: list[dict], kls: list[float]) -> dict:
         "proxy_start": mean_std([r["frontier"]["proxy"][0] for r in runs]),
     }
     for kl in kls:
-        for key, values_of in (("gold", lambda r: r["accuracy"]), ("proxy", lambda r: r["frontier"]["proxy"])):
+        for key, values_of in (
+            ("gold", lambda r: r["accuracy"]),
+            ("proxy", lambda r: r["frontier"]["proxy"]),
+        ):
             values = [value_at_kl(r["frontier"]["kl"], values_of(r), kl) for r in runs]
             reached = [v for v in values if v is not None]
             out[f"{key}_at_kl"] = {
@@ -547,14 +655,22 @@ def summarize_frontier(runs: list[dict], kls: list[float]) -> dict:
                     "mean": statistics.mean(reached) if reached else None,
                     "per_seed": values,
                     "text": mean_std(reached)
-                    + ("" if len(reached) == len(values) else f" ({len(reached)} of {len(values)} seeds)"),
+                    + (
+                        ""
+                        if len(reached) == len(values)
+                        else f" ({len(reached)} of {len(values)} seeds)"
+                    ),
                 },
             }
     peaks = [max(r["accuracy"]) for r in runs]
     out["gold_peak"] = mean_std(peaks)
     out["gold_drop"] = mean_std([peak - r["accuracy"][-1] for peak, r in zip(peaks, runs)])
     out["proxy_after_peak"] = mean_std(
-        [r["frontier"]["proxy"][-1] - r["frontier"]["proxy"][r["accuracy"].index(max(r["accuracy"]))] for r in runs]
+        [
+            r["frontier"]["proxy"][-1]
+            - r["frontier"]["proxy"][r["accuracy"].index(max(r["accuracy"]))]
+            for r in runs
+        ]
     )
     return out
 
@@ -571,7 +687,9 @@ def write_markdown_rm(
     kls: list[float],
 ):
     first = runs[0]
-    n_eval = first["frontier"]["prompts"] * args.num_generations_eval  # the samples of one gold number
+    n_eval = (
+        first["frontier"]["prompts"] * args.num_generations_eval
+    )  # the samples of one gold number
     finals = [r["final_accuracy"] for r in runs if r["final_accuracy"] is not None]
     p = statistics.mean(finals) if finals else 0.5
     standard_error = f"{(p * (1 - p) / n_eval) ** 0.5:.3f}" if n_eval else "—"
@@ -632,7 +750,11 @@ def write_markdown_rm(
         + ") | "
         + " | ".join(f"proxy at KL {k:g}" for k in kls)
         + " | KL, final | groups with all-equal rewards | wall time (s) | optimizer steps |",
-        "|---|---|---|" + "---|" * len(kls) + "---|---|---|---|" + "---|" * len(kls) + "---|---|---|---|",
+        "|---|---|---|"
+        + "---|" * len(kls)
+        + "---|---|---|---|"
+        + "---|" * len(kls)
+        + "---|---|---|---|",
     ]
     for s in summaries.values():
         lines.append(
@@ -643,13 +765,16 @@ def write_markdown_rm(
             + f" | {s['heldout_kl']} | {s['frac_reward_zero_std']} | {s['wall_s']} | {s['optimizer_steps']} |"
         )
     ranked = sorted(
-        (s for s in summaries.values() if s["accuracy_mean"] is not None), key=lambda s: -s["accuracy_mean"]
+        (s for s in summaries.values() if s["accuracy_mean"] is not None),
+        key=lambda s: -s["accuracy_mean"],
     )
     lines += [
         "",
         f"Before training (step 0, every run): gold {mean_std([r['accuracy'][0] for r in runs])}, proxy "
         f"{summaries[next(iter(summaries))]['proxy_start']}.",
-        "Order by mean final gold: " + " > ".join(f"{s['label']} {s['accuracy_mean']:.3f}" for s in ranked) + ".",
+        "Order by mean final gold: "
+        + " > ".join(f"{s['label']} {s['accuracy_mean']:.3f}" for s in ranked)
+        + ".",
     ]
     for k in kls:
         reached = sorted(
@@ -662,7 +787,10 @@ def write_markdown_rm(
         )
         lines.append(
             f"Order by gold at KL {k:g}: "
-            + (" > ".join(f"{label} {value:.3f}" for value, label in reached) or "no run reached it")
+            + (
+                " > ".join(f"{label} {value:.3f}" for value, label in reached)
+                or "no run reached it"
+            )
             + "."
         )
     lines += [
@@ -718,7 +846,13 @@ def settings_table(summaries: dict, settings: dict) -> list[str]:
 
 
 def write_markdown(
-    path: Path, args: Args, command: str, summaries: dict, settings: dict, runs: list[dict], total_wall_s: float
+    path: Path,
+    args: Args,
+    command: str,
+    summaries: dict,
+    settings: dict,
+    runs: list[dict],
+    total_wall_s: float,
 ):
     first = runs[0]
     lines = [
@@ -752,7 +886,8 @@ def write_markdown(
             f"{s['completions']} | {s['optimizer_steps']} |"
         )
     ranked = sorted(
-        (s for s in summaries.values() if s["accuracy_mean"] is not None), key=lambda s: -s["accuracy_mean"]
+        (s for s in summaries.values() if s["accuracy_mean"] is not None),
+        key=lambda s: -s["accuracy_mean"],
     )
     lines += [
         "",
@@ -809,7 +944,9 @@ def write_markdown(
     path.write_text("\n".join(lines))
 
 
-def plot(path: Path, names: list[str], runs: list[dict], completions_per_step: int, max_steps: int):
+def plot(
+    path: Path, names: list[str], runs: list[dict], completions_per_step: int, max_steps: int
+):
     import matplotlib
 
     matplotlib.use("Agg")
@@ -820,7 +957,10 @@ def plot(path: Path, names: list[str], runs: list[dict], completions_per_step: i
     for i, name in enumerate(names):
         seed_runs = [r for r in runs if r["algorithm"] == name]
         color, label = f"C{i}", ALGORITHMS[name][0]
-        for ax, steps_key, values_key in ((ax_accuracy, "eval_steps", "accuracy"), (ax_kl, "kl_steps", "kl")):
+        for ax, steps_key, values_key in (
+            (ax_accuracy, "eval_steps", "accuracy"),
+            (ax_kl, "kl_steps", "kl"),
+        ):
             n = min(len(r[values_key]) for r in seed_runs)
             if n == 0:
                 continue
@@ -838,7 +978,11 @@ def plot(path: Path, names: list[str], runs: list[dict], completions_per_step: i
         final_kls = [r["heldout_kl"] for r in seed_runs if r["heldout_kl"] is not None]
         if final_kls:
             ax_kl.scatter(
-                [max_steps * completions_per_step], [sum(final_kls) / len(final_kls)], color=color, marker="x", s=40
+                [max_steps * completions_per_step],
+                [sum(final_kls) / len(final_kls)],
+                color=color,
+                marker="x",
+                s=40,
             )
     ax_accuracy.set(
         xlabel="completions sampled",
@@ -851,7 +995,9 @@ def plot(path: Path, names: list[str], runs: list[dict], completions_per_step: i
         title="KL: training batches (lines), final policy on held-out (×)",
     )
     ax_kl.plot([], [], color="gray", label="training batches, as logged (GRPO with β = 0: none)")
-    ax_kl.scatter([], [], color="gray", marker="x", label="final policy on held-out prompts, mean over seeds")
+    ax_kl.scatter(
+        [], [], color="gray", marker="x", label="final policy on held-out prompts, mean over seeds"
+    )
     ax_accuracy.legend(fontsize=8)
     ax_kl.legend(fontsize=8)
     for ax in (ax_accuracy, ax_kl):
@@ -862,7 +1008,9 @@ def plot(path: Path, names: list[str], runs: list[dict], completions_per_step: i
     plt.close(figure)
 
 
-def plot_frontier(path: Path, names: list[str], runs: list[dict], completions_per_step: int, kls: list[float]):
+def plot_frontier(
+    path: Path, names: list[str], runs: list[dict], completions_per_step: int, kls: list[float]
+):
     import matplotlib
 
     matplotlib.use("Agg")
@@ -929,7 +1077,13 @@ def main(args: Args):
     command = command_line(args)
     if args.quick:
         args = dataclasses.replace(
-            args, **QUICK, **({"reward_model_args": QUICK_REWARD_MODEL} if args.experiment == "reward_model" else {})
+            args,
+            **QUICK,
+            **(
+                {"reward_model_args": QUICK_REWARD_MODEL}
+                if args.experiment == "reward_model"
+                else {}
+            ),
         )
     check_args(args)
     train_reward_model = args.experiment == "reward_model" and args.reward_model_path is None
@@ -951,7 +1105,13 @@ def main(args: Args):
             config.num_generations_eval,
         )
         require(
-            budget == (args.completions_per_step, args.max_steps, args.eval_steps, args.num_generations_eval),
+            budget
+            == (
+                args.completions_per_step,
+                args.max_steps,
+                args.eval_steps,
+                args.num_generations_eval,
+            ),
             f"--script_args: changes the budget or the evaluation of {name} (set them with compare.py's own flags)",
         )
 
@@ -961,14 +1121,26 @@ def main(args: Args):
     start = time.perf_counter()
     walls = {}
     proxy = None
-    if args.experiment == "reward_model":  # first the proxy: trained here unless --reward_model_path names one
+    if (
+        args.experiment == "reward_model"
+    ):  # first the proxy: trained here unless --reward_model_path names one
         proxy_record = Path(args.reward_model_path) / "compare_reward_model.json"
         if args.report_only:
-            require(proxy_record.is_file(), f"--report_only: no measured reward model in {args.reward_model_path}")
+            require(
+                proxy_record.is_file(),
+                f"--report_only: no measured reward model in {args.reward_model_path}",
+            )
         else:
-            proxy = {"path": display_path(args.reward_model_path), "trained_here": train_reward_model}
+            proxy = {
+                "path": display_path(args.reward_model_path),
+                "trained_here": train_reward_model,
+            }
             if train_reward_model:
-                flags = [*shlex.split(args.reward_model_args), "--output_dir", args.reward_model_path]
+                flags = [
+                    *shlex.split(args.reward_model_args),
+                    "--output_dir",
+                    args.reward_model_path,
+                ]
                 print(f"[reward model] {display_command('reward_model.py', flags)}", flush=True)
                 result = run_script("reward_model.py", flags)
                 if result["returncode"] != 0:
@@ -977,8 +1149,12 @@ def main(args: Args):
                         file=sys.stderr,
                     )
                     sys.exit(result["returncode"] if result["returncode"] in (2, 130, 143) else 1)
-                proxy.update(command=display_command("reward_model.py", flags), wall_s=result["wall_s"])
-            proxy["accuracy"] = reward_model_accuracy(args.reward_model_path, pairs_per_problem=1 if args.quick else 8)
+                proxy.update(
+                    command=display_command("reward_model.py", flags), wall_s=result["wall_s"]
+                )
+            proxy["accuracy"] = reward_model_accuracy(
+                args.reward_model_path, pairs_per_problem=1 if args.quick else 8
+            )
             proxy_record.write_text(json.dumps(proxy, indent=1))
             held_out = proxy["accuracy"]["number pairs, all"]["test"]["accuracy"]
             print(
@@ -991,12 +1167,19 @@ def main(args: Args):
         record_path = Path(config.output_dir) / "compare_run.json"
         tag = f"[{index + 1}/{len(plan)}] {ALGORITHMS[name][0]} seed {seed}"
         if args.report_only:
-            require(record_path.is_file(), f"--report_only: no finished run in {config.output_dir}")
+            require(
+                record_path.is_file(), f"--report_only: no finished run in {config.output_dir}"
+            )
             continue
         print(f"{tag}: {display_command(ALGORITHMS[name][1], flags)}", flush=True)
         result = run_script(ALGORITHMS[name][1], flags)
-        if result["returncode"] != 0:  # 2: the script has printed its one line; 130, 143: stopped by a signal
-            print(f"{tag}: stopped (exit status {result['returncode']}); its output is above", file=sys.stderr)
+        if (
+            result["returncode"] != 0
+        ):  # 2: the script has printed its one line; 130, 143: stopped by a signal
+            print(
+                f"{tag}: stopped (exit status {result['returncode']}); its output is above",
+                file=sys.stderr,
+            )
             sys.exit(result["returncode"] if result["returncode"] in (2, 130, 143) else 1)
         if args.experiment == "reward_model":
             eval_steps = [r["step"] for r in read_metrics(config.output_dir) if "eval/reward" in r]
@@ -1004,11 +1187,17 @@ def main(args: Args):
             result["heldout_kl"] = result["frontier"]["kl"][-1]
         else:
             result["heldout_kl"] = heldout_kl(config.output_dir, config)
-        record_path.write_text(json.dumps({**result, "command": display_command(ALGORITHMS[name][1], flags)}, indent=1))
+        record_path.write_text(
+            json.dumps(
+                {**result, "command": display_command(ALGORITHMS[name][1], flags)}, indent=1
+            )
+        )
         walls.setdefault(name, []).append(result["wall_s"])
         done = [w for ws in walls.values() for w in ws]
         left = sum(statistics.mean(walls.get(n, done)) for n, _, _ in plan[index + 1 :])
-        final_accuracy = read_run(config.output_dir, config, result.get("frontier"))["final_accuracy"] or 0.0
+        final_accuracy = (
+            read_run(config.output_dir, config, result.get("frontier"))["final_accuracy"] or 0.0
+        )
         print(
             f"{tag}: done in {format_duration(result['wall_s'])}, held-out accuracy {final_accuracy:.3f}, KL "
             f"{result['heldout_kl'] or 0:.2f}, peak memory {result['peak_mib']:.0f} MiB; {index + 1} of {len(plan)} "
@@ -1035,11 +1224,15 @@ def main(args: Args):
                 "reward_funcs": ",".join(config.reward_funcs),
             }
         )
-    summaries = {name: summarize(name, [r for r in runs if r["algorithm"] == name]) for name in names}
+    summaries = {
+        name: summarize(name, [r for r in runs if r["algorithm"] == name]) for name in names
+    }
     kls = split_list(args.frontier_kls, float)
     if args.experiment == "reward_model":
         for name in names:
-            summaries[name].update(summarize_frontier([r for r in runs if r["algorithm"] == name], kls))
+            summaries[name].update(
+                summarize_frontier([r for r in runs if r["algorithm"] == name], kls)
+            )
     settings = {}
     for name in names:
         config = configs[name, seeds[0]]
@@ -1059,12 +1252,18 @@ def main(args: Args):
             "num_generations": getattr(config, "num_generations", 1),
             "updates_per_batch": updates_per_batch(config),
             "config": {
-                **{k: v for k, v in dataclasses.asdict(config).items() if k not in ("seed", "output_dir")},
+                **{
+                    k: v
+                    for k, v in dataclasses.asdict(config).items()
+                    if k not in ("seed", "output_dir")
+                },
                 "model_name_or_path": display_path(config.model_name_or_path),
             },
         }
     total_wall_s = time.perf_counter() - start
-    if args.report_only:  # the comparison's own time, as an earlier report recorded it, else the runs' alone
+    if (
+        args.report_only
+    ):  # the comparison's own time, as an earlier report recorded it, else the runs' alone
         earlier = output_dir / f"{stem}.json"
         total_wall_s = (
             json.loads(earlier.read_text())["total_wall_s"]
@@ -1083,10 +1282,22 @@ def main(args: Args):
         report["reward_model"] = proxy
     (output_dir / f"{stem}.json").write_text(json.dumps(report, indent=1))
     if args.experiment == "reward_model":
-        write_markdown_rm(output_dir / f"{stem}.md", args, command, summaries, settings, runs, total_wall_s, proxy, kls)
+        write_markdown_rm(
+            output_dir / f"{stem}.md",
+            args,
+            command,
+            summaries,
+            settings,
+            runs,
+            total_wall_s,
+            proxy,
+            kls,
+        )
         plot_frontier(output_dir / f"{stem}.png", names, runs, args.completions_per_step, kls)
     else:
-        write_markdown(output_dir / f"{stem}.md", args, command, summaries, settings, runs, total_wall_s)
+        write_markdown(
+            output_dir / f"{stem}.md", args, command, summaries, settings, runs, total_wall_s
+        )
         plot(output_dir / f"{stem}.png", names, runs, args.completions_per_step, args.max_steps)
     print(
         f"wrote {output_dir / stem}.md, {output_dir / stem}.png and {output_dir / stem}.json "

@@ -5,7 +5,9 @@ from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-if "PYTEST_XDIST_WORKER" in os.environ:  # under `pytest -n`: one thread per worker and per run it starts
+if (
+    "PYTEST_XDIST_WORKER" in os.environ
+):  # under `pytest -n`: one thread per worker and per run it starts
     os.environ["OMP_NUM_THREADS"] = "1"
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -43,7 +45,9 @@ def run_script(script: str, *flags, cwd=ROOT, timeout=600) -> subprocess.Complet
     """`python script flags` in a child process; returns it with its stdout and stderr."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": ""}
     command = [sys.executable, str(script), *map(str, flags)]
-    return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
+    )
 
 
 def error_line(result: subprocess.CompletedProcess) -> str:
@@ -75,7 +79,9 @@ def one_line_error(module, *flags, capsys) -> str:
 def read_metrics(output_dir) -> list[dict]:
     import json
 
-    return [json.loads(line) for line in (Path(output_dir) / "metrics.jsonl").read_text().splitlines()]
+    return [
+        json.loads(line) for line in (Path(output_dir) / "metrics.jsonl").read_text().splitlines()
+    ]
 
 
 @pytest.fixture(scope="session")

@@ -38,15 +38,25 @@ def fixed_generate(model, tokenizer, texts, config, sampler_logprobs=False) -> d
     for text in texts:
         k = seen[text] = seen.get(text, -1) + 1
         padding = " so" * (len(text) % 3)
-        words = f"{k}{padding} = <answer>{k + len(text) % 5}</answer>" if k % 2 else f"{k} {len(text) % 5}{padding}"
+        words = (
+            f"{k}{padding} = <answer>{k + len(text) % 5}</answer>"
+            if k % 2
+            else f"{k} {len(text) % 5}{padding}"
+        )
         ids = tokenizer(words, add_special_tokens=False).input_ids[: config.max_new_tokens - 1]
         completions.append(ids + [tokenizer.eos_token_id])
     prompt_ids, prompt_mask = common.encode(tokenizer, texts, next(model.parameters()).device)
-    with torch.no_grad():  # a forward pass, as sampling runs them: through the engine's hooks (ZeRO-3's, FSDP's)
+    with (
+        torch.no_grad()
+    ):  # a forward pass, as sampling runs them: through the engine's hooks (ZeRO-3's, FSDP's)
         model(input_ids=prompt_ids, attention_mask=prompt_mask)
     T = max(map(len, completions))
     padded = [ids + [tokenizer.pad_token_id] * (T - len(ids)) for ids in completions]
-    return {"prompt_ids": prompt_ids, "prompt_mask": prompt_mask, "completion_ids": torch.tensor(padded).to(prompt_ids)}
+    return {
+        "prompt_ids": prompt_ids,
+        "prompt_mask": prompt_mask,
+        "completion_ids": torch.tensor(padded).to(prompt_ids),
+    }
 
 
 def gradient_saver(output_dir: Path):
@@ -61,10 +71,15 @@ def gradient_saver(output_dir: Path):
         if self.is_main_process and not (output_dir / "engine.json").exists():
             grads = [p.grad for p in parameters if p.grad is not None]
             if grads and all(type(grad) is torch.Tensor for grad in grads):
-                torch.save(torch.cat([grad.flatten() for grad in grads]), output_dir / "gradient.pt")
+                torch.save(
+                    torch.cat([grad.flatten() for grad in grads]), output_dir / "gradient.pt"
+                )
             deepspeed, fsdp = self.state.deepspeed_plugin, getattr(self.state, "fsdp_plugin", None)
             engine = {"type": self.distributed_type.value, "processes": self.num_processes}
-            engine |= {"zero_stage": deepspeed and deepspeed.zero_stage, "fsdp_version": fsdp and fsdp.fsdp_version}
+            engine |= {
+                "zero_stage": deepspeed and deepspeed.zero_stage,
+                "fsdp_version": fsdp and fsdp.fsdp_version,
+            }
             (output_dir / "engine.json").write_text(json.dumps(engine))
         return clip(self, parameters, max_norm, **kwargs)
 
@@ -78,7 +93,10 @@ def pin_gloo_backend():
     from accelerate import DistributedType
 
     os.environ["ACCELERATE_TORCH_DEVICE"] = "cpu"
-    PartialState._prepare_backend = lambda self, *args, **kwargs: ("gloo", DistributedType.MULTI_GPU)
+    PartialState._prepare_backend = lambda self, *args, **kwargs: (
+        "gloo",
+        DistributedType.MULTI_GPU,
+    )
 
 
 def check_end_training():
@@ -97,7 +115,9 @@ def check_end_training():
         tasks = Path("/proc/self/task")
         threads = [(tasks / task / "comm").read_text().strip() for task in os.listdir(tasks)]
         if "pt_gloo_runloop" in threads:  # the name torch gives gloo's worker threads
-            print("error: gloo's worker threads outlived end_training", file=sys.stderr, flush=True)
+            print(
+                "error: gloo's worker threads outlived end_training", file=sys.stderr, flush=True
+            )
             os._exit(3)  # now: freeing the wrapper on the way out may hang
 
     Accelerator.end_training = end_training_then_check
@@ -108,7 +128,9 @@ def main():
         pin_gloo_backend()
     if os.environ.get("CHECK_END_TRAINING") == "1":
         check_end_training()
-    if os.environ.get("ACCELERATE_USE_DEEPSPEED") == "true":  # not DeepSpeed's CPU shared-memory all-reduce, an op it
+    if (
+        os.environ.get("ACCELERATE_USE_DEEPSPEED") == "true"
+    ):  # not DeepSpeed's CPU shared-memory all-reduce, an op it
         # compiles at first use (minutes, with a C++ compiler): gloo reduces the same numbers
         importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None
     script, flags = sys.argv[1], sys.argv[2:]

@@ -20,7 +20,13 @@ from pathlib import Path
 import torch
 from datasets import Dataset
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import AutoModelForCausalLM, GenerationConfig, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+from transformers import (
+    AutoModelForCausalLM,
+    GenerationConfig,
+    LlamaConfig,
+    LlamaForCausalLM,
+    PreTrainedTokenizerFast,
+)
 
 import common
 
@@ -30,7 +36,10 @@ EMBEDDED = str(ROOT / "models" / "tiny-arith")
 
 def arithmetic_rows(split: str) -> list[dict]:
     """The built-in task's rows (data/arithmetic/{split}.jsonl): a one-turn conversational prompt, a ground_truth."""
-    return [json.loads(line) for line in (ROOT / "data" / "arithmetic" / f"{split}.jsonl").read_text().splitlines()]
+    return [
+        json.loads(line)
+        for line in (ROOT / "data" / "arithmetic" / f"{split}.jsonl").read_text().splitlines()
+    ]
 
 
 def problem(row: dict) -> tuple[int, str, int, int]:
@@ -53,12 +62,18 @@ def make_tokenizer() -> PreTrainedTokenizerFast:
     bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     bpe.decoder = decoders.ByteLevel()
     rows = arithmetic_rows("train") + arithmetic_rows("test")
-    corpus = [row["prompt"][0]["content"] + f" <answer>{row['ground_truth']}</answer>" for row in rows]
+    corpus = [
+        row["prompt"][0]["content"] + f" <answer>{row['ground_truth']}</answer>" for row in rows
+    ]
     trainer = trainers.BpeTrainer(
-        vocab_size=400, special_tokens=SPECIAL, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+        vocab_size=400,
+        special_tokens=SPECIAL,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
     )
     bpe.train_from_iterator(corpus + ["You are a careful calculator."], trainer)
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=bpe, bos_token="<s>", eos_token="</s>", unk_token="<unk>")
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=bpe, bos_token="<s>", eos_token="</s>", unk_token="<unk>"
+    )
     tokenizer.chat_template = CHAT_TEMPLATE
     return tokenizer
 
@@ -82,20 +97,22 @@ def make_hub_like_checkpoint(folder: Path) -> Path:
     )
     model = LlamaForCausalLM(config)
     digit = tokenizer.convert_tokens_to_ids("7")
-    model.generation_config = GenerationConfig(  # what chat checkpoints ship (Qwen2.5-Instruct-like, and then some)
-        do_sample=True,
-        temperature=0.7,
-        top_k=20,
-        top_p=0.8,
-        repetition_penalty=1.3,
-        no_repeat_ngram_size=2,
-        min_new_tokens=4,
-        min_p=0.05,
-        typical_p=0.9,
-        bad_words_ids=[[digit]],
-        suppress_tokens=[tokenizer.unk_token_id],
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=[tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<|user|>")],
+    model.generation_config = (
+        GenerationConfig(  # what chat checkpoints ship (Qwen2.5-Instruct-like, and then some)
+            do_sample=True,
+            temperature=0.7,
+            top_k=20,
+            top_p=0.8,
+            repetition_penalty=1.3,
+            no_repeat_ngram_size=2,
+            min_new_tokens=4,
+            min_p=0.05,
+            typical_p=0.9,
+            bad_words_ids=[[digit]],
+            suppress_tokens=[tokenizer.unk_token_id],
+            bos_token_id=tokenizer.bos_token_id,
+            eos_token_id=[tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<|user|>")],
+        )
     )
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
@@ -149,7 +166,8 @@ def make_deepmath_like_dataset(folder: Path, train_rows: int = 64, test_rows: in
     (folder / "README.md").write_text(DEEPMATH_CARD)
     for split, n in (("train", train_rows), ("test", test_rows)):
         rows = [
-            {"prompt": row["prompt"], "solution": latex_solution(*problem(row))} for row in arithmetic_rows(split)[:n]
+            {"prompt": row["prompt"], "solution": latex_solution(*problem(row))}
+            for row in arithmetic_rows(split)[:n]
         ]
         Dataset.from_list(rows).to_parquet(folder / "data" / f"{split}-00000-of-00001.parquet")
     return folder

@@ -16,17 +16,38 @@ import json
 
 import pytest
 import torch
-from test_distributed import FLAGS, assert_same_records, assert_same_update, launch, one_process, records, update
+from test_distributed import (
+    FLAGS,
+    assert_same_records,
+    assert_same_update,
+    launch,
+    one_process,
+    records,
+    update,
+)
 
 import common
 from conftest import EMBEDDED, ROOT
 
 MAX_GRAD_NORM = 1e-4  # the first gradient's norm is ~100: clipped, most of its elements are near Adam's ε = 1e-8
 ENGINE_FLAGS = [*FLAGS, "--max_grad_norm", MAX_GRAD_NORM]
-MICRO_BATCHES = {config: ["--micro_batch_size", "2"] for config in ("deepspeed_zero2", "deepspeed_zero3", "fsdp")}
+MICRO_BATCHES = {
+    config: ["--micro_batch_size", "2"]
+    for config in ("deepspeed_zero2", "deepspeed_zero3", "fsdp")
+}
 ENGINES = {  # the launch config, and the engine that accelerate must set up from it
-    "deepspeed_zero2": {"type": "DEEPSPEED", "processes": 2, "zero_stage": 2, "fsdp_version": None},
-    "deepspeed_zero3": {"type": "DEEPSPEED", "processes": 2, "zero_stage": 3, "fsdp_version": None},
+    "deepspeed_zero2": {
+        "type": "DEEPSPEED",
+        "processes": 2,
+        "zero_stage": 2,
+        "fsdp_version": None,
+    },
+    "deepspeed_zero3": {
+        "type": "DEEPSPEED",
+        "processes": 2,
+        "zero_stage": 3,
+        "fsdp_version": None,
+    },
     "fsdp": {"type": "FSDP", "processes": 2, "zero_stage": None, "fsdp_version": 2},
 }
 PINNED = {"PIN_GLOO_BACKEND": "1", "DS_ACCELERATOR": "cpu"}
@@ -37,9 +58,13 @@ def reward_model(tmp_path_factory) -> str:
     """A tiny reward model: the embedded model's backbone with a fresh (seeded) one-logit head."""
     from transformers import AutoModelForSequenceClassification
 
-    path = tmp_path_factory.mktemp("reward-model") / "rm"  # its rewards are logged as rewards/rm/mean
+    path = (
+        tmp_path_factory.mktemp("reward-model") / "rm"
+    )  # its rewards are logged as rewards/rm/mean
     torch.manual_seed(0)
-    AutoModelForSequenceClassification.from_pretrained(EMBEDDED, num_labels=1).save_pretrained(path)
+    AutoModelForSequenceClassification.from_pretrained(EMBEDDED, num_labels=1).save_pretrained(
+        path
+    )
     common.load_tokenizer(EMBEDDED).save_pretrained(path)
     return str(path)
 
@@ -48,7 +73,9 @@ def reward_model(tmp_path_factory) -> str:
 def one(tmp_path_factory, reward_model):
     """The one-process run: the whole batch in one micro-batch."""
     out = tmp_path_factory.mktemp("one")
-    one_process("rloo", out, *FLAGS, "--max_grad_norm", MAX_GRAD_NORM, "--reward_model_path", reward_model)
+    one_process(
+        "rloo", out, *FLAGS, "--max_grad_norm", MAX_GRAD_NORM, "--reward_model_path", reward_model
+    )
     return out
 
 
@@ -63,14 +90,22 @@ def test_clipping_changes_the_update(one):
 
 def launch_engine(config: str, output_dir, reward_model: str, *flags):
     launcher = ["--config_file", ROOT / "configs" / f"{config}.yaml"]
-    flags = [*ENGINE_FLAGS, *MICRO_BATCHES.get(config, []), "--reward_model_path", reward_model, *flags]
+    flags = [
+        *ENGINE_FLAGS,
+        *MICRO_BATCHES.get(config, []),
+        "--reward_model_path",
+        reward_model,
+        *flags,
+    ]
     launch("rloo", launcher, output_dir, *flags, env=PINNED)
 
 
 def assert_the_one_process_run(one, run, config: str):
     assert json.loads((run / "engine.json").read_text()) == ENGINES[config]
     assert_same_update(update(run), update(one))
-    assert_same_records(records(one), records(run))  # the same grad_norm, kl, rewards/rm/mean, learning_rate, ...
+    assert_same_records(
+        records(one), records(run)
+    )  # the same grad_norm, kl, rewards/rm/mean, learning_rate, ...
     assert records(run)[2]["kl"] != 0 and not list(run.glob(".checkpoint-*"))
 
 
@@ -82,11 +117,15 @@ def test_the_engine_makes_the_one_process_updates(tmp_path, one, reward_model, c
 
 
 @pytest.mark.slow
-def test_zero3_makes_the_one_process_updates_and_its_checkpoint_resumes_to_them(tmp_path, one, reward_model):
+def test_zero3_makes_the_one_process_updates_and_its_checkpoint_resumes_to_them(
+    tmp_path, one, reward_model
+):
     """ZeRO-3 partitions the frozen models too; its checkpoint holds the shards of the weights and of the optimizer."""
     run, resumed = tmp_path / "run", tmp_path / "resumed"
     launch_engine("deepspeed_zero3", run, reward_model)
     assert_the_one_process_run(one, run, "deepspeed_zero3")
-    launch_engine("deepspeed_zero3", resumed, reward_model, "--resume_from_checkpoint", run / "checkpoint-1")
+    launch_engine(
+        "deepspeed_zero3", resumed, reward_model, "--resume_from_checkpoint", run / "checkpoint-1"
+    )
     assert torch.equal(update(resumed), update(run))
     assert_same_records(records(run)[2:], records(resumed), rel=1e-6)

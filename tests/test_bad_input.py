@@ -27,7 +27,10 @@ from rewards import RewardError
 
 RL = [rloo, grpo, reinforce, ppo]
 SCRIPTS = [*RL, sft, reward_model]
-DATA = {sft: ROOT / "data/arithmetic_sft/test.jsonl", reward_model: ROOT / "data/arithmetic_preferences/test.jsonl"}
+DATA = {
+    sft: ROOT / "data/arithmetic_sft/test.jsonl",
+    reward_model: ROOT / "data/arithmetic_preferences/test.jsonl",
+}
 
 
 def small(module, out) -> list:
@@ -53,7 +56,10 @@ def unloadable(case: str, tmp_path) -> list:
         return ["--use_peft", "--lora_target_modules", "q_projection"]
     if case == "a tracker that is not installed":
         installed = [str(tracker) for tracker in get_available_trackers()]
-        return ["--report_to", next(t for t in ("wandb", "mlflow", "comet_ml", "aim") if t not in installed)]
+        return [
+            "--report_to",
+            next(t for t in ("wandb", "mlflow", "comet_ml", "aim") if t not in installed),
+        ]
     if case == "a misspelt tracker":
         return ["--report_to", "tensorbord"]
     if case == "an output folder inside a file":
@@ -61,9 +67,13 @@ def unloadable(case: str, tmp_path) -> list:
         return ["--output_dir", tmp_path / "notes.txt" / "out"]
     if case == "vllm not installed":
         return ["--use_vllm"]
-    if case == "a reward model whose tokenizer does not parse":  # its weights load: a classifier of one label
+    if (
+        case == "a reward model whose tokenizer does not parse"
+    ):  # its weights load: a classifier of one label
         shutil.copytree(EMBEDDED, tmp_path / "scorer")
-        config = json.loads((tmp_path / "scorer/config.json").read_text()) | {"id2label": {"0": "LABEL_0"}}
+        config = json.loads((tmp_path / "scorer/config.json").read_text()) | {
+            "id2label": {"0": "LABEL_0"}
+        }
         (tmp_path / "scorer/config.json").write_text(json.dumps(config))
         (tmp_path / "scorer/tokenizer_config.json").write_text("{")
         return ["--reward_funcs", "none", "--reward_model_path", tmp_path / "scorer"]
@@ -83,15 +93,21 @@ def unloadable(case: str, tmp_path) -> list:
         (rloo, "--reward_model_path", "a reward model whose tokenizer does not parse"),
     ],
 )
-def test_an_input_that_cannot_be_loaded_is_one_line_naming_its_flag(module, flag, case, tmp_path, capsys, monkeypatch):
-    monkeypatch.setitem(sys.modules, "vllm", None)  # `import vllm` fails, whether it is installed or not
+def test_an_input_that_cannot_be_loaded_is_one_line_naming_its_flag(
+    module, flag, case, tmp_path, capsys, monkeypatch
+):
+    monkeypatch.setitem(
+        sys.modules, "vllm", None
+    )  # `import vllm` fails, whether it is installed or not
     flags = unloadable(case, tmp_path)
     line = one_line_error(module, *small(module, tmp_path / "out"), *flags, capsys=capsys)
     value = True if flag == "--use_vllm" else flags[flags.index(flag) + 1]
     named = line.split(": ")[1]  # error: --flag value: the library's first line
     assert named.startswith(f"{flag} ") and str(value) in named, line
     assert not (tmp_path / "out").exists() or not list((tmp_path / "out").iterdir())
-    assert not (tmp_path / "notes.txt").exists() or (tmp_path / "notes.txt").read_text() == "a file"
+    assert (
+        not (tmp_path / "notes.txt").exists() or (tmp_path / "notes.txt").read_text() == "a file"
+    )
 
 
 def test_a_script_copied_without_the_embedded_model_says_so_in_one_line(tmp_path):
@@ -105,17 +121,27 @@ def test_a_script_copied_without_the_embedded_model_says_so_in_one_line(tmp_path
 
 
 @pytest.mark.parametrize("module", RL)
-def test_a_reward_function_that_cannot_take_trls_keywords_is_one_line_before_any_model(module, tmp_path, capsys):
-    (tmp_path / "mine.py").write_text("def exact(prompts, completions, ground_truth):\n    return [1.0] * 8\n")
+def test_a_reward_function_that_cannot_take_trls_keywords_is_one_line_before_any_model(
+    module, tmp_path, capsys
+):
+    (tmp_path / "mine.py").write_text(
+        "def exact(prompts, completions, ground_truth):\n    return [1.0] * 8\n"
+    )
     flags = ["--reward_funcs", f"{tmp_path / 'mine.py'}:exact"]
     line = one_line_error(module, *small(module, tmp_path / "out"), *flags, capsys=capsys)
-    assert line.startswith("error: reward function exact called with ['prompts', 'completions', 'completion_ids'")
-    assert line.endswith("(the train split's): got an unexpected keyword argument 'completion_ids'")
+    assert line.startswith(
+        "error: reward function exact called with ['prompts', 'completions', 'completion_ids'"
+    )
+    assert line.endswith(
+        "(the train split's): got an unexpected keyword argument 'completion_ids'"
+    )
     assert not (tmp_path / "out").exists()
 
 
 def test_a_reward_function_that_returns_no_list_is_one_line_naming_it(tmp_path, capsys):
-    (tmp_path / "mine.py").write_text("def forgot(completions, **kwargs):\n    scores = [1.0] * len(completions)\n")
+    (tmp_path / "mine.py").write_text(
+        "def forgot(completions, **kwargs):\n    scores = [1.0] * len(completions)\n"
+    )
     flags = ["--reward_funcs", f"{tmp_path / 'mine.py'}:forgot"]
     line = one_line_error(grpo, *small(grpo, tmp_path / "out"), *flags, capsys=capsys)
     assert line == "error: reward function forgot returned None: expected a list, one value each"
@@ -128,22 +154,36 @@ def test_max_grad_norm_0_is_no_clipping_as_in_transformers_trainer(module, tmp_p
     (tmp_path / "mine.py").write_text(
         "def length(completions, **kwargs):\n    return list(map(len, map(str, completions)))"
     )
-    rewards = ["--reward_funcs", f"{tmp_path / 'mine.py'}:length"] if module in RL else []  # never all equal
+    rewards = (
+        ["--reward_funcs", f"{tmp_path / 'mine.py'}:length"] if module in RL else []
+    )  # never all equal
     run_main(module, *small(module, tmp_path / "out"), *rewards, "--max_grad_norm", "0")
-    before, after = load_file(f"{EMBEDDED}/model.safetensors"), load_file(tmp_path / "out" / "model.safetensors")
-    assert any(not after[name].equal(before[name]) for name in before if name in after)  # the backbone moved
+    before, after = (
+        load_file(f"{EMBEDDED}/model.safetensors"),
+        load_file(tmp_path / "out" / "model.safetensors"),
+    )
+    assert any(
+        not after[name].equal(before[name]) for name in before if name in after
+    )  # the backbone moved
 
 
 @pytest.mark.parametrize("module", RL)
-def test_a_completion_length_that_cannot_fit_the_context_after_the_longest_prompt_is_refused(module, tmp_path, capsys):
+def test_a_completion_length_that_cannot_fit_the_context_after_the_longest_prompt_is_refused(
+    module, tmp_path, capsys
+):
     tokenizer, texts = common.load_tokenizer(EMBEDDED), []
     for split in ("train", "test"):  # the default data's
-        texts += rloo.prompt_texts(tokenizer, rloo.load_split(rloo.Args(), split), rloo.Args(), split)
+        texts += rloo.prompt_texts(
+            tokenizer, rloo.load_split(rloo.Args(), split), rloo.Args(), split
+        )
     longest = max(len(ids) for ids in tokenizer(texts, add_special_tokens=False).input_ids)
     room = 128 - longest  # the embedded model's 128 positions
     flags = [*small(module, tmp_path / "out"), "--max_completion_length", room + 1]
     line = one_line_error(module, *flags, capsys=capsys)
-    assert line == f"error: --max_completion_length {room + 1}: {room} fit the context after a {longest}-token prompt"
+    assert (
+        line
+        == f"error: --max_completion_length {room + 1}: {room} fit the context after a {longest}-token prompt"
+    )
     assert not (tmp_path / "out").exists()
 
 
@@ -151,7 +191,9 @@ def test_sft_refuses_a_completion_length_its_evaluation_cannot_fit(tmp_path, cap
     """sft.py samples completions of the held-out prompts when it evaluates: the same check, on those prompts."""
     flags = ["--train_batch_size", "8", "--max_steps", "1", "--output_dir", tmp_path / "out"]
     line = one_line_error(sft, *flags, "--max_completion_length", 500, capsys=capsys)
-    assert re.fullmatch(r"error: --max_completion_length 500: \d+ fit the context after a \d+-token prompt", line)
+    assert re.fullmatch(
+        r"error: --max_completion_length 500: \d+ fit the context after a \d+-token prompt", line
+    )
     assert not (tmp_path / "out").exists()
 
 
@@ -168,15 +210,26 @@ def test_a_data_file_is_read_by_its_last_extension(module, tmp_path):
 
 def test_a_row_that_cannot_be_read_is_named_by_its_number_in_every_script(tiny_tokenizer):
     said = [{"role": "user", "content": "1 + 1"}]
-    prompts = Dataset.from_list([{"prompt": said, "completion": "2"}] * 3 + [{"prompt": [], "completion": "2"}])
+    prompts = Dataset.from_list(
+        [{"prompt": said, "completion": "2"}] * 3 + [{"prompt": [], "completion": "2"}]
+    )
     for module in [*RL, sft]:
-        with pytest.raises(module.BadInput, match="^--dataset_name row 3 of the test split: expected a string or a"):
+        with pytest.raises(
+            module.BadInput,
+            match="^--dataset_name row 3 of the test split: expected a string or a",
+        ):
             module.prompt_texts(tiny_tokenizer, prompts, module.Args(), "test")
-    completions = Dataset.from_list([{"prompt": "1 + 1", "completion": c} for c in ("2", "2", None, "2")])
+    completions = Dataset.from_list(
+        [{"prompt": "1 + 1", "completion": c} for c in ("2", "2", None, "2")]
+    )
     with pytest.raises(sft.BadInput, match="^--dataset_name row 2 of the train split: "):
         sft.tokenize(tiny_tokenizer, completions, sft.Args(), "train")
-    pairs = Dataset.from_list([{"chosen": "2", "rejected": "3", "margin": m} for m in ("1", "high", "1")])
-    with pytest.raises(reward_model.BadInput, match="^--dataset_name row 1 of the train split: could not convert"):
+    pairs = Dataset.from_list(
+        [{"chosen": "2", "rejected": "3", "margin": m} for m in ("1", "high", "1")]
+    )
+    with pytest.raises(
+        reward_model.BadInput, match="^--dataset_name row 1 of the train split: could not convert"
+    ):
         reward_model.tokenize_pairs(tiny_tokenizer, pairs, reward_model.Args(), "train")
 
 
@@ -194,17 +247,30 @@ def test_the_error_is_the_last_line_below_the_progress_bar(tmp_path, capsys):
     """tqdm redraws its bar below a line written above it: the bar is closed first, whatever stops the loop (here a
     loss that overflows float32 at the first step, and a reward function that breaks its contract there)."""
     flags = [*small(reward_model, tmp_path / "rm"), "--center_rewards_coefficient", "1e300"]
-    assert last_line_of_a_stop(reward_model, flags, capsys).startswith("error: step 1: the loss or the gradient norm")
+    assert last_line_of_a_stop(reward_model, flags, capsys).startswith(
+        "error: step 1: the loss or the gradient norm"
+    )
     (tmp_path / "mine.py").write_text("def short(completions, **kwargs):\n    return [1.0]\n")
     flags = [*small(rloo, tmp_path / "rl"), "--reward_funcs", f"{tmp_path / 'mine.py'}:short"]
     line = last_line_of_a_stop(rloo, flags, capsys)
     assert line == "error: reward function short returned 1 values for 8 completions"
 
 
-@pytest.mark.parametrize("module, resume", [(sft, "latest"), (reward_model, "a folder that holds none")])
-def test_resuming_where_there_is_no_checkpoint_names_the_folder_and_writes_nothing(module, resume, tmp_path, capsys):
+@pytest.mark.parametrize(
+    "module, resume", [(sft, "latest"), (reward_model, "a folder that holds none")]
+)
+def test_resuming_where_there_is_no_checkpoint_names_the_folder_and_writes_nothing(
+    module, resume, tmp_path, capsys
+):
     (tmp_path / "notes").mkdir()
     folder = tmp_path / "out" if resume == "latest" else tmp_path / "notes"
-    flags = [*small(module, tmp_path / "out"), "--resume_from_checkpoint", "latest" if resume == "latest" else folder]
-    assert one_line_error(module, *flags, capsys=capsys) == f"error: --resume_from_checkpoint: none in {folder}"
+    flags = [
+        *small(module, tmp_path / "out"),
+        "--resume_from_checkpoint",
+        "latest" if resume == "latest" else folder,
+    ]
+    assert (
+        one_line_error(module, *flags, capsys=capsys)
+        == f"error: --resume_from_checkpoint: none in {folder}"
+    )
     assert not (tmp_path / "out").exists()

@@ -15,10 +15,16 @@ import bench  # noqa: E402
 
 
 @pytest.mark.parametrize("algorithm", ["rloo", "grpo", "reinforce", "ppo"])
-def test_every_script_gets_a_batch_of_32_completions_and_a_kl_coefficient_of_0_05(tmp_path, algorithm):
-    argv = bench.script_argv(bench.Args(), algorithm, EMBEDDED, tmp_path / "train.jsonl", 24, tmp_path / "run", "bf16")
+def test_every_script_gets_a_batch_of_32_completions_and_a_kl_coefficient_of_0_05(
+    tmp_path, algorithm
+):
+    argv = bench.script_argv(
+        bench.Args(), algorithm, EMBEDDED, tmp_path / "train.jsonl", 24, tmp_path / "run", "bf16"
+    )
     module = importlib.import_module(algorithm)
-    (args,) = HfArgumentParser(module.Args).parse_args_into_dataclasses(argv)  # the script's own flags, no others
+    (args,) = HfArgumentParser(module.Args).parse_args_into_dataclasses(
+        argv
+    )  # the script's own flags, no others
     assert args.prompts_per_step * getattr(args, "num_generations", 1) == 32
     assert (args.beta if hasattr(args, "beta") else args.kl_coef) == 0.05
     assert (args.max_steps, args.logging_steps, args.save_steps, args.bf16) == (8, 1, 0, True)
@@ -27,13 +33,39 @@ def test_every_script_gets_a_batch_of_32_completions_and_a_kl_coefficient_of_0_0
 @pytest.mark.slow
 def test_tiny_bench_prints_a_table_and_writes_positive_figures(tmp_path, capsys):
     output_json = tmp_path / "bench.json"
-    flags = ["--algorithms", "rloo", "--configs", "embedded", "--steps", "3", "--warmup_steps", "1"]
-    bench.cli([*flags, "--completions_per_step", "8", "--work_dir", str(tmp_path), "--output_json", str(output_json)])
-    table = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| embedded |")]
+    flags = [
+        "--algorithms",
+        "rloo",
+        "--configs",
+        "embedded",
+        "--steps",
+        "3",
+        "--warmup_steps",
+        "1",
+    ]
+    bench.cli(
+        [
+            *flags,
+            "--completions_per_step",
+            "8",
+            "--work_dir",
+            str(tmp_path),
+            "--output_json",
+            str(output_json),
+        ]
+    )
+    table = [
+        line for line in capsys.readouterr().out.splitlines() if line.startswith("| embedded |")
+    ]
     assert [line.split(" | ")[1] for line in table] == ["rloo"]
     report = json.loads(output_json.read_text())
     (row,) = report["summary"]
-    assert (row["config"], row["algorithm"], row["precision"], row["repeats"]) == ("embedded", "rloo", "fp32", 1)
+    assert (row["config"], row["algorithm"], row["precision"], row["repeats"]) == (
+        "embedded",
+        "rloo",
+        "fp32",
+        1,
+    )
     for name in [
         "median_step_time_s",
         "median_step_cpu_time_s",
@@ -55,20 +87,44 @@ def test_phases_are_timed_inside_the_step_and_each_has_a_positive_bound(tmp_path
     """--phases on rloo.py: each phase is found by the library hooks, has a positive bound measured in the run, and
     together they take no longer than the step (one measured step: its medians are its own figures)."""
     output_json = tmp_path / "bench.json"
-    flags = ["--algorithms", "rloo", "--configs", "embedded", "--steps", "2", "--warmup_steps", "1", "--phases"]
-    bench.cli([*flags, "--completions_per_step", "8", "--work_dir", str(tmp_path), "--output_json", str(output_json)])
+    flags = [
+        "--algorithms",
+        "rloo",
+        "--configs",
+        "embedded",
+        "--steps",
+        "2",
+        "--warmup_steps",
+        "1",
+        "--phases",
+    ]
+    bench.cli(
+        [
+            *flags,
+            "--completions_per_step",
+            "8",
+            "--work_dir",
+            str(tmp_path),
+            "--output_json",
+            str(output_json),
+        ]
+    )
     printed = capsys.readouterr().out.splitlines()
     (row,) = json.loads(output_json.read_text())["summary"]
     phases = row["phases"]
     assert list(phases) == [*bench.PHASES, "rest", "step"]
     for name in bench.PHASES:
         assert phases[name]["seconds"] > 0 and phases[name]["bound"] > 0, name
-        assert any(line.startswith(f"| {name} | ") and line.endswith("× |") for line in printed), name
+        assert any(line.startswith(f"| {name} | ") and line.endswith("× |") for line in printed), (
+            name
+        )
     assert sum(phases[name]["seconds"] for name in bench.PHASES) <= phases["step"]["seconds"]
     assert phases["rest"]["seconds"] == pytest.approx(
         phases["step"]["seconds"] - sum(phases[name]["seconds"] for name in bench.PHASES)
     )
-    assert phases["step"]["bound"] == pytest.approx(sum(phases[name]["bound"] for name in bench.PHASES))
+    assert phases["step"]["bound"] == pytest.approx(
+        sum(phases[name]["bound"] for name in bench.PHASES)
+    )
     assert phases["rest"]["bound"] is None and "| rest | " in "\n".join(printed)
 
 
@@ -79,11 +135,23 @@ def test_phases_are_timed_inside_the_step_and_each_has_a_positive_bound(tmp_path
             ["--algorithms", "sft"],
             "--algorithms: unknown algorithm 'sft' (choose from rloo, grpo, reinforce, ppo, trl_rloo)",
         ),
-        (["--configs", "huge"], "--configs: unknown config 'huge' (choose from embedded, llama135m, qwen0.5b)"),
+        (
+            ["--configs", "huge"],
+            "--configs: unknown config 'huge' (choose from embedded, llama135m, qwen0.5b)",
+        ),
         (["--algorithms", "trl_rloo", "--phases"], "--phases: for the scripts, not for trl_rloo"),
-        (["--phases", "--warmup_steps", "0"], "--phases: needs --warmup_steps ≥ 1 (step 1 has no CPU time)"),
-        (["--steps", "2", "--warmup_steps", "2"], "--steps: 2 leaves no measured step after --warmup_steps 2"),
-        (["--completions_per_step", "30"], "--completions_per_step: 30 is not a multiple of --num_generations 4"),
+        (
+            ["--phases", "--warmup_steps", "0"],
+            "--phases: needs --warmup_steps ≥ 1 (step 1 has no CPU time)",
+        ),
+        (
+            ["--steps", "2", "--warmup_steps", "2"],
+            "--steps: 2 leaves no measured step after --warmup_steps 2",
+        ),
+        (
+            ["--completions_per_step", "30"],
+            "--completions_per_step: 30 is not a multiple of --num_generations 4",
+        ),
         (["--steps", "x"], "--steps: invalid int value: 'x'"),
         (["--no_such_flag"], "unrecognized arguments: --no_such_flag"),
         (
@@ -93,9 +161,19 @@ def test_phases_are_timed_inside_the_step_and_each_has_a_positive_bound(tmp_path
         ),
     ],
 )
-def test_bad_input_prints_one_line_and_exits_2_before_anything_is_written(tmp_path, capsys, flags, message):
+def test_bad_input_prints_one_line_and_exits_2_before_anything_is_written(
+    tmp_path, capsys, flags, message
+):
     with pytest.raises(SystemExit) as stopped:
-        bench.cli([*flags, "--work_dir", str(tmp_path / "work"), "--output_json", str(tmp_path / "bench.json")])
+        bench.cli(
+            [
+                *flags,
+                "--work_dir",
+                str(tmp_path / "work"),
+                "--output_json",
+                str(tmp_path / "bench.json"),
+            ]
+        )
     assert stopped.value.code == 2
     assert capsys.readouterr().err.strip().splitlines() == [f"error: {message}"]
     assert not (tmp_path / "work").exists()

@@ -17,7 +17,10 @@ ARGS = SimpleNamespace(temperature=0.7, top_p=1.0, top_k=0, max_completion_lengt
 
 
 def prompts(n: int) -> list:
-    rows = [json.loads(line) for line in (Path(ARITHMETIC) / "train.jsonl").read_text().splitlines()[:n]]
+    rows = [
+        json.loads(line)
+        for line in (Path(ARITHMETIC) / "train.jsonl").read_text().splitlines()[:n]
+    ]
     return [row["prompt"] for row in rows]
 
 
@@ -43,7 +46,9 @@ def test_prompt_text_renders_strings_conversations_and_continues_an_assistant_tu
     text = common.prompt_text(tiny_tokenizer, [{"role": "user", "content": "hi"}])
     assert text == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
     prefilled = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "<answer>"}]
-    assert common.prompt_text(tiny_tokenizer, prefilled).endswith("<|im_start|>assistant\n<answer>")  # not closed
+    assert common.prompt_text(tiny_tokenizer, prefilled).endswith(
+        "<|im_start|>assistant\n<answer>"
+    )  # not closed
 
 
 def test_encode_pads_on_the_left(tiny_tokenizer):
@@ -52,7 +57,9 @@ def test_encode_pads_on_the_left(tiny_tokenizer):
     assert ids[0, 0] == tiny_tokenizer.pad_token_id
 
 
-def test_sampling_takes_nothing_from_a_checkpoints_generation_config(tiny_model, tiny_tokenizer, monkeypatch):
+def test_sampling_takes_nothing_from_a_checkpoints_generation_config(
+    tiny_model, tiny_tokenizer, monkeypatch
+):
     """A hub checkpoint ships temperature, top-k, repetition penalties, min_new_tokens...: none of it may change what
     is sampled, else the sampler is not the softmax(logits / T) the log-probs describe."""
     texts = [common.prompt_text(tiny_tokenizer, p) for p in prompts(8)]
@@ -65,7 +72,9 @@ def test_sampling_takes_nothing_from_a_checkpoints_generation_config(tiny_model,
         eos_token_id=shipped.eos_token_id, pad_token_id=shipped.pad_token_id,
     ))  # fmt: skip
     torch.manual_seed(3)
-    assert torch.equal(common.generate(tiny_model, tiny_tokenizer, texts, config)["completion_ids"], plain)
+    assert torch.equal(
+        common.generate(tiny_model, tiny_tokenizer, texts, config)["completion_ids"], plain
+    )
     assert tiny_model.generation_config.top_k == 2  # swapped back
 
 
@@ -75,28 +84,40 @@ def test_a_policy_whose_logits_are_nan_still_samples(tiny_tokenizer):
     model = AutoModelForCausalLM.from_pretrained(EMBEDDED).eval()
     torch.nn.init.constant_(model.get_output_embeddings().weight, float("nan"))
     config = common.sampling_config(model, tiny_tokenizer, ARGS)
-    out = common.generate(model, tiny_tokenizer, [common.prompt_text(tiny_tokenizer, p) for p in prompts(2)], config)
-    assert out["completion_ids"].shape[0] == 2 and out["completion_ids"].max() < len(tiny_tokenizer)
+    out = common.generate(
+        model, tiny_tokenizer, [common.prompt_text(tiny_tokenizer, p) for p in prompts(2)], config
+    )
+    assert out["completion_ids"].shape[0] == 2 and out["completion_ids"].max() < len(
+        tiny_tokenizer
+    )
 
 
 @pytest.mark.parametrize("bf16, tolerance", [(False, 1e-5), (True, 0.1)])
-def test_the_samplers_log_probs_equal_completion_logprobs(tiny_model, tiny_tokenizer, bf16, tolerance):
+def test_the_samplers_log_probs_equal_completion_logprobs(
+    tiny_model, tiny_tokenizer, bf16, tolerance
+):
     """On-policy: the log softmax(logits / T) the sampler drew each token from is what completion_logprobs computes,
     in float32 and under --bf16's autocast, where the sampler's (B, V) step and the loss's (B, T, V) pass round
     alike."""
     config = common.sampling_config(tiny_model, tiny_tokenizer, ARGS)
     texts = [common.prompt_text(tiny_tokenizer, p) for p in prompts(6)]
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-        out = common.generate(tiny_model.eval(), tiny_tokenizer, texts, config, sampler_logprobs=True)
+        out = common.generate(
+            tiny_model.eval(), tiny_tokenizer, texts, config, sampler_logprobs=True
+        )
         mask, _ = common.end_of_completion(out["completion_ids"], config.eos_token_id)
         input_ids = torch.cat([out["prompt_ids"], out["completion_ids"]], 1)
         attention_mask = torch.cat([out["prompt_mask"], mask], 1)
         T = out["completion_ids"].shape[1]
         with torch.no_grad():
             logprobs = rloo.completion_logprobs(tiny_model, input_ids, attention_mask, T, 0.7)[0]
-    assert out["sampler_logprobs"].shape == (6, T) and out["sampler_logprobs"].dtype == torch.float32
+    assert (
+        out["sampler_logprobs"].shape == (6, T) and out["sampler_logprobs"].dtype == torch.float32
+    )
     assert ((logprobs - out["sampler_logprobs"]).abs() * mask).max() < tolerance
-    assert "sampler_logprobs" not in common.generate(tiny_model, tiny_tokenizer, texts, config)  # only when asked
+    assert "sampler_logprobs" not in common.generate(
+        tiny_model, tiny_tokenizer, texts, config
+    )  # only when asked
 
 
 def test_every_end_id_of_the_checkpoint_ends_a_completion(tiny_model, tiny_tokenizer, monkeypatch):
@@ -113,7 +134,9 @@ def test_every_end_id_of_the_checkpoint_ends_a_completion(tiny_model, tiny_token
 
 
 def test_decode_stops_at_the_end_and_drops_special_tokens(tiny_tokenizer):
-    ids = tiny_tokenizer("<answer>7</answer><|im_end|>", add_special_tokens=False, return_tensors="pt").input_ids
+    ids = tiny_tokenizer(
+        "<answer>7</answer><|im_end|>", add_special_tokens=False, return_tensors="pt"
+    ).input_ids
     ids = torch.cat([ids, torch.tensor([[tiny_tokenizer.pad_token_id] * 2])], 1)
     mask, _ = common.end_of_completion(ids, [tiny_tokenizer.eos_token_id])
     texts, id_lists = common.decode(tiny_tokenizer, ids, mask)
@@ -121,7 +144,9 @@ def test_decode_stops_at_the_end_and_drops_special_tokens(tiny_tokenizer):
 
 
 @pytest.mark.parametrize("top_k, top_p", [(0, 1.0), (3, 1.0), (0, 0.6)])
-def test_generate_draws_exactly_from_the_softmax_at_the_temperature(tiny_model, tiny_tokenizer, top_k, top_p):
+def test_generate_draws_exactly_from_the_softmax_at_the_temperature(
+    tiny_model, tiny_tokenizer, top_k, top_p
+):
     """Each token is an exact draw from softmax(logits / T), truncated as --top_k and --top_p say: the counts of
     5,000 first tokens pass a chi-squared test of that distribution (at 5 standard deviations)."""
     args = SimpleNamespace(temperature=1.5, top_p=top_p, top_k=top_k, max_completion_length=1)
@@ -137,7 +162,9 @@ def test_generate_draws_exactly_from_the_softmax_at_the_temperature(tiny_model, 
         probs[order[ordered.cumsum(0) - ordered >= top_p]] = 0
         probs /= probs.sum()
     torch.manual_seed(0)
-    drawn = common.generate(tiny_model.eval(), tiny_tokenizer, [text] * 5_000, config)["completion_ids"][:, 0]
+    drawn = common.generate(tiny_model.eval(), tiny_tokenizer, [text] * 5_000, config)[
+        "completion_ids"
+    ][:, 0]
     counts = torch.bincount(drawn, minlength=len(probs)).double()
     assert (probs > 0.01).sum() >= 3  # a distribution worth testing
     assert counts[probs == 0].sum() == 0

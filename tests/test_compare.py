@@ -17,13 +17,17 @@ import compare  # noqa: E402
 @pytest.mark.parametrize("name", compare.ALGORITHMS)
 def test_every_algorithm_samples_the_same_completions_per_step_and_evaluates_alike(tmp_path, name):
     args = compare.Args(completions_per_step=32, output_dir=str(tmp_path))
-    config = compare.script_config(compare.ALGORITHMS[name][1], compare.run_flags(args, name, seed=0))
+    config = compare.script_config(
+        compare.ALGORITHMS[name][1], compare.run_flags(args, name, seed=0)
+    )
     assert config.prompts_per_step * getattr(config, "num_generations", 1) == 32
     assert (config.max_steps, config.eval_steps, config.num_generations_eval) == (50, 10, 4)
     assert (config.save_steps, config.output_dir) == (0, str(tmp_path / "runs" / name / "seed0"))
 
 
-def test_vanilla_pg_is_ppo_with_lambda_1_one_epoch_no_whitening_and_ppo_keeps_its_defaults(tmp_path):
+def test_vanilla_pg_is_ppo_with_lambda_1_one_epoch_no_whitening_and_ppo_keeps_its_defaults(
+    tmp_path,
+):
     args = compare.Args(output_dir=str(tmp_path))
     vanilla_pg = compare.script_config("ppo.py", compare.run_flags(args, "vanilla_pg", seed=0))
     ppo = compare.script_config("ppo.py", compare.run_flags(args, "ppo", seed=0))
@@ -39,13 +43,23 @@ def test_ppo_logs_kl_per_completion_and_the_others_per_token():
 
 
 @pytest.mark.parametrize("name", compare.ALGORITHMS)
-def test_the_reward_model_experiment_optimizes_the_proxy_alone_with_one_kl_coefficient(tmp_path, name):
-    args = compare.resolve_experiment(compare.Args(experiment="reward_model", output_dir=str(tmp_path)))
+def test_the_reward_model_experiment_optimizes_the_proxy_alone_with_one_kl_coefficient(
+    tmp_path, name
+):
+    args = compare.resolve_experiment(
+        compare.Args(experiment="reward_model", output_dir=str(tmp_path))
+    )
     assert args.reward_model_path == str(tmp_path / "runs" / "rm" / "reward_model")
-    config = compare.script_config(compare.ALGORITHMS[name][1], compare.run_flags(args, name, seed=0))
+    config = compare.script_config(
+        compare.ALGORITHMS[name][1], compare.run_flags(args, name, seed=0)
+    )
     assert (config.reward_funcs, config.reward_model_path) == (["none"], args.reward_model_path)
-    assert compare.kl_coefficient(config) == 0.05  # GRPO too: its own default β = 0 has no KL to trade
-    assert config.save_steps == config.eval_steps  # a checkpoint at every evaluation, for the KL and the proxy
+    assert (
+        compare.kl_coefficient(config) == 0.05
+    )  # GRPO too: its own default β = 0 has no KL to trade
+    assert (
+        config.save_steps == config.eval_steps
+    )  # a checkpoint at every evaluation, for the KL and the proxy
     assert config.output_dir == str(tmp_path / "runs" / "rm" / name / "seed0")
 
 
@@ -59,7 +73,9 @@ def test_the_first_experiment_keeps_each_scripts_own_kl_coefficient(tmp_path):
 def test_value_at_kl_follows_each_run_from_kl_0_and_interpolates():
     kls, gold = [0.0, 0.4, 1.2, 0.9, 2.0], [0.5, 0.7, 0.9, 0.8, 0.6]
     assert compare.value_at_kl(kls, gold, 0.2) == pytest.approx(0.6)
-    assert compare.value_at_kl(kls, gold, 0.8) == pytest.approx(0.8)  # the first crossing (0.4 → 1.2), not 1.2 → 0.9
+    assert compare.value_at_kl(kls, gold, 0.8) == pytest.approx(
+        0.8
+    )  # the first crossing (0.4 → 1.2), not 1.2 → 0.9
     assert compare.value_at_kl(kls, gold, 2.0) == pytest.approx(0.6)
     assert compare.value_at_kl(kls, gold, 2.5) is None  # never reached
 
@@ -78,14 +94,26 @@ def test_value_at_kl_follows_each_run_from_kl_0_and_interpolates():
         ),
         (["--seeds", "0,one"], "--seeds: expected comma-separated integers, got '0,one'"),
         (["--max_steps", "x"], "--max_steps: invalid int value: 'x'"),
-        (["--script_args=--no_such_flag 1"], "--script_args: rloo.py: unrecognized arguments: --no_such_flag 1"),
+        (
+            ["--script_args=--no_such_flag 1"],
+            "--script_args: rloo.py: unrecognized arguments: --no_such_flag 1",
+        ),
         (
             ["--script_args=--max_steps 3"],
             "--script_args: changes the budget or the evaluation of rloo_k4 (set them with compare.py's own flags)",
         ),  # fmt: skip
-        (["--max_completion_length", "0"], "rloo.py: --max_completion_length: must be positive, got 0"),
-        (["--experiment", "judge"], "--experiment: expected one of accuracy, reward_model, got 'judge'"),
-        (["--frontier_kls", "0,1"], "--frontier_kls: expected positive comma-separated numbers, got '0,1'"),
+        (
+            ["--max_completion_length", "0"],
+            "rloo.py: --max_completion_length: must be positive, got 0",
+        ),
+        (
+            ["--experiment", "judge"],
+            "--experiment: expected one of accuracy, reward_model, got 'judge'",
+        ),
+        (
+            ["--frontier_kls", "0,1"],
+            "--frontier_kls: expected positive comma-separated numbers, got '0,1'",
+        ),
         (
             ["--experiment", "reward_model", "--reward_model_args=--no_such_flag 1"],
             "--reward_model_args: reward_model.py: unrecognized arguments: --no_such_flag 1",
@@ -96,7 +124,9 @@ def test_value_at_kl_follows_each_run_from_kl_0_and_interpolates():
         ),
     ],
 )
-def test_bad_flag_prints_one_line_and_exits_2_before_anything_is_written(tmp_path, capsys, flags, message):
+def test_bad_flag_prints_one_line_and_exits_2_before_anything_is_written(
+    tmp_path, capsys, flags, message
+):
     with pytest.raises(SystemExit) as stopped:
         compare.cli([*flags, "--output_dir", str(tmp_path / "out")])
     assert stopped.value.code == 2
@@ -111,43 +141,78 @@ def test_quick_comparison_writes_the_table_the_figure_and_the_raw_results(tmp_pa
     assert "1 of 1 runs done" in capsys.readouterr().out
     assert (tmp_path / "compare.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     table = (tmp_path / "compare.md").read_text()
-    assert "Command: `python benchmarks/compare.py --algorithms rloo_k4 --quick --output_dir " in table
+    assert (
+        "Command: `python benchmarks/compare.py --algorithms rloo_k4 --quick --output_dir "
+        in table
+    )
     row = next(line for line in table.splitlines() if line.startswith("| RLOO k=4 |"))
     accuracy, per_seed, greedy, heldout_kl, train_kl, variance = row.split(" | ")[1:7]
-    assert re.fullmatch(r"\d\.\d{3} ± \d\.\d{3}", accuracy) and re.fullmatch(r"\d\.\d{3}", per_seed), row
-    assert re.fullmatch(r"-?\d+\.\d{2} ± \d+\.\d{2}", heldout_kl) and re.fullmatch(r"\d\.\d{3}", variance), row
+    assert re.fullmatch(r"\d\.\d{3} ± \d\.\d{3}", accuracy) and re.fullmatch(
+        r"\d\.\d{3}", per_seed
+    ), row
+    assert re.fullmatch(r"-?\d+\.\d{2} ± \d+\.\d{2}", heldout_kl) and re.fullmatch(
+        r"\d\.\d{3}", variance
+    ), row
     (run,) = json.loads((tmp_path / "compare.json").read_text())["runs"]
     assert run["completions"] == 16 and run["peak_mib"] > 0 and run["wall_s"] > 0
     assert run["eval_steps"] == [0, 2]  # evaluated at step 0 and at the end
     # the report rebuilds from the run folders without training
     (tmp_path / "compare.md").unlink()
     compare.cli([*flags, "--report_only"])
-    assert "[1/1]" not in capsys.readouterr().out and (tmp_path / "compare.md").read_text() == table
+    assert (
+        "[1/1]" not in capsys.readouterr().out and (tmp_path / "compare.md").read_text() == table
+    )
 
 
 @pytest.mark.slow
-def test_quick_reward_model_comparison_scores_the_proxy_and_measures_the_frontier(tmp_path, capsys):
+def test_quick_reward_model_comparison_scores_the_proxy_and_measures_the_frontier(
+    tmp_path, capsys
+):
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-    proxy = tmp_path / "proxy"  # a reward model with a random head: the experiment's arithmetic, not its findings
+    proxy = (
+        tmp_path / "proxy"
+    )  # a reward model with a random head: the experiment's arithmetic, not its findings
     torch.manual_seed(0)
-    AutoModelForSequenceClassification.from_pretrained(EMBEDDED, num_labels=1).save_pretrained(proxy)
+    AutoModelForSequenceClassification.from_pretrained(EMBEDDED, num_labels=1).save_pretrained(
+        proxy
+    )
     AutoTokenizer.from_pretrained(EMBEDDED).save_pretrained(proxy)
-    flags = ["--experiment", "reward_model", "--quick", "--algorithms", "rloo_k4", "--reward_model_path", str(proxy)]
+    flags = [
+        "--experiment",
+        "reward_model",
+        "--quick",
+        "--algorithms",
+        "rloo_k4",
+        "--reward_model_path",
+        str(proxy),
+    ]
     compare.cli([*flags, "--output_dir", str(tmp_path / "out")])
     out = capsys.readouterr().out
     assert "1 of 1 runs done" in out and "[reward model] held-out pair accuracy" in out
     assert (tmp_path / "out" / "compare_rm.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     table = (tmp_path / "out" / "compare_rm.md").read_text()
-    assert re.search(r"\| number pairs, all \| \d\.\d{3} \(78 pairs\) \| \d\.\d{3} \(312 pairs\) \|", table)
+    assert re.search(
+        r"\| number pairs, all \| \d\.\d{3} \(78 pairs\) \| \d\.\d{3} \(312 pairs\) \|", table
+    )
     assert re.search(r"\| RLOO k=4 \| \d\.\d{3} ± \d\.\d{3} \| \d\.\d{3} \|", table)
     (run,) = json.loads((tmp_path / "out" / "compare_rm.json").read_text())["runs"]
     frontier = run["frontier"]
-    assert frontier["steps"] == run["eval_steps"] == [0, 2] and frontier["kl"][0] == 0.0  # step 0: the reference
-    assert all(isinstance(v, float) for v in frontier["proxy"] + frontier["gold"]) and frontier["prompts"] == 78
+    assert (
+        frontier["steps"] == run["eval_steps"] == [0, 2] and frontier["kl"][0] == 0.0
+    )  # step 0: the reference
+    assert (
+        all(isinstance(v, float) for v in frontier["proxy"] + frontier["gold"])
+        and frontier["prompts"] == 78
+    )
     assert run["accuracy"] == frontier["gold"]  # gold: the proxy run logs no accuracy of its own
     assert "--reward_funcs none" in run["command"] and "--beta 0.05" in run["command"]
     assert not list((tmp_path / "out" / "runs" / "rm" / "rloo_k4" / "seed0").glob("checkpoint-*"))
     (tmp_path / "out" / "compare_rm.md").unlink()
-    compare.cli([*flags, "--output_dir", str(tmp_path / "out"), "--report_only"])  # training nothing
-    assert "[1/1]" not in capsys.readouterr().out and (tmp_path / "out" / "compare_rm.md").read_text() == table
+    compare.cli(
+        [*flags, "--output_dir", str(tmp_path / "out"), "--report_only"]
+    )  # training nothing
+    assert (
+        "[1/1]" not in capsys.readouterr().out
+        and (tmp_path / "out" / "compare_rm.md").read_text() == table
+    )

@@ -30,12 +30,23 @@ LOSS_TYPES = ["grpo", "bnpo", "dr_grpo", "dapo"]
 
 def args(tmp_path, **overrides) -> grpo.Args:
     """A run of a few seconds: 2 steps of 4 prompts × 4 completions, no evaluation, no checkpoint."""
-    small = dict(max_steps=2, prompts_per_step=4, num_generations=4, logging_steps=1, eval_strategy="no", save_steps=0)
+    small = dict(
+        max_steps=2,
+        prompts_per_step=4,
+        num_generations=4,
+        logging_steps=1,
+        eval_strategy="no",
+        save_steps=0,
+    )
     return grpo.Args(**{**small, "output_dir": str(tmp_path / "out"), **overrides})
 
 
 def training(output_dir) -> list[dict]:
-    return [{k: v for k, v in r.items() if k != "step_time"} for r in read_metrics(output_dir) if "loss" in r]
+    return [
+        {k: v for k, v in r.items() if k != "step_time"}
+        for r in read_metrics(output_dir)
+        if "loss" in r
+    ]
 
 
 # ---- the group-relative advantage ----
@@ -43,7 +54,9 @@ def test_the_docstrings_worked_example_rewards_10_8_4_2():
     rewards = torch.tensor([10.0, 8.0, 4.0, 2.0])
     centered = group_relative_advantages(rewards, 4, "none")  # group mean 6
     assert centered.tolist() == [4.0, 2.0, -2.0, -4.0]
-    assert leave_one_out_advantages(rewards, 4).tolist() == pytest.approx((4 / 3 * centered).tolist())  # RLOO: G/(G−1)
+    assert leave_one_out_advantages(rewards, 4).tolist() == pytest.approx(
+        (4 / 3 * centered).tolist()
+    )  # RLOO: G/(G−1)
     std = math.sqrt((16 + 4 + 4 + 16) / 3)  # the sample std of the group, as TRL
     assert group_relative_advantages(rewards, 4, "group").tolist() == pytest.approx(
         [a / (std + 1e-4) for a in (4, 2, -2, -4)]
@@ -55,28 +68,51 @@ def test_group_batch_and_no_std_scaling():
     centered = torch.tensor([4.0, 2.0, -2.0, -4.0, 0.5, -0.5, 0.5, -0.5])
     assert group_relative_advantages(rewards, 4, "none").tolist() == centered.tolist()
     group_std = torch.tensor([math.sqrt(40 / 3)] * 4 + [math.sqrt(1 / 3)] * 4)
-    assert torch.allclose(group_relative_advantages(rewards, 4, "group"), centered / (group_std + 1e-4))
+    assert torch.allclose(
+        group_relative_advantages(rewards, 4, "group"), centered / (group_std + 1e-4)
+    )
     # batch: centred in each group, divided by the std of all eight rewards
-    assert torch.allclose(group_relative_advantages(rewards, 4, "batch"), centered / (rewards.std() + 1e-4))
+    assert torch.allclose(
+        group_relative_advantages(rewards, 4, "batch"), centered / (rewards.std() + 1e-4)
+    )
     for scale in ("group", "batch", "none"):
         assert group_relative_advantages(rewards, 4, scale).view(2, 4).sum(1).abs().max() < 1e-5
-        assert group_relative_advantages(torch.ones(4), 4, scale).tolist() == [0.0] * 4  # equal rewards: no signal
+        assert (
+            group_relative_advantages(torch.ones(4), 4, scale).tolist() == [0.0] * 4
+        )  # equal rewards: no signal
 
 
 def test_unscorable_completions_stay_out_of_the_mean_and_std_and_get_no_advantage():
     rewards = torch.tensor([3.0, math.nan, 1.0, 2.0, 5.0, math.nan, math.nan, math.nan])
     advantages = group_relative_advantages(rewards, 4, "group")
-    assert advantages[:4].tolist() == pytest.approx([1 / 1.0001, 0.0, -1 / 1.0001, 0.0])  # mean 2, std 1 of 3, 1, 2
-    assert advantages[4:].tolist() == [0.0] * 4  # one scorable completion: no group to compare with
+    assert advantages[:4].tolist() == pytest.approx(
+        [1 / 1.0001, 0.0, -1 / 1.0001, 0.0]
+    )  # mean 2, std 1 of 3, 1, 2
+    assert (
+        advantages[4:].tolist() == [0.0] * 4
+    )  # one scorable completion: no group to compare with
 
 
 def test_advantages_and_every_loss_type_equal_trls_on_identical_inputs():
     """tests/data/trl_1_16_grpo.json: TRL 1.16's own lines (tests/data/trl_1_16_grpo.py) on fixed inputs, with an
     unscorable completion, clipping (ε_high 0.28) and the KL term."""
     trl = json.loads((ROOT / "tests" / "data" / "trl_1_16_grpo.json").read_text())
-    per_func = [[1.0, 0.2], [0.0, 0.2], [1.0, 0.0], [0.0, 0.0], [1.0, 0.2], [None, None], [0.0, 0.2], [1.0, 0.2]]
-    functions = {f"f{j}": lambda completions, j=j, **kw: [row[j] for row in per_func] for j in range(2)}
-    rewards, _ = compute_rewards(functions, torch.tensor([1.0, 0.5]), ["p"] * 8, ["c"] * 8, [[1]] * 8, {})
+    per_func = [
+        [1.0, 0.2],
+        [0.0, 0.2],
+        [1.0, 0.0],
+        [0.0, 0.0],
+        [1.0, 0.2],
+        [None, None],
+        [0.0, 0.2],
+        [1.0, 0.2],
+    ]
+    functions = {
+        f"f{j}": lambda completions, j=j, **kw: [row[j] for row in per_func] for j in range(2)
+    }
+    rewards, _ = compute_rewards(
+        functions, torch.tensor([1.0, 0.5]), ["p"] * 8, ["c"] * 8, [[1]] * 8, {}
+    )
     for scale in ("group", "batch", "none"):
         advantages = group_relative_advantages(rewards, 4, scale)
         assert advantages.tolist() == pytest.approx(trl[f"advantages/{scale}"], abs=1e-5)
@@ -86,9 +122,20 @@ def test_advantages_and_every_loss_type_equal_trls_on_identical_inputs():
         for loss_type in LOSS_TYPES:
             weights = loss_token_weights(mask, loss_type, max_completion_length=6)
             loss, _, _ = grpo_loss(
-                new, old, ref, advantages, weights, torch.ones(8, 1), beta=beta, epsilon=0.2, epsilon_high=0.28
+                new,
+                old,
+                ref,
+                advantages,
+                weights,
+                torch.ones(8, 1),
+                beta=beta,
+                epsilon=0.2,
+                epsilon_high=0.28,
             )
-            assert loss.item() == pytest.approx(trl[f"loss/{loss_type}/beta={beta}"], abs=1e-6), (loss_type, beta)
+            assert loss.item() == pytest.approx(trl[f"loss/{loss_type}/beta={beta}"], abs=1e-6), (
+                loss_type,
+                beta,
+            )
 
 
 # ---- each loss_type's token weights ----
@@ -99,17 +146,30 @@ TOY_ADVANTAGES = torch.tensor([2.0, -1.0])
 @pytest.mark.parametrize(
     "loss_type, expected",
     [
-        ("grpo", (-2 * 3 / 3 + 1 / 1) / 2),  # each sequence's token mean, then the mean over sequences: −0.5
+        (
+            "grpo",
+            (-2 * 3 / 3 + 1 / 1) / 2,
+        ),  # each sequence's token mean, then the mean over sequences: −0.5
         ("dapo", (-2 * 3 + 1) / 4),  # every token of the batch the same: −1.25
         ("bnpo", (-2 * 3 + 1) / 4),  # as dapo here
         ("dr_grpo", (-2 * 3 + 1) / (2 * 4)),  # B × max_completion_length: −0.625
     ],
 )
 def test_each_loss_type_on_a_hand_example(loss_type, expected):
-    logprobs = torch.tensor([[-1.0, -2.0, -0.5, -9.0], [-0.3, -9.0, -9.0, -9.0]], requires_grad=True)
+    logprobs = torch.tensor(
+        [[-1.0, -2.0, -0.5, -9.0], [-0.3, -9.0, -9.0, -9.0]], requires_grad=True
+    )
     weights = loss_token_weights(TOY_MASK, loss_type, max_completion_length=4)
     loss, policy_loss, ratio = grpo_loss(
-        logprobs, logprobs.detach(), None, TOY_ADVANTAGES, weights, 1.0, beta=0.0, epsilon=0.2, epsilon_high=0.2
+        logprobs,
+        logprobs.detach(),
+        None,
+        TOY_ADVANTAGES,
+        weights,
+        1.0,
+        beta=0.0,
+        epsilon=0.2,
+        epsilon_high=0.2,
     )
     assert loss.item() == pytest.approx(expected) and policy_loss.item() == pytest.approx(expected)
     assert ratio.tolist() == [[1.0] * 4] * 2
@@ -124,7 +184,9 @@ def test_the_grpo_normalizer_counts_only_sequences_with_a_loss():
     assert loss_token_weights(mask, "grpo", 4).sum(1).tolist() == pytest.approx([0.5, 0.0, 0.5])
     assert loss_token_weights(mask, "dapo", 4)[0, 0].item() == pytest.approx(1 / 5)
     assert loss_token_weights(mask, "dr_grpo", 4)[0, 0].item() == pytest.approx(1 / 12)
-    assert loss_token_weights(torch.zeros(2, 3), "dapo", 3).sum().item() == 0.0  # nothing to learn from: no NaN
+    assert (
+        loss_token_weights(torch.zeros(2, 3), "dapo", 3).sum().item() == 0.0
+    )  # nothing to learn from: no NaN
 
 
 @pytest.mark.parametrize("loss_type", LOSS_TYPES)
@@ -133,7 +195,9 @@ def test_each_process_gets_its_rows_of_the_whole_batch_weights(loss_type):
     one-process weights of their rows, also when the processes hold different numbers of tokens (6 and 7 here; the
     script multiplies each process's weights by N, as DDP averages the N gradients). Each process normalizing by its own
     count, then averaged, would not be the one-process loss (but for dr_grpo's constant)."""
-    mask = torch.tensor([[1, 1, 1, 0], [0, 0, 0, 0], [1, 1, 0, 0], [1, 1, 1, 1], [1, 0, 0, 0], [1, 1, 0, 0]])
+    mask = torch.tensor(
+        [[1, 1, 1, 0], [0, 0, 0, 0], [1, 1, 0, 0], [1, 1, 1, 1], [1, 0, 0, 0], [1, 1, 0, 0]]
+    )
     shards = (mask[:3], mask[3:])
 
     def count(shard):  # what one process contributes to the normalizer
@@ -146,8 +210,12 @@ def test_each_process_gets_its_rows_of_the_whole_batch_weights(loss_type):
         for shard, other in zip(shards, shards[::-1])
     ]
     assert torch.allclose(torch.cat(sharded), loss_token_weights(mask, loss_type, 4))
-    own_counts = torch.cat([loss_token_weights(shard, loss_type, 4) for shard in shards]) / len(shards)
-    assert torch.allclose(own_counts, loss_token_weights(mask, loss_type, 4)) == (loss_type == "dr_grpo")
+    own_counts = torch.cat([loss_token_weights(shard, loss_type, 4) for shard in shards]) / len(
+        shards
+    )
+    assert torch.allclose(own_counts, loss_token_weights(mask, loss_type, 4)) == (
+        loss_type == "dr_grpo"
+    )
 
 
 @pytest.mark.parametrize("loss_type", LOSS_TYPES)
@@ -163,7 +231,9 @@ def test_micro_batches_sum_to_the_whole_batch_loss_and_gradient(loss_type):
     old, ref = base + 0.3 * torch.randn(B, T), base + 0.3 * torch.randn(B, T)
     is_weights = torch.rand(B, T) + 0.5
     advantages = group_relative_advantages(torch.rand(B), 4, "group")
-    weights = loss_token_weights(completion_mask * ~is_truncated[:, None], loss_type, max_completion_length=T)
+    weights = loss_token_weights(
+        completion_mask * ~is_truncated[:, None], loss_type, max_completion_length=T
+    )
 
     def loss_and_grad(micro_batch_size):
         logprobs, total = base.clone().requires_grad_(), 0.0
@@ -179,7 +249,9 @@ def test_micro_batches_sum_to_the_whole_batch_loss_and_gradient(loss_type):
     whole_loss, whole_grad = loss_and_grad(B)
     for micro in (1, 2, 4):
         loss, grad = loss_and_grad(micro)
-        assert loss == pytest.approx(whole_loss, rel=1e-5, abs=1e-7) and torch.allclose(grad, whole_grad, atol=1e-7)
+        assert loss == pytest.approx(whole_loss, rel=1e-5, abs=1e-7) and torch.allclose(
+            grad, whole_grad, atol=1e-7
+        )
     assert whole_grad[is_truncated].abs().sum() == 0 and whole_grad[~is_truncated].abs().sum() > 0
 
 
@@ -187,7 +259,9 @@ def test_micro_batches_sum_to_the_whole_batch_loss_and_gradient(loss_type):
 def test_k3_values_and_gradient():
     logprobs = torch.tensor([math.log(0.5), -1.3], requires_grad=True)
     kl = per_token_kl(logprobs, torch.tensor([math.log(0.25), -1.3]))
-    assert kl.tolist() == pytest.approx([0.5 + math.log(2) - 1, 0.0])  # exp(ref − logp) − (ref − logp) − 1; 0 if equal
+    assert kl.tolist() == pytest.approx(
+        [0.5 + math.log(2) - 1, 0.0]
+    )  # exp(ref − logp) − (ref − logp) − 1; 0 if equal
     kl.sum().backward()
     assert logprobs.grad.tolist() == pytest.approx([1 - 0.5, 0.0])  # ∂k3/∂logp = 1 − π_ref/π_θ
     assert (per_token_kl(torch.randn(100), torch.randn(100)) >= 0).all()
@@ -201,7 +275,9 @@ def test_the_kl_term_weighs_beta_and_is_not_importance_weighted():
         logprobs, logprobs.detach(), ref_logprobs, torch.tensor([0.0]), weights, torch.tensor([[3.0]]),
         beta=0.04, epsilon=0.2, epsilon_high=0.2,
     )  # fmt: skip
-    assert policy_loss.item() == 0.0 and loss.item() == pytest.approx(0.04 * (0.5 + math.log(2) - 1))
+    assert policy_loss.item() == 0.0 and loss.item() == pytest.approx(
+        0.04 * (0.5 + math.log(2) - 1)
+    )
     loss.backward()
     assert logprobs.grad[0].tolist() == pytest.approx([0.04 * 0.5, 0.0])
 
@@ -217,7 +293,9 @@ def test_clip_higher_lets_positive_advantage_tokens_grow_further():
             beta=0.0, epsilon=0.2, epsilon_high=epsilon_high,
         )  # fmt: skip
         loss.backward()
-        assert loss.item() == pytest.approx(expected_loss) and logprobs.grad.item() == pytest.approx(expected_grad)
+        assert loss.item() == pytest.approx(
+            expected_loss
+        ) and logprobs.grad.item() == pytest.approx(expected_grad)
 
 
 def test_the_lower_clip_holds_and_negative_advantages_are_never_clipped_above():
@@ -230,26 +308,41 @@ def test_the_lower_clip_holds_and_negative_advantages_are_never_clipped_above():
         )  # fmt: skip
         loss.backward()
         # ρ = 0.75 < 1 − ε with A < 0: clipped at 0.8, no gradient; ρ = 1.25 with A < 0: the unclipped (worse) term
-        assert logprobs.grad[:, 0].tolist() == pytest.approx([0.0, 1.25]) and loss.item() == pytest.approx(0.8 + 1.25)
+        assert logprobs.grad[:, 0].tolist() == pytest.approx(
+            [0.0, 1.25]
+        ) and loss.item() == pytest.approx(0.8 + 1.25)
 
 
 def test_importance_sampling_weights_by_hand():
     """π_θ_old / π_vllm per completion (the product over its tokens) or per token; capped at C or zeroed above it."""
     old = torch.log(torch.tensor([[0.5, 0.4, 0.9], [0.2, 0.3, 0.3]]))
     sampler = torch.log(torch.tensor([[0.25, 0.8, 0.1], [0.4, 0.3, 0.9]]))
-    mask = torch.tensor([[1, 1, 0], [1, 1, 1]])  # the third token of the first completion is padding
-    weights = lambda mode: importance_sampling_weights(old, sampler, mask, mode=mode, clip_max=1.5).flatten().tolist()
-    assert weights("sequence_truncate") == pytest.approx([1.0, 0.5 / 3])  # 2 · 0.5; 0.5 · 1 · (1/3)
+    mask = torch.tensor(
+        [[1, 1, 0], [1, 1, 1]]
+    )  # the third token of the first completion is padding
+    weights = lambda mode: (
+        importance_sampling_weights(old, sampler, mask, mode=mode, clip_max=1.5).flatten().tolist()
+    )
+    assert weights("sequence_truncate") == pytest.approx(
+        [1.0, 0.5 / 3]
+    )  # 2 · 0.5; 0.5 · 1 · (1/3)
     assert weights("sequence_mask") == pytest.approx([1.0, 0.5 / 3])
-    assert weights("token_truncate") == pytest.approx([1.5, 0.5, 1.0, 0.5, 1.0, 1 / 3])  # 2 capped at 1.5
+    assert weights("token_truncate") == pytest.approx(
+        [1.5, 0.5, 1.0, 0.5, 1.0, 1 / 3]
+    )  # 2 capped at 1.5
     assert weights("token_mask") == pytest.approx([0.0, 0.5, 1.0, 0.5, 1.0, 1 / 3])  # 2 zeroed
 
 
 # ---- dynamic sampling ----
-def fake_round(rewards: list[float], prompt_width: int, completion_width: int, tag: str, G: int = 2) -> dict:
+def fake_round(
+    rewards: list[float], prompt_width: int, completion_width: int, tag: str, G: int = 2
+) -> dict:
     """A round of sampling, as rollout_and_score returns it: prompts left-padded, completions right-padded."""
     B = len(rewards)
-    prompt_mask, completion_mask = torch.ones(B, prompt_width, dtype=torch.long), torch.ones(B, completion_width)
+    prompt_mask, completion_mask = (
+        torch.ones(B, prompt_width, dtype=torch.long),
+        torch.ones(B, completion_width),
+    )
     prompt_mask[:, 0], completion_mask[:, -1] = 0, 0
     return {
         "prompt_ids": torch.where(prompt_mask.bool(), 7, 0),
@@ -264,26 +357,38 @@ def fake_round(rewards: list[float], prompt_width: int, completion_width: int, t
 
 def test_dynamic_sampling_drops_groups_whose_rewards_are_all_equal_and_samples_more():
     rounds = [
-        fake_round([1, 1, 0, 1, 0, 0, 1, 0], prompt_width=3, completion_width=2, tag="a"),  # groups a1, a3 differ
-        fake_round([1, 0, 1, 1, 0, 1, 0, 0], prompt_width=5, completion_width=4, tag="b"),  # groups b0, b2 differ
+        fake_round(
+            [1, 1, 0, 1, 0, 0, 1, 0], prompt_width=3, completion_width=2, tag="a"
+        ),  # groups a1, a3 differ
+        fake_round(
+            [1, 0, 1, 1, 0, 1, 0, 0], prompt_width=5, completion_width=4, tag="b"
+        ),  # groups b0, b2 differ
         fake_round([1, 0, 1, 0, 1, 0, 1, 0], prompt_width=3, completion_width=2, tag="c"),
     ]
     sampled = []
     samples = (sampled.append(r) or rounds[r] for r in range(3))
-    batch, dropped_frac = dynamic_sampling(samples, num_prompts=4, num_generations=2, pad_token_id=0)
+    batch, dropped_frac = dynamic_sampling(
+        samples, num_prompts=4, num_generations=2, pad_token_id=0
+    )
     assert sampled == [0, 1]  # four groups whose rewards differ after one more round: no third
     assert batch["texts"] == ["a1", "a1", "a3", "a3", "b0", "b0", "b2", "b2"]
     assert batch["rewards"].tolist() == [0, 1, 1, 0, 1, 0, 0, 1]
     assert dropped_frac == 4 / 8
     # rounds of different widths: the prompts stay left-padded, the completions right-padded
     assert batch["prompt_mask"].shape == (8, 5) and batch["completion_mask"].shape == (8, 4)
-    assert batch["prompt_mask"][0].tolist() == [0, 0, 0, 1, 1] and batch["prompt_ids"][0].tolist() == [0, 0, 0, 7, 7]
-    assert batch["completion_mask"][0].tolist() == [1, 0, 0, 0] and batch["completion_mask"][4].tolist() == [1, 1, 1, 0]
+    assert batch["prompt_mask"][0].tolist() == [0, 0, 0, 1, 1] and batch["prompt_ids"][
+        0
+    ].tolist() == [0, 0, 0, 7, 7]
+    assert batch["completion_mask"][0].tolist() == [1, 0, 0, 0] and batch["completion_mask"][
+        4
+    ].tolist() == [1, 1, 1, 0]
 
 
 def test_dynamic_sampling_fills_up_with_equal_reward_groups_when_the_rounds_run_out():
     only = fake_round([1, 1, 0, 1, 0, 0, 1, 1], prompt_width=3, completion_width=2, tag="a")
-    batch, dropped_frac = dynamic_sampling(iter([only]), num_prompts=4, num_generations=2, pad_token_id=0)
+    batch, dropped_frac = dynamic_sampling(
+        iter([only]), num_prompts=4, num_generations=2, pad_token_id=0
+    )
     assert batch["texts"] == only["texts"] and dropped_frac == 3 / 4
 
 
@@ -299,17 +404,24 @@ def test_a_run_logs_trls_metrics_with_the_kl_term_and_dynamic_sampling(tmp_path)
                 "clip_ratio/high_max", "clip_ratio/region_mean", "dynamic_sampling/dropped_frac", "learning_rate",
                 "num_tokens"):  # fmt: skip
         assert all(key in r for r in train), key
-    assert train[0]["kl"] == pytest.approx(0.0, abs=1e-6) and train[1]["kl"] > 0  # π_θ = π_ref until the first update
+    assert (
+        train[0]["kl"] == pytest.approx(0.0, abs=1e-6) and train[1]["kl"] > 0
+    )  # π_θ = π_ref until the first update
     assert train[1]["loss"] != train[1]["policy_loss"]  # + β · kl
     # up to 3 rounds of 4 prompts: a batch holds a group of equal rewards only if fewer than 4 of 12 groups differed
     assert any(r["dynamic_sampling/dropped_frac"] > 0 for r in train)
-    assert all(r["frac_reward_zero_std"] == 0.0 or r["dynamic_sampling/dropped_frac"] > 8 / 12 for r in train)
+    assert all(
+        r["frac_reward_zero_std"] == 0.0 or r["dynamic_sampling/dropped_frac"] > 8 / 12
+        for r in train
+    )
 
 
 def test_beta_zero_loads_no_reference_model_and_logs_no_kl(tmp_path, monkeypatch):
     loads = []
     load = AutoModelForCausalLM.from_pretrained
-    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", lambda *a, **k: loads.append(a) or load(*a, **k))
+    monkeypatch.setattr(
+        AutoModelForCausalLM, "from_pretrained", lambda *a, **k: loads.append(a) or load(*a, **k)
+    )
     grpo.main(args(tmp_path, max_steps=1))
     assert len(loads) == 1 and "kl" not in training(tmp_path / "out")[0]
 
@@ -319,13 +431,20 @@ def test_micro_batching_does_not_change_the_updates(tmp_path, recorded_gradients
     """With truncation masking (max_completion_length 7 truncates some completions), the k3 term and two updates per
     batch (the second off-policy, π_θ ≠ π_ref): the same gradients whether the batch is one piece or micro-batches that
     split groups (6 completions = 1.5 groups)."""
-    setup = dict(prompts_per_step=3, max_completion_length=7, mask_truncated_completions=True, loss_type=loss_type)
+    setup = dict(
+        prompts_per_step=3,
+        max_completion_length=7,
+        mask_truncated_completions=True,
+        loss_type=loss_type,
+    )
     whole = args(tmp_path, max_steps=1, beta=0.1, num_iterations=2, scale_rewards="batch", **setup)
     grpo.main(whole)
     grpo.main(dataclasses.replace(whole, micro_batch_size=6, output_dir=str(tmp_path / "micro")))
     assert len(recorded_gradients) == 4
     for one_batch, micro_batches in zip(recorded_gradients[:2], recorded_gradients[2:]):
-        assert one_batch.abs().max() > 0 and torch.allclose(one_batch, micro_batches, rtol=1e-4, atol=1e-7)
+        assert one_batch.abs().max() > 0 and torch.allclose(
+            one_batch, micro_batches, rtol=1e-4, atol=1e-7
+        )
     (a,), (b,) = training(tmp_path / "out"), training(tmp_path / "micro")
     assert 0 < a["completions/clipped_ratio"] < 1  # some completions are masked, some are not
     assert a["loss"] == pytest.approx(b["loss"], rel=1e-4, abs=1e-7)
@@ -333,16 +452,24 @@ def test_micro_batching_does_not_change_the_updates(tmp_path, recorded_gradients
 
 def test_resume_with_dynamic_sampling_gives_the_uninterrupted_run(tmp_path):
     """The extra rounds' prompts are drawn from (seed, step, round): a resumed run draws the same."""
-    full = args(tmp_path, max_steps=4, save_steps=2, beta=0.1, num_iterations=2, dynamic_sampling=True)
+    full = args(
+        tmp_path, max_steps=4, save_steps=2, beta=0.1, num_iterations=2, dynamic_sampling=True
+    )
     grpo.main(full)
     checkpoint = str(tmp_path / "out" / "checkpoint-2")
-    grpo.main(dataclasses.replace(full, output_dir=str(tmp_path / "resumed"), resume_from_checkpoint=checkpoint))
+    grpo.main(
+        dataclasses.replace(
+            full, output_dir=str(tmp_path / "resumed"), resume_from_checkpoint=checkpoint
+        )
+    )
     assert training(tmp_path / "resumed") == training(tmp_path / "out")[2:]
     final, again = (load_file(tmp_path / run / "model.safetensors") for run in ("out", "resumed"))
     assert all(torch.equal(final[k], again[k]) for k in final)
 
 
-def test_a_sampler_that_is_not_the_policy_gets_importance_weights(tmp_path, monkeypatch, recorded_gradients):
+def test_a_sampler_that_is_not_the_policy_gets_importance_weights(
+    tmp_path, monkeypatch, recorded_gradients
+):
     """As when vLLM samples: the sampler's log-probs (here the policy's, shifted by a known amount per token) give TRL's
     sampling/* metrics and weights on the loss, per token, through dynamic sampling's rounds; micro-batches still sum
     to the one-batch gradient."""
@@ -350,18 +477,26 @@ def test_a_sampler_that_is_not_the_policy_gets_importance_weights(tmp_path, monk
 
     def off_policy_generate(model, tokenizer, texts, config):
         out = generate(model, tokenizer, texts, config, sampler_logprobs=True)
-        return out | {"sampler_logprobs": out["sampler_logprobs"] - 0.1}  # π_θ_old / π_sampler = e^0.1 per token
+        return out | {
+            "sampler_logprobs": out["sampler_logprobs"] - 0.1
+        }  # π_θ_old / π_sampler = e^0.1 per token
 
     monkeypatch.setattr(common, "generate", off_policy_generate)
-    mode = dict(vllm_importance_sampling_mode="token_truncate", vllm_importance_sampling_clip_max=3.0)
+    mode = dict(
+        vllm_importance_sampling_mode="token_truncate", vllm_importance_sampling_clip_max=3.0
+    )
     whole = args(tmp_path, max_steps=1, dynamic_sampling=True, **mode)
     grpo.main(whole)
     (record,) = training(tmp_path / "out")
-    assert record["sampling/importance_sampling_ratio/mean"] == pytest.approx(math.exp(0.1), rel=1e-4)
+    assert record["sampling/importance_sampling_ratio/mean"] == pytest.approx(
+        math.exp(0.1), rel=1e-4
+    )
     assert record["sampling/sampling_logp_difference/max"] == pytest.approx(0.1, rel=1e-4)
     grpo.main(dataclasses.replace(whole, micro_batch_size=4, output_dir=str(tmp_path / "micro")))
     one_batch, micro_batches = recorded_gradients
-    assert one_batch.abs().max() > 0 and torch.allclose(one_batch, micro_batches, rtol=1e-4, atol=1e-7)
+    assert one_batch.abs().max() > 0 and torch.allclose(
+        one_batch, micro_batches, rtol=1e-4, atol=1e-7
+    )
 
 
 def test_bf16_samples_from_the_policy_itself_with_no_correction(tmp_path):
@@ -380,12 +515,19 @@ def test_bf16_samples_from_the_policy_itself_with_no_correction(tmp_path):
         (["--epsilon_high", "0"], "--epsilon_high: must be positive"),
         (["--max_resample_rounds", "-1"], "--max_resample_rounds: must be ≥ 0, got -1"),
         (["--vllm_importance_sampling_mode", "token"], "invalid choice: 'token'"),
-        (["--prompts_per_step", "3", "--micro_batch_size", "5"], "--micro_batch_size: must divide 24 completions"),
+        (
+            ["--prompts_per_step", "3", "--micro_batch_size", "5"],
+            "--micro_batch_size: must divide 24 completions",
+        ),
     ],
 )
-def test_bad_flags_are_one_line_with_exit_status_2_and_nothing_written(tmp_path, flags, line, capsys):
+def test_bad_flags_are_one_line_with_exit_status_2_and_nothing_written(
+    tmp_path, flags, line, capsys
+):
     out = tmp_path / "out"
-    assert line in one_line_error(grpo, *flags, "--eval_strategy", "no", "--output_dir", out, capsys=capsys)
+    assert line in one_line_error(
+        grpo, *flags, "--eval_strategy", "no", "--output_dir", out, capsys=capsys
+    )
     assert not out.exists() or not list(out.iterdir())
 
 

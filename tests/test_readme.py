@@ -12,7 +12,9 @@ import pytest
 
 from conftest import ROOT
 
-PAGES = ["README.md"] + sorted(str(path.relative_to(ROOT)) for path in (ROOT / "docs").glob("*.md"))
+PAGES = ["README.md"] + sorted(
+    str(path.relative_to(ROOT)) for path in (ROOT / "docs").glob("*.md")
+)
 POINTER = re.compile(r"\b([\w/]+\.py):(\d+)(?:[-–](\d+))?")
 FUNCTION_POINTER = re.compile(r"`(\w+)`(?:,\s+|\s+\()([\w/]+\.py):(\d+)\b(?![-–]\d)")
 STEP_POINTER = re.compile(r"\*\*([^*]+)\*\* \(([\w/]+\.py):(\d+)-(\d+)\)")
@@ -34,7 +36,9 @@ def definitions(lines: list[str], name: str) -> list[int]:
 
 def phase_span(lines: list[str], k: int) -> tuple[int, int] | None:
     """The lines of phase k: its `# ==== k.` comment to the last non-blank line before the next marked block."""
-    starts = [number for number, line in enumerate(lines, 1) if line.strip().startswith(f"# ==== {k}.")]
+    starts = [
+        number for number, line in enumerate(lines, 1) if line.strip().startswith(f"# ==== {k}.")
+    ]
     if len(starts) != 1:
         return None
     end = starts[0]
@@ -52,7 +56,15 @@ def fail_if(misses: list[str], heading: str = "re-point"):
 
 def test_readme_steps_are_the_seven_phases():
     steps = [step for step, *_ in STEP_POINTER.findall(README)]
-    phases = ["Rollout", "Score", "Log-probs", "KL-shaped reward", "Leave-one-out advantage", "Loss and update", "Log"]
+    phases = [
+        "Rollout",
+        "Score",
+        "Log-probs",
+        "KL-shaped reward",
+        "Leave-one-out advantage",
+        "Loss and update",
+        "Log",
+    ]
     assert steps == phases
 
 
@@ -63,7 +75,9 @@ def test_each_step_spans_its_phase():
         span = phase_span(code_lines(file), k)
         if span != (int(start), int(end)):
             where = f"{file}:{span[0]}-{span[1]}" if span else f"no single `# ==== {k}.` in {file}"
-            misses.append(f"README.md:{page_line(README, match.start())}: **{step}** ({file}:{start}-{end}) -> {where}")
+            misses.append(
+                f"README.md:{page_line(README, match.start())}: **{step}** ({file}:{start}-{end}) -> {where}"
+            )
     fail_if(misses)
 
 
@@ -76,7 +90,9 @@ def test_each_function_pointer_lands_on_its_definition(page):
         found = definitions(code_lines(file), name)
         if int(number) not in found:
             where = " or ".join(f"{file}:{n}" for n in found) or f"no `def {name}(` in {file}"
-            misses.append(f"{page}:{page_line(text, match.start())}: `{name}` ({file}:{number}) -> {where}")
+            misses.append(
+                f"{page}:{page_line(text, match.start())}: `{name}` ({file}:{number}) -> {where}"
+            )
     fail_if(misses)
 
 

@@ -21,7 +21,13 @@ import reward_model
 from conftest import ROOT, one_line_error, read_metrics
 from hub_like import make_bf16_checkpoint
 from reward_model import bradley_terry_loss, pair_accuracy
-from rewards import accuracy_reward, as_completion, extract_answer, format_reward, reward_model_function
+from rewards import (
+    accuracy_reward,
+    as_completion,
+    extract_answer,
+    format_reward,
+    reward_model_function,
+)
 
 
 def rows(path: str) -> list[dict]:
@@ -34,7 +40,9 @@ def small_data(tmp_path) -> str:
     folder.mkdir(exist_ok=True)
     for split, n in (("train", 64), ("test", 16)):
         pairs = rows(f"arithmetic_preferences/{split}.jsonl")[::8][:n]  # one pair per problem
-        (folder / f"{split}.jsonl").write_text("".join(json.dumps(pair, ensure_ascii=False) + "\n" for pair in pairs))
+        (folder / f"{split}.jsonl").write_text(
+            "".join(json.dumps(pair, ensure_ascii=False) + "\n" for pair in pairs)
+        )
     return str(folder)
 
 
@@ -46,7 +54,11 @@ def args(tmp_path, **overrides) -> reward_model.Args:
 
 
 def training(output_dir) -> list[dict]:
-    return [{k: v for k, v in r.items() if k != "step_time"} for r in read_metrics(output_dir) if "loss" in r]
+    return [
+        {k: v for k, v in r.items() if k != "step_time"}
+        for r in read_metrics(output_dir)
+        if "loss" in r
+    ]
 
 
 def test_the_bradley_terry_loss_of_the_worked_example():
@@ -60,12 +72,24 @@ def test_the_bradley_terry_loss_of_the_worked_example():
 
 
 def test_the_loss_and_its_gradient_on_a_batch():
-    chosen, rejected = torch.tensor([2.0, 0.0, -1.0], requires_grad=True), torch.tensor([0.0, 0.0, 1.0])
+    chosen, rejected = (
+        torch.tensor([2.0, 0.0, -1.0], requires_grad=True),
+        torch.tensor([0.0, 0.0, 1.0]),
+    )
     loss = bradley_terry_loss(chosen, rejected, torch.zeros(3), center_rewards_coefficient=None)
-    assert loss.tolist() == pytest.approx([math.log1p(math.exp(-2)), math.log(2), math.log1p(math.exp(2))])
+    assert loss.tolist() == pytest.approx(
+        [math.log1p(math.exp(-2)), math.log(2), math.log1p(math.exp(2))]
+    )
     loss.mean().backward()
-    assert chosen.grad.tolist() == pytest.approx([-torch.sigmoid(-d).item() / 3 for d in torch.tensor([2, 0, -2.0])])
-    assert pair_accuracy(torch.tensor([1.0, 0, 2, 3]), torch.tensor([0.0, 1, 2, 1])).tolist() == [1, 0, 0.5, 1]
+    assert chosen.grad.tolist() == pytest.approx(
+        [-torch.sigmoid(-d).item() / 3 for d in torch.tensor([2, 0, -2.0])]
+    )
+    assert pair_accuracy(torch.tensor([1.0, 0, 2, 3]), torch.tensor([0.0, 1, 2, 1])).tolist() == [
+        1,
+        0,
+        0.5,
+        1,
+    ]
 
 
 def test_the_shipped_pairs_prefer_the_right_answer_and_hold_out_the_test_problems():
@@ -77,33 +101,56 @@ def test_the_shipped_pairs_prefer_the_right_answer_and_hold_out_the_test_problem
             pairs = rows(f"{folder}/{split}.jsonl")
             questions = [pair["prompt"][0]["content"] for pair in pairs]
             problems = [row["prompt"][0]["content"] for row in rows(f"arithmetic/{split}.jsonl")]
-            assert questions == [question for question in problems for _ in range(8)]  # 8 pairs per problem
+            assert questions == [
+                question for question in problems for _ in range(8)
+            ]  # 8 pairs per problem
             prompts[folder, split] = set(questions)
             answers = [truth[q] for q in questions]
             chosen, rejected = [p["chosen"] for p in pairs], [p["rejected"] for p in pairs]
-            assert accuracy_reward(chosen, ground_truth=answers) == format_reward(chosen) == [1.0] * len(pairs)
+            assert (
+                accuracy_reward(chosen, ground_truth=answers)
+                == format_reward(chosen)
+                == [1.0] * len(pairs)
+            )
             assert accuracy_reward(rejected, ground_truth=answers) == [0.0] * len(pairs)
             broken = 1 - sum(format_reward(rejected)) / len(pairs)
-            if folder == "arithmetic_preferences":  # form separates: a quarter have a broken format
+            if (
+                folder == "arithmetic_preferences"
+            ):  # form separates: a quarter have a broken format
                 assert 0.2 < broken < 0.3
             else:  # the same form, bare or worked, and only the number differs
                 assert broken == 0
                 for c, r, answer in zip(chosen, rejected, answers):
                     wrong = re.escape(extract_answer(r[0]["content"]))
-                    right = re.sub(rf"(= |<answer>){wrong}(?!\d)", rf"\g<1>{answer}", r[0]["content"])
+                    right = re.sub(
+                        rf"(= |<answer>){wrong}(?!\d)", rf"\g<1>{answer}", r[0]["content"]
+                    )
                     assert right == c[0]["content"]
-    assert not prompts["arithmetic_preferences", "train"] & prompts["arithmetic_preferences", "test"]
+    assert (
+        not prompts["arithmetic_preferences", "train"] & prompts["arithmetic_preferences", "test"]
+    )
 
 
 def test_a_run_saves_a_model_that_rewards_py_scores_as_training_did(tmp_path):
     reward_model.main(args(tmp_path, eval_strategy="steps", eval_steps=2, save_steps=2))
     out = tmp_path / "out"
     evals = [r for r in read_metrics(out) if "eval/accuracy" in r]
-    assert [r["step"] for r in evals] == [0, 2, 3] and all(0 <= r["eval/accuracy"] <= 1 for r in evals)
+    assert [r["step"] for r in evals] == [0, 2, 3] and all(
+        0 <= r["eval/accuracy"] <= 1 for r in evals
+    )
     assert all("eval/loss" in r and "eval/margin" in r for r in evals)
     train = training(out)
     assert [r["step"] for r in train] == [1, 2, 3]
-    for key in ("loss", "accuracy", "margin", "min_reward", "mean_reward", "max_reward", "grad_norm", "num_tokens"):
+    for key in (
+        "loss",
+        "accuracy",
+        "margin",
+        "min_reward",
+        "mean_reward",
+        "max_reward",
+        "grad_norm",
+        "num_tokens",
+    ):
         assert all(key in r for r in train), key
     assert [p.name for p in reward_model.checkpoints(out)] == ["checkpoint-2"]
     model = AutoModelForSequenceClassification.from_pretrained(out)
@@ -114,11 +161,19 @@ def test_a_run_saves_a_model_that_rewards_py_scores_as_training_did(tmp_path):
     pairs = rows("arithmetic_preferences/test.jsonl")[:5]
     from datasets import Dataset
 
-    tokenized = reward_model.tokenize_pairs(tokenizer, Dataset.from_list(pairs), reward_model.Args(), "test")
+    tokenized = reward_model.tokenize_pairs(
+        tokenizer, Dataset.from_list(pairs), reward_model.Args(), "test"
+    )
     with torch.no_grad():
-        chosen, _ = reward_model.pair_rewards(model.eval(), tokenized, tokenizer.pad_token_id, "cpu")
-    prompts, completions = zip(*(as_completion(p["prompt"], p["chosen"][0]["content"]) for p in pairs))
-    scored = reward_model_function(str(out), "cpu")(prompts=list(prompts), completions=list(completions))
+        chosen, _ = reward_model.pair_rewards(
+            model.eval(), tokenized, tokenizer.pad_token_id, "cpu"
+        )
+    prompts, completions = zip(
+        *(as_completion(p["prompt"], p["chosen"][0]["content"]) for p in pairs)
+    )
+    scored = reward_model_function(str(out), "cpu")(
+        prompts=list(prompts), completions=list(completions)
+    )
     assert scored == pytest.approx(chosen.tolist(), abs=1e-5)
 
 
@@ -128,7 +183,9 @@ def test_string_pairs_without_a_prompt_with_margins_some_none(tmp_path, capsys):
              for a in range(16)]  # fmt: skip
     pairs[0]["chosen"] = "1 + 1 = 2" * 60
     (tmp_path / "pairs.jsonl").write_text("".join(json.dumps(pair) + "\n" for pair in pairs))
-    reward_model.main(args(tmp_path, dataset_name=str(tmp_path / "pairs.jsonl"), eval_strategy="steps"))
+    reward_model.main(
+        args(tmp_path, dataset_name=str(tmp_path / "pairs.jsonl"), eval_strategy="steps")
+    )
     assert "the train split: dropped 1 of 16 pairs over --max_length" in capsys.readouterr().out
     assert [r["step"] for r in read_metrics(tmp_path / "out")] == [1, 2, 3]
 
@@ -140,29 +197,48 @@ def test_a_bf16_checkpoint_trains_float32_weights_and_resume_gives_the_uninterru
     reward_model.main(full)
     checkpoint = str(tmp_path / "out" / "checkpoint-2")
     reward_model.main(
-        dataclasses.replace(full, output_dir=str(tmp_path / "resumed"), resume_from_checkpoint=checkpoint)
+        dataclasses.replace(
+            full, output_dir=str(tmp_path / "resumed"), resume_from_checkpoint=checkpoint
+        )
     )
-    strip = lambda records: [{k: v for k, v in r.items() if k != "step_time"} for r in records if r["step"] > 2]
+    strip = lambda records: [
+        {k: v for k, v in r.items() if k != "step_time"} for r in records if r["step"] > 2
+    ]
     assert strip(read_metrics(tmp_path / "resumed")) == strip(read_metrics(tmp_path / "out"))
     final, again = (load_file(tmp_path / run / "model.safetensors") for run in ("out", "resumed"))
     assert all(final[k].dtype == torch.float32 and torch.equal(final[k], again[k]) for k in final)
 
 
 def test_a_lora_reward_model_resumes_exactly_and_is_saved_merged_for_the_rl_scripts(tmp_path):
-    lora = args(tmp_path, use_peft=True, lora_r=4, learning_rate=1e-2, save_merged_model=True, save_steps=2, bf16=True)
+    lora = args(
+        tmp_path,
+        use_peft=True,
+        lora_r=4,
+        learning_rate=1e-2,
+        save_merged_model=True,
+        save_steps=2,
+        bf16=True,
+    )
     reward_model.main(lora)
     out = tmp_path / "out"
     assert (out / "adapter_config.json").exists() and not (out / "model.safetensors").exists()
     adapter = load_file(out / "adapter_model.safetensors")
-    assert all(t.dtype == torch.float32 for t in adapter.values()) and any("score" in k for k in adapter)
+    assert all(t.dtype == torch.float32 for t in adapter.values()) and any(
+        "score" in k for k in adapter
+    )
     checkpoint = str(out / "checkpoint-2")
     reward_model.main(
-        dataclasses.replace(lora, output_dir=str(tmp_path / "resumed"), resume_from_checkpoint=checkpoint)
+        dataclasses.replace(
+            lora, output_dir=str(tmp_path / "resumed"), resume_from_checkpoint=checkpoint
+        )
     )
     assert training(tmp_path / "resumed") == training(out)[2:]
     merged = AutoModelForSequenceClassification.from_pretrained(out / "merged")
     assert merged.config.num_labels == 1 and merged.score.weight.abs().sum() > 0
-    assert len(reward_model_function(str(out / "merged"), "cpu")(prompts=["a"], completions=["b"])) == 1
+    assert (
+        len(reward_model_function(str(out / "merged"), "cpu")(prompts=["a"], completions=["b"]))
+        == 1
+    )
 
 
 def test_sigterm_in_the_loop_saves_a_checkpoint_and_exits_143(tmp_path):
@@ -185,16 +261,24 @@ def test_sigterm_in_the_loop_saves_a_checkpoint_and_exits_143(tmp_path):
     "flags, line",
     [
         (["--learning_rate", "0"], "--learning_rate: must be positive, got 0.0"),
-        (["--center_rewards_coefficient", "-1"], "--center_rewards_coefficient: must be ≥ 0, got -1.0"),
+        (
+            ["--center_rewards_coefficient", "-1"],
+            "--center_rewards_coefficient: must be ≥ 0, got -1.0",
+        ),
         (["--train_batch_size", "100"], "--train_batch_size: more than the 64 pairs"),
         (["--max_step", "3"], "unrecognized arguments: --max_step 3"),
         (["--dataset_name", "no/such/pairs.jsonl"], "--dataset_name no/such/pairs.jsonl: "),
-        (["--dataset_name", "{no_chosen}"], "--dataset_name: the train split has no 'chosen' column"),
+        (
+            ["--dataset_name", "{no_chosen}"],
+            "--dataset_name: the train split has no 'chosen' column",
+        ),
         (["--dataset_name", "{bad_margin}"], "row 0 of the train split: could not convert"),
         (["--dataset_name", "{mixed}"], "row 0 of the train split: can only concatenate"),
     ],
 )
-def test_bad_input_is_one_line_with_exit_status_2_and_nothing_written(tmp_path, flags, line, capsys):
+def test_bad_input_is_one_line_with_exit_status_2_and_nothing_written(
+    tmp_path, flags, line, capsys
+):
     files = {"{no_chosen}": '{"prompt": "1 + 1", "completion": "2"}\n',
              "{bad_margin}": '{"chosen": "2", "rejected": "3", "margin": "large"}\n',
              "{mixed}": '{"prompt": [{"role": "user", "content": "1"}], "chosen": "2", "rejected": "3"}\n'}  # fmt: skip
@@ -202,8 +286,17 @@ def test_bad_input_is_one_line_with_exit_status_2_and_nothing_written(tmp_path, 
         (tmp_path / f"{name[1:-1]}.jsonl").write_text(text * 8)
     flags = [str(tmp_path / f"{f[1:-1]}.jsonl") if f in files else f for f in flags]
     out = tmp_path / "out"
-    defaults = ["--dataset_name", small_data(tmp_path), "--train_batch_size", "8", "--eval_strategy", "no"]
-    assert line in one_line_error(reward_model, *defaults, *flags, "--output_dir", out, capsys=capsys)
+    defaults = [
+        "--dataset_name",
+        small_data(tmp_path),
+        "--train_batch_size",
+        "8",
+        "--eval_strategy",
+        "no",
+    ]
+    assert line in one_line_error(
+        reward_model, *defaults, *flags, "--output_dir", out, capsys=capsys
+    )
     assert not out.exists() or not list(out.iterdir())
 
 

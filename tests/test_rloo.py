@@ -24,44 +24,78 @@ from hub_like import (
 
 def args(tmp_path, **overrides) -> rloo.Args:
     """A run of a few seconds: 2 steps of 4 prompts × 2 completions, no evaluation, no checkpoint."""
-    small = dict(max_steps=2, prompts_per_step=4, logging_steps=1, eval_steps=0, eval_strategy="no", save_steps=0)
+    small = dict(
+        max_steps=2,
+        prompts_per_step=4,
+        logging_steps=1,
+        eval_steps=0,
+        eval_strategy="no",
+        save_steps=0,
+    )
     return rloo.Args(**{**small, "output_dir": str(tmp_path / "out"), **overrides})
 
 
 def training(output_dir) -> list[dict]:
-    return [{k: v for k, v in r.items() if k != "step_time"} for r in read_metrics(output_dir) if "loss" in r]
+    return [
+        {k: v for k, v in r.items() if k != "step_time"}
+        for r in read_metrics(output_dir)
+        if "loss" in r
+    ]
 
 
 def test_a_run_writes_trls_metrics_a_loadable_model_and_checkpoints(tmp_path):
     rewards = dict(reward_funcs=["accuracy", "format"], reward_weights=["1", "0.2"])
     evaluation = dict(eval_strategy="steps", eval_steps=2, num_generations_eval=2)
-    rloo.main(args(tmp_path, max_steps=3, save_steps=1, save_total_limit=2, **evaluation, **rewards))
+    rloo.main(
+        args(tmp_path, max_steps=3, save_steps=1, save_total_limit=2, **evaluation, **rewards)
+    )
     out = tmp_path / "out"
     records = read_metrics(out)
-    assert [r["step"] for r in records if "eval/reward" in r] == [0, 2, 3]  # at the start, every eval_steps, the end
-    assert {"eval/accuracy", "eval/accuracy_greedy", "eval/format", "eval/reward_greedy"} <= set(records[0])
+    assert [r["step"] for r in records if "eval/reward" in r] == [
+        0,
+        2,
+        3,
+    ]  # at the start, every eval_steps, the end
+    assert {"eval/accuracy", "eval/accuracy_greedy", "eval/format", "eval/reward_greedy"} <= set(
+        records[0]
+    )
     train = training(out)
     assert [r["step"] for r in train] == [1, 2, 3]
     for key in ("reward", "reward_std", "frac_reward_zero_std", "rewards/accuracy_reward/mean", "kl", "entropy",
                 "completions/mean_length", "completions/clipped_ratio", "loss", "grad_norm", "clip_ratio/low_mean",
                 "clip_ratio/high_mean", "clip_ratio/region_mean", "learning_rate", "num_tokens"):  # fmt: skip
         assert all(key in r for r in train), key
-    assert [p.name for p in rloo.checkpoints(out)] == ["checkpoint-2", "checkpoint-3"]  # --save_total_limit 2
+    assert [p.name for p in rloo.checkpoints(out)] == [
+        "checkpoint-2",
+        "checkpoint-3",
+    ]  # --save_total_limit 2
     assert not list(out.glob(".checkpoint-*"))  # renamed into place when complete
     checkpoint = out / "checkpoint-3"
     assert json.loads((checkpoint / "trainer_state.json").read_text())["step"] == 3
-    assert json.loads((checkpoint / "args.json").read_text())["max_steps"] == 3  # what --config reads back
-    assert not list((checkpoint / "state").glob("*.safetensors"))  # the weights once, in Hugging Face format
+    assert (
+        json.loads((checkpoint / "args.json").read_text())["max_steps"] == 3
+    )  # what --config reads back
+    assert not list(
+        (checkpoint / "state").glob("*.safetensors")
+    )  # the weights once, in Hugging Face format
     final = AutoModelForCausalLM.from_pretrained(out)
     assert all(p.dtype == torch.float32 for p in final.parameters())
-    assert torch.equal(final.lm_head.weight, AutoModelForCausalLM.from_pretrained(checkpoint).lm_head.weight)
+    assert torch.equal(
+        final.lm_head.weight, AutoModelForCausalLM.from_pretrained(checkpoint).lm_head.weight
+    )
 
 
 def test_resume_gives_the_uninterrupted_runs_metrics_and_weights(tmp_path):
-    full = args(tmp_path, max_steps=4, save_steps=2, num_iterations=2, eval_strategy="steps", eval_steps=2)
+    full = args(
+        tmp_path, max_steps=4, save_steps=2, num_iterations=2, eval_strategy="steps", eval_steps=2
+    )
     rloo.main(full)
     checkpoint = str(tmp_path / "out" / "checkpoint-2")
-    rloo.main(dataclasses.replace(full, output_dir=str(tmp_path / "resumed"), resume_from_checkpoint=checkpoint))
+    rloo.main(
+        dataclasses.replace(
+            full, output_dir=str(tmp_path / "resumed"), resume_from_checkpoint=checkpoint
+        )
+    )
     assert training(tmp_path / "resumed") == training(tmp_path / "out")[2:]
     final, again = (load_file(tmp_path / run / "model.safetensors") for run in ("out", "resumed"))
     assert all(torch.equal(final[k], again[k]) for k in final)
@@ -77,7 +111,9 @@ def test_resume_from_a_stopped_run_equals_the_uninterrupted_run(tmp_path):
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # fmt: skip
     deadline = time.time() + 240
-    while '"step": 2' not in ((out / "metrics.jsonl").read_text() if (out / "metrics.jsonl").exists() else ""):
+    while '"step": 2' not in (
+        (out / "metrics.jsonl").read_text() if (out / "metrics.jsonl").exists() else ""
+    ):
         assert process.poll() is None and time.time() < deadline, process.communicate()
         time.sleep(0.1)
     process.send_signal(signal.SIGINT)
@@ -109,38 +145,61 @@ def test_sigterm_in_the_loop_saves_a_checkpoint_and_exits_143(tmp_path):
 def test_micro_batching_does_not_change_the_update(tmp_path, recorded_gradients):
     """The whole batch's advantages are known before the first backward pass, so micro-batches that split groups (2 of
     each prompt's 4 completions) accumulate the one-batch gradient, batch-wide normalization included."""
-    whole = args(tmp_path, max_steps=1, num_generations=4, normalize_advantages=True, output_dir=str(tmp_path / "a"))
+    whole = args(
+        tmp_path,
+        max_steps=1,
+        num_generations=4,
+        normalize_advantages=True,
+        output_dir=str(tmp_path / "a"),
+    )
     rloo.main(whole)
     rloo.main(dataclasses.replace(whole, micro_batch_size=2, output_dir=str(tmp_path / "b")))
     one_batch, micro_batches = recorded_gradients
-    assert one_batch.abs().max() > 0 and torch.allclose(one_batch, micro_batches, rtol=1e-4, atol=1e-7)
-    assert training(tmp_path / "a")[0]["loss"] == pytest.approx(training(tmp_path / "b")[0]["loss"], abs=1e-6)
+    assert one_batch.abs().max() > 0 and torch.allclose(
+        one_batch, micro_batches, rtol=1e-4, atol=1e-7
+    )
+    assert training(tmp_path / "a")[0]["loss"] == pytest.approx(
+        training(tmp_path / "b")[0]["loss"], abs=1e-6
+    )
 
 
 def test_beta_zero_loads_no_reference_model(tmp_path, monkeypatch):
     loads = []
     load = AutoModelForCausalLM.from_pretrained
-    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", lambda *a, **k: loads.append(a) or load(*a, **k))
+    monkeypatch.setattr(
+        AutoModelForCausalLM, "from_pretrained", lambda *a, **k: loads.append(a) or load(*a, **k)
+    )
     rloo.main(args(tmp_path, beta=0.0, max_steps=1))
     assert len(loads) == 1 and "kl" not in training(tmp_path / "out")[0]
     rloo.main(args(tmp_path, beta=0.05, max_steps=1, output_dir=str(tmp_path / "with_reference")))
     assert len(loads) == 3
 
 
-@pytest.mark.parametrize("make", [make_bf16_checkpoint, make_hub_like_checkpoint, make_turn_end_checkpoint])
+@pytest.mark.parametrize(
+    "make", [make_bf16_checkpoint, make_hub_like_checkpoint, make_turn_end_checkpoint]
+)
 def test_hub_like_checkpoints_train_in_float32_without_dropout(tmp_path, make, monkeypatch):
     """A bf16 checkpoint trains with float32 master weights; a Llama with attention dropout and a shipped sampling
     config trains with dropout off; a turn-end token that is not the tokenizer's EOS ends completions."""
     model = str(make(tmp_path / "model"))
     trained = []
     load_trained = rloo.load_trained
-    monkeypatch.setattr(rloo, "load_trained", lambda *a, **k: trained.append(load_trained(*a, **k)) or trained[-1])
+    monkeypatch.setattr(
+        rloo, "load_trained", lambda *a, **k: trained.append(load_trained(*a, **k)) or trained[-1]
+    )
     rloo.main(args(tmp_path, model_name_or_path=model, max_steps=1))
     (policy,) = trained
     assert all(p.dtype == torch.float32 for p in policy.parameters())
-    assert all(v == 0.0 for m in policy.modules() for n, v in vars(m).items() if isinstance(v, float) and "drop" in n)
+    assert all(
+        v == 0.0
+        for m in policy.modules()
+        for n, v in vars(m).items()
+        if isinstance(v, float) and "drop" in n
+    )
     (record,) = training(tmp_path / "out")
-    if make is make_turn_end_checkpoint:  # the model ends nearly every turn with <|im_end|>, the second end id
+    if (
+        make is make_turn_end_checkpoint
+    ):  # the model ends nearly every turn with <|im_end|>, the second end id
         assert record["completions/clipped_ratio"] < 0.5
 
 
@@ -149,8 +208,19 @@ def test_lora_trains_an_adapter_whose_reference_is_the_base(tmp_path):
     out = tmp_path / "out"
     assert (out / "adapter_config.json").exists() and not (out / "model.safetensors").exists()
     (first, _) = training(out)
-    assert first["kl"] == pytest.approx(0.0, abs=1e-6)  # step 1: the adapter is zero, so π_θ = π_ref
-    rloo.main(args(tmp_path, use_peft=True, lora_r=4, learning_rate=1e-3, max_steps=3, resume_from_checkpoint="latest"))
+    assert first["kl"] == pytest.approx(
+        0.0, abs=1e-6
+    )  # step 1: the adapter is zero, so π_θ = π_ref
+    rloo.main(
+        args(
+            tmp_path,
+            use_peft=True,
+            lora_r=4,
+            learning_rate=1e-3,
+            max_steps=3,
+            resume_from_checkpoint="latest",
+        )
+    )
     assert [r["step"] for r in training(out)] == [1, 2, 3]
 
 
@@ -158,18 +228,37 @@ def test_bf16_and_gradient_checkpointing_train_float32_master_weights(tmp_path):
     rloo.main(args(tmp_path, bf16=True, gradient_checkpointing=True, max_steps=1))
     (record,) = training(tmp_path / "out")
     assert record["grad_norm"] > 0 and all(
-        t.dtype == torch.float32 for t in load_file(tmp_path / "out" / "model.safetensors").values()
+        t.dtype == torch.float32
+        for t in load_file(tmp_path / "out" / "model.safetensors").values()
     )
 
 
 def test_a_config_file_is_read_and_the_command_line_wins(tmp_path):
     config = tmp_path / "recipe.yaml"
-    config.write_text("max_steps: 1\nnum_generations: 4\nprompts_per_step: 2\nreward_funcs: [accuracy, format]\n")
+    config.write_text(
+        "max_steps: 1\nnum_generations: 4\nprompts_per_step: 2\nreward_funcs: [accuracy, format]\n"
+    )
     out = tmp_path / "out"
-    run_main(rloo, "--config", config, "--num_generations", "2", "--eval_strategy", "no", "--output_dir", out)
+    run_main(
+        rloo,
+        "--config",
+        config,
+        "--num_generations",
+        "2",
+        "--eval_strategy",
+        "no",
+        "--output_dir",
+        out,
+    )
     saved = json.loads((out / "args.json").read_text())
-    assert (saved["max_steps"], saved["num_generations"], saved["reward_funcs"]) == (1, 2, ["accuracy", "format"])
-    run_main(rloo, "--config", out / "args.json", "--output_dir", tmp_path / "again")  # a run's args.json is a config
+    assert (saved["max_steps"], saved["num_generations"], saved["reward_funcs"]) == (
+        1,
+        2,
+        ["accuracy", "format"],
+    )
+    run_main(
+        rloo, "--config", out / "args.json", "--output_dir", tmp_path / "again"
+    )  # a run's args.json is a config
     assert json.loads((tmp_path / "again" / "args.json").read_text())["num_generations"] == 2
 
 
@@ -177,23 +266,40 @@ def test_string_prompts_from_a_compressed_file_and_log_completions(tmp_path, cap
     import gzip
 
     rows = [
-        {"prompt": f"Compute {a} + 2. Answer in the form <answer>N</answer>.", "ground_truth": str(a + 2)}
+        {
+            "prompt": f"Compute {a} + 2. Answer in the form <answer>N</answer>.",
+            "ground_truth": str(a + 2),
+        }
         for a in range(8)
     ]
     with gzip.open(tmp_path / "data.jsonl.gz", "wt") as f:
         f.write("\n".join(json.dumps(r) for r in rows))
-    rloo.main(args(tmp_path, dataset_name=str(tmp_path / "data.jsonl.gz"), max_steps=1, log_completions=True))
+    rloo.main(
+        args(
+            tmp_path,
+            dataset_name=str(tmp_path / "data.jsonl.gz"),
+            max_steps=1,
+            log_completions=True,
+        )
+    )
     assert "[step 1] 'Compute" in capsys.readouterr().out  # tqdm.write: stdout
     assert 0.0 <= training(tmp_path / "out")[0]["rewards/accuracy_reward/mean"] <= 1.0
 
 
 def test_unscorable_completions_stay_out_of_the_statistics(tmp_path):
     """A row without a ground truth makes its completions unscorable (NaN): not a 0 in the mean reward."""
-    rows = [{"prompt": f"Compute {a} + 2.", "ground_truth": None if a % 2 else str(a + 2)} for a in range(8)]
+    rows = [
+        {"prompt": f"Compute {a} + 2.", "ground_truth": None if a % 2 else str(a + 2)}
+        for a in range(8)
+    ]
     (tmp_path / "data.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
-    rloo.main(args(tmp_path, dataset_name=str(tmp_path / "data.jsonl"), max_steps=1, prompts_per_step=8))
+    rloo.main(
+        args(tmp_path, dataset_name=str(tmp_path / "data.jsonl"), max_steps=1, prompts_per_step=8)
+    )
     (record,) = training(tmp_path / "out")
-    assert record["reward"] == record["rewards/accuracy_reward/mean"] and record["reward"] is not None
+    assert (
+        record["reward"] == record["rewards/accuracy_reward/mean"] and record["reward"] is not None
+    )
 
 
 def test_report_to_tensorboard_writes_its_events(tmp_path):
@@ -204,8 +310,19 @@ def test_report_to_tensorboard_writes_its_events(tmp_path):
 def test_a_non_finite_update_stops_before_it_is_applied(tmp_path, capsys):
     """A learning rate of 1e30 makes step 1's update blow the weights up: step 2's loss is not finite, and step 2 is
     not applied or saved."""
-    flags = ["--learning_rate", "1e30", "--max_steps", "3", "--prompts_per_step", "4", "--eval_strategy", "no"]
-    line = one_line_error(rloo, *flags, "--save_steps", "1", "--output_dir", tmp_path / "out", capsys=capsys)
+    flags = [
+        "--learning_rate",
+        "1e30",
+        "--max_steps",
+        "3",
+        "--prompts_per_step",
+        "4",
+        "--eval_strategy",
+        "no",
+    ]
+    line = one_line_error(
+        rloo, *flags, "--save_steps", "1", "--output_dir", tmp_path / "out", capsys=capsys
+    )
     assert line.startswith("error: step 2: the loss or the gradient norm is not finite")
     assert [p.name for p in rloo.checkpoints(tmp_path / "out")] == ["checkpoint-1"]
 
@@ -218,21 +335,39 @@ def test_a_non_finite_update_stops_before_it_is_applied(tmp_path, capsys):
         (["--max_step", "3"], "unrecognized arguments: --max_step 3"),
         (["--learning_rate", "0"], "--learning_rate: must be positive, got 0.0"),
         (["--seed", "-1"], "--seed: must be in [0, 2**32), got -1"),
-        (["--kl_estimator", "k2"], "--kl_estimator/--kl-estimator: invalid choice: 'k2' (choose from 'k1', 'k3')"),
+        (
+            ["--kl_estimator", "k2"],
+            "--kl_estimator/--kl-estimator: invalid choice: 'k2' (choose from 'k1', 'k3')",
+        ),
         (["--load_in_4bit"], "--load_in_4bit: only a LoRA adapter trains on it: add --use_peft"),
         (["--dataset_name", "no/such/data.jsonl"], "--dataset_name no/such/data.jsonl: "),
         (["--dataset_train_split", "validation"], "--dataset_train_split: no 'validation' split"),
         (["--reward_funcs", "acuracy"], "--reward_funcs: unknown reward function 'acuracy'"),
-        (["--dataset_name", "{questions}"], "--dataset_name: the train split has no 'prompt' column"),
-        (["--dataset_name", "{no_answers}"], "reward function accuracy_reward needs a column solution or ground_truth"),
-        (["--reward_funcs", "{short}"], "reward function short returned 1 values for 8 completions"),
+        (
+            ["--dataset_name", "{questions}"],
+            "--dataset_name: the train split has no 'prompt' column",
+        ),
+        (
+            ["--dataset_name", "{no_answers}"],
+            "reward function accuracy_reward needs a column solution or ground_truth",
+        ),
+        (
+            ["--reward_funcs", "{short}"],
+            "reward function short returned 1 values for 8 completions",
+        ),
     ],
 )
-def test_bad_input_is_one_line_with_exit_status_2_and_nothing_written(tmp_path, flags, line, capsys):
+def test_bad_input_is_one_line_with_exit_status_2_and_nothing_written(
+    tmp_path, flags, line, capsys
+):
     (tmp_path / "questions.jsonl").write_text('{"question": "1 + 1", "ground_truth": "2"}\n' * 8)
     (tmp_path / "no_answers.jsonl").write_text('{"prompt": "1 + 1"}\n' * 8)
     (tmp_path / "short.py").write_text("def short(completions, **kwargs):\n    return [1.0]\n")
-    paths = {"{questions}": "questions.jsonl", "{no_answers}": "no_answers.jsonl", "{short}": "short.py:short"}
+    paths = {
+        "{questions}": "questions.jsonl",
+        "{no_answers}": "no_answers.jsonl",
+        "{short}": "short.py:short",
+    }
     flags = [str(tmp_path / paths[f]) if f in paths else f for f in flags]
     out = tmp_path / "out"
     flags = [*flags, "--prompts_per_step", "4", "--eval_strategy", "no", "--output_dir", out]
@@ -241,7 +376,9 @@ def test_bad_input_is_one_line_with_exit_status_2_and_nothing_written(tmp_path, 
 
 
 def test_the_script_itself_says_bad_input_in_one_line(tmp_path):
-    result = run_script(ROOT / "rloo.py", "--num_generations", "1", "--output_dir", tmp_path / "out")
+    result = run_script(
+        ROOT / "rloo.py", "--num_generations", "1", "--output_dir", tmp_path / "out"
+    )
     assert error_line(result) == "error: --num_generations: the baseline needs G ≥ 2, got 1"
 
 
@@ -268,7 +405,15 @@ def test_trls_math_recipe_layout_trains_with_math_verify(tmp_path):
     data = str(make_deepmath_like_dataset(tmp_path / "deepmath"))
     evaluation = dict(eval_strategy="steps", num_generations_eval=1)
     rloo.main(
-        args(tmp_path, dataset_name=data, dataset_config="default", reward_funcs=["accuracy_reward"], **evaluation)
+        args(
+            tmp_path,
+            dataset_name=data,
+            dataset_config="default",
+            reward_funcs=["accuracy_reward"],
+            **evaluation,
+        )
     )
     records = read_metrics(tmp_path / "out")
-    assert 0.0 <= records[0]["eval/accuracy"] <= 1.0 and "rewards/accuracy_reward/mean" in records[1]
+    assert (
+        0.0 <= records[0]["eval/accuracy"] <= 1.0 and "rewards/accuracy_reward/mean" in records[1]
+    )

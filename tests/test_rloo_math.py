@@ -18,7 +18,9 @@ def test_worked_example_rewards_10_8_4_2():
 def test_rloo_advantage_is_g_over_g_minus_1_times_the_group_centered_reward():
     rewards = torch.tensor([10.0, 8.0, 4.0, 2.0])
     centered = rewards - rewards.mean()  # GRPO-style: 4, 2, −2, −4
-    assert leave_one_out_advantages(rewards, 4).tolist() == pytest.approx((4 / 3 * centered).tolist())
+    assert leave_one_out_advantages(rewards, 4).tolist() == pytest.approx(
+        (4 / 3 * centered).tolist()
+    )
 
 
 def test_equal_rewards_give_zero_advantages():
@@ -41,11 +43,20 @@ def test_kl_estimators_on_known_values():
     ref_logprobs = torch.tensor([math.log(0.25)])
     assert per_token_kl(logprobs, ref_logprobs, "k1").item() == pytest.approx(math.log(2))
     # k3 = exp(ref − logp) − (ref − logp) − 1 = 0.5 + log 2 − 1
-    assert per_token_kl(logprobs, ref_logprobs, "k3").item() == pytest.approx(0.5 + math.log(2) - 1)
+    assert per_token_kl(logprobs, ref_logprobs, "k3").item() == pytest.approx(
+        0.5 + math.log(2) - 1
+    )
     # identical policies: both zero; k3 is never negative, k1 can be
     same = torch.tensor([-1.3])
-    assert per_token_kl(same, same, "k1").item() == 0.0 and per_token_kl(same, same, "k3").item() == 0.0
-    assert per_token_kl(ref_logprobs, logprobs, "k1").item() < 0 < per_token_kl(ref_logprobs, logprobs, "k3").item()
+    assert (
+        per_token_kl(same, same, "k1").item() == 0.0
+        and per_token_kl(same, same, "k3").item() == 0.0
+    )
+    assert (
+        per_token_kl(ref_logprobs, logprobs, "k1").item()
+        < 0
+        < per_token_kl(ref_logprobs, logprobs, "k3").item()
+    )
 
 
 def test_k1_and_k3_are_unbiased_estimates_of_the_kl():
@@ -61,11 +72,19 @@ def test_k1_and_k3_are_unbiased_estimates_of_the_kl():
 
 def test_first_iteration_loss_is_reinforce_with_the_leave_one_out_baseline():
     """With old = logprobs.detach(), ρ ≡ 1 and ∇L = −1/B Σ_i A_i ∇ Σ_t log π(y_i,t)."""
-    logprobs = torch.tensor([[-1.0, -2.0], [-0.5, -0.1], [-3.0, -0.2], [-1.0, -1.0]], requires_grad=True)
+    logprobs = torch.tensor(
+        [[-1.0, -2.0], [-0.5, -0.1], [-3.0, -0.2], [-1.0, -1.0]], requires_grad=True
+    )
     mask = torch.tensor([[1, 1], [1, 0], [1, 1], [1, 1]])
     advantages = leave_one_out_advantages(torch.tensor([1.0, 0.0, 1.0, 1.0]), 2)
     loss, ratio = rloo_loss(
-        logprobs, logprobs.detach(), mask, advantages, torch.ones(4) / 4, epsilon=0.2, epsilon_high=0.2
+        logprobs,
+        logprobs.detach(),
+        mask,
+        advantages,
+        torch.ones(4) / 4,
+        epsilon=0.2,
+        epsilon_high=0.2,
     )
     loss.backward()
     assert ratio.tolist() == [1.0] * 4
@@ -76,7 +95,9 @@ def test_first_iteration_loss_is_reinforce_with_the_leave_one_out_baseline():
 
 def test_clipping_stops_the_gradient_outside_the_trust_region():
     old = torch.zeros(2, 1)
-    logprobs = torch.tensor([[0.5], [-0.5]], requires_grad=True)  # ρ = e^0.5 ≈ 1.65 and e^−0.5 ≈ 0.61
+    logprobs = torch.tensor(
+        [[0.5], [-0.5]], requires_grad=True
+    )  # ρ = e^0.5 ≈ 1.65 and e^−0.5 ≈ 0.61
     loss, ratio = rloo_loss(
         logprobs,
         old,
@@ -107,7 +128,9 @@ def test_masked_rows_get_no_loss():
     assert logprobs.grad[1].item() == 0.0 and logprobs.grad[0].item() == pytest.approx(-0.5)
 
 
-def test_loss_gradient_raises_the_probability_of_positive_advantage_completions(tiny_model, tiny_tokenizer):
+def test_loss_gradient_raises_the_probability_of_positive_advantage_completions(
+    tiny_model, tiny_tokenizer
+):
     """One small SGD step on the RLOO loss moves probability from the worse completion to the better one:
     to first order Δ(log π(y+) − log π(y−)) = lr/B · |∇ log π(y+) − ∇ log π(y−)|² ≥ 0."""
     import copy
@@ -117,7 +140,8 @@ def test_loss_gradient_raises_the_probability_of_positive_advantage_completions(
 
     model = copy.deepcopy(tiny_model)
     prompt = common.prompt_text(
-        tiny_tokenizer, [{"role": "user", "content": "Compute 3 + 4. Answer in the form <answer>N</answer>."}]
+        tiny_tokenizer,
+        [{"role": "user", "content": "Compute 3 + 4. Answer in the form <answer>N</answer>."}],
     )
     texts = [prompt + "<answer>7</answer><|im_end|>", prompt + "<answer>9</answer><|im_end|>"]
     enc = tiny_tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
@@ -125,12 +149,22 @@ def test_loss_gradient_raises_the_probability_of_positive_advantage_completions(
     mask = torch.ones(2, T)
 
     def sequence_logprobs():
-        return (rloo.completion_logprobs(model, enc.input_ids, enc.attention_mask, T, 1.0)[0] * mask).sum(1)
+        return (
+            rloo.completion_logprobs(model, enc.input_ids, enc.attention_mask, T, 1.0)[0] * mask
+        ).sum(1)
 
     before = sequence_logprobs().detach()
     logprobs = rloo.completion_logprobs(model, enc.input_ids, enc.attention_mask, T, 1.0)[0]
     advantages = leave_one_out_advantages(torch.tensor([1.0, 0.0]), 2)  # +1, −1
-    loss, _ = rloo_loss(logprobs, logprobs.detach(), mask, advantages, torch.ones(2) / 2, epsilon=0.2, epsilon_high=0.2)
+    loss, _ = rloo_loss(
+        logprobs,
+        logprobs.detach(),
+        mask,
+        advantages,
+        torch.ones(2) / 2,
+        epsilon=0.2,
+        epsilon_high=0.2,
+    )
     loss.backward()
     torch.optim.SGD(model.parameters(), lr=1e-3).step()
     after = sequence_logprobs().detach()

@@ -41,7 +41,11 @@ def args(tmp_path, **overrides) -> sft.Args:
 
 
 def training(output_dir) -> list[dict]:
-    return [{k: v for k, v in r.items() if k != "step_time"} for r in read_metrics(output_dir) if "loss" in r]
+    return [
+        {k: v for k, v in r.items() if k != "step_time"}
+        for r in read_metrics(output_dir)
+        if "loss" in r
+    ]
 
 
 def load_tool(name: str):
@@ -61,15 +65,24 @@ def test_the_prompt_is_masked_and_the_completion_ends_with_eos(tiny_tokenizer):
     assert labels[:n] == [-100] * n and labels[n:] == tokenized["input_ids"][n:]
     assert labels[-1] == tiny_tokenizer.eos_token_id
     assert tiny_tokenizer.decode(labels[n:-1]) == "7 × 8 = 56 <answer>56</answer>"
-    (cut,) = sft.tokenize(tiny_tokenizer, Dataset.from_list([row]), sft.Args(max_length=n + 2), "train")
-    assert cut == {"input_ids": tokenized["input_ids"][: n + 2], "labels": labels[: n + 2]}  # the first tokens
+    (cut,) = sft.tokenize(
+        tiny_tokenizer, Dataset.from_list([row]), sft.Args(max_length=n + 2), "train"
+    )
+    assert cut == {
+        "input_ids": tokenized["input_ids"][: n + 2],
+        "labels": labels[: n + 2],
+    }  # the first tokens
 
 
 def test_the_loss_is_the_mean_over_the_completion_tokens_as_in_the_worked_example():
     """A prompt of two tokens, then three completion tokens and EOS that π_θ gives probabilities 1/2, 1/4, 1 and 1/2:
     L = (ln 2 + ln 4 + 0 + ln 2) / 4 = ln 2, whatever the logits at the prompt; three of the four are ranked first."""
-    probabilities = torch.tensor([[0.5, 0.25, 0.25, 0], [0.5, 0.25, 0.25, 0], [1.0, 0, 0, 0], [0.25, 0.5, 0.25, 0]])
-    logits = torch.cat([torch.randn(1, 4), probabilities.log(), torch.randn(1, 4)])[None]  # (1, L = 6, V = 4)
+    probabilities = torch.tensor(
+        [[0.5, 0.25, 0.25, 0], [0.5, 0.25, 0.25, 0], [1.0, 0, 0, 0], [0.25, 0.5, 0.25, 0]]
+    )
+    logits = torch.cat([torch.randn(1, 4), probabilities.log(), torch.randn(1, 4)])[
+        None
+    ]  # (1, L = 6, V = 4)
     labels = torch.tensor([[-100, -100, 0, 1, 0, 1]])  # position t's logits predict token t + 1
     nll, mask, correct = sft.token_losses(logits, labels)
     assert mask.sum() == 4
@@ -85,52 +98,108 @@ def test_the_shipped_data_is_the_noisy_demonstrator_that_tools_make_data_writes(
         assert [json.loads(line) for line in text.splitlines()] == rows, path
     train, test = files["arithmetic_sft/train.jsonl.gz"], files["arithmetic_sft/test.jsonl"]
     prompts = [row["prompt"][0]["content"] for row in train]
-    assert len(train) == 78_000 and all(prompts.count(p) == 200 for p in set(prompts[::200]))  # 390 problems
-    held_out = [json.loads(line)["prompt"] for line in (ROOT / "data/arithmetic/test.jsonl").read_text().splitlines()]
-    assert [row["prompt"] for row in test] == held_out  # the RL scripts' held-out prompts, one demonstration each
+    assert len(train) == 78_000 and all(
+        prompts.count(p) == 200 for p in set(prompts[::200])
+    )  # 390 problems
+    held_out = [
+        json.loads(line)["prompt"]
+        for line in (ROOT / "data/arithmetic/test.jsonl").read_text().splitlines()
+    ]
+    assert [
+        row["prompt"] for row in test
+    ] == held_out  # the RL scripts' held-out prompts, one demonstration each
     texts = [row["completion"][0]["content"] for row in train]
-    guesses = [int(extract_answer(t)) - int(row["ground_truth"]) for t, row in zip(texts, train) if t[0] == "<"]
+    guesses = [
+        int(extract_answer(t)) - int(row["ground_truth"])
+        for t, row in zip(texts, train)
+        if t[0] == "<"
+    ]
     assert set(guesses) == {-2, -1, 1, 2} and 0.49 < len(guesses) / len(train) < 0.51
     worked = [(t, row["ground_truth"]) for t, row in zip(texts, train) if t[0] != "<"]
-    assert all(extract_answer(t) == truth and t.split(" = ")[1].startswith(truth + " ") for t, truth in worked)
+    assert all(
+        extract_answer(t) == truth and t.split(" = ")[1].startswith(truth + " ")
+        for t, truth in worked
+    )
     assert format_reward(texts) == [1.0] * len(texts)
 
 
 def test_a_run_writes_trls_metrics_evaluations_checkpoints_and_a_loadable_model(tmp_path):
-    sft.main(args(tmp_path, max_steps=3, save_steps=1, save_total_limit=2, eval_strategy="steps", eval_steps=2))
+    sft.main(
+        args(
+            tmp_path,
+            max_steps=3,
+            save_steps=1,
+            save_total_limit=2,
+            eval_strategy="steps",
+            eval_steps=2,
+        )
+    )
     out = tmp_path / "out"
     evals = [r for r in read_metrics(out) if "eval/loss" in r]
     assert [r["step"] for r in evals] == [0, 2, 3]  # at the start, every eval_steps, the end
-    for key in ("eval/mean_token_accuracy", "eval/accuracy", "eval/accuracy_greedy", "eval/format", "eval/reward"):
+    for key in (
+        "eval/mean_token_accuracy",
+        "eval/accuracy",
+        "eval/accuracy_greedy",
+        "eval/format",
+        "eval/reward",
+    ):
         assert all(0 <= r[key] <= 1 for r in evals), key
     train = training(out)
     assert [r["step"] for r in train] == [1, 2, 3]
-    for key in ("loss", "mean_token_accuracy", "entropy", "grad_norm", "learning_rate", "num_tokens"):
+    for key in (
+        "loss",
+        "mean_token_accuracy",
+        "entropy",
+        "grad_norm",
+        "learning_rate",
+        "num_tokens",
+    ):
         assert all(key in r for r in train), key
-    assert [p.name for p in sft.checkpoints(out)] == ["checkpoint-2", "checkpoint-3"]  # --save_total_limit 2
+    assert [p.name for p in sft.checkpoints(out)] == [
+        "checkpoint-2",
+        "checkpoint-3",
+    ]  # --save_total_limit 2
     assert json.loads((out / "args.json").read_text())["max_steps"] == 3
     final = AutoModelForCausalLM.from_pretrained(out)
     assert all(p.dtype == torch.float32 for p in final.parameters())
-    assert torch.equal(final.lm_head.weight, AutoModelForCausalLM.from_pretrained(out / "checkpoint-3").lm_head.weight)
+    assert torch.equal(
+        final.lm_head.weight,
+        AutoModelForCausalLM.from_pretrained(out / "checkpoint-3").lm_head.weight,
+    )
 
 
 def test_string_pairs_from_one_file_train_under_bf16_with_float32_weights(tmp_path):
     """A file has one split: no evaluation. bf16 autocast and gradient checkpointing train float32 master weights."""
-    rows = [{"prompt": f"Compute {a} + 1. ", "completion": f"<answer>{a + 1}</answer>"} for a in range(16)]
+    rows = [
+        {"prompt": f"Compute {a} + 1. ", "completion": f"<answer>{a + 1}</answer>"}
+        for a in range(16)
+    ]
     (tmp_path / "pairs.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
-    overrides = dict(dataset_name=str(tmp_path / "pairs.jsonl"), eval_strategy="steps", max_steps=1)
+    overrides = dict(
+        dataset_name=str(tmp_path / "pairs.jsonl"), eval_strategy="steps", max_steps=1
+    )
     sft.main(args(tmp_path, bf16=True, gradient_checkpointing=True, **overrides))
     (record,) = read_metrics(tmp_path / "out")
     assert record["grad_norm"] > 0 and 0 < record["mean_token_accuracy"] < 1
-    assert all(t.dtype == torch.float32 for t in load_file(tmp_path / "out" / "model.safetensors").values())
+    assert all(
+        t.dtype == torch.float32
+        for t in load_file(tmp_path / "out" / "model.safetensors").values()
+    )
 
 
 def test_resume_gives_the_uninterrupted_runs_metrics_evaluations_and_weights(tmp_path):
     full = args(tmp_path, max_steps=4, save_steps=2, eval_strategy="steps", eval_steps=2)
     sft.main(full)
     checkpoint = str(tmp_path / "out" / "checkpoint-2")
-    sft.main(dataclasses.replace(full, output_dir=str(tmp_path / "resumed"), resume_from_checkpoint=checkpoint))
-    strip = lambda records: [{k: v for k, v in r.items() if k != "step_time"} for r in records if r["step"] > 2]
+    sft.main(
+        dataclasses.replace(
+            full, output_dir=str(tmp_path / "resumed"), resume_from_checkpoint=checkpoint
+        )
+    )
+    strip = lambda records: [
+        {k: v for k, v in r.items() if k != "step_time"} for r in records if r["step"] > 2
+    ]
     assert strip(read_metrics(tmp_path / "resumed")) == strip(read_metrics(tmp_path / "out"))
     final, again = (load_file(tmp_path / run / "model.safetensors") for run in ("out", "resumed"))
     assert all(torch.equal(final[k], again[k]) for k in final)
@@ -141,15 +210,29 @@ def test_lora_trains_an_adapter_without_dropout_and_saves_the_merged_model(tmp_p
 
     def load_and_record_dropout(*a, **k):
         model = load_trained(*a, **k)
-        dropouts.extend(module.p for module in model.modules() if isinstance(module, torch.nn.Dropout))
+        dropouts.extend(
+            module.p for module in model.modules() if isinstance(module, torch.nn.Dropout)
+        )
         return model
 
     monkeypatch.setattr(sft, "load_trained", load_and_record_dropout)
-    sft.main(args(tmp_path, use_peft=True, lora_r=4, lora_dropout=0.1, learning_rate=1e-2, save_merged_model=True))
+    sft.main(
+        args(
+            tmp_path,
+            use_peft=True,
+            lora_r=4,
+            lora_dropout=0.1,
+            learning_rate=1e-2,
+            save_merged_model=True,
+        )
+    )
     assert dropouts and set(dropouts) == {0.0}  # LoRA's dropout too: --disable_dropout
     out = tmp_path / "out"
     assert (out / "adapter_config.json").exists() and not (out / "model.safetensors").exists()
-    merged, base = AutoModelForCausalLM.from_pretrained(out / "merged"), AutoModelForCausalLM.from_pretrained(EMBEDDED)
+    merged, base = (
+        AutoModelForCausalLM.from_pretrained(out / "merged"),
+        AutoModelForCausalLM.from_pretrained(EMBEDDED),
+    )
     q_proj = lambda model: model.model.layers[0].self_attn.q_proj.weight
     assert merged.dtype == torch.float32 and not torch.equal(q_proj(merged), q_proj(base))
 
@@ -176,23 +259,41 @@ def test_a_stop_in_the_loop_saves_a_checkpoint_and_exits_130(tmp_path):
     "flags, line",
     [
         (["--max_length", "0"], "--max_length: must be positive, got 0"),
-        (["--train_batch_size", "x"], "--train_batch_size/--train-batch-size: invalid int value: 'x'"),
+        (
+            ["--train_batch_size", "x"],
+            "--train_batch_size/--train-batch-size: invalid int value: 'x'",
+        ),
         (["--train_batch_size", "100"], "--train_batch_size: more than the 78 rows"),
         (["--load_in_4bit"], "--load_in_4bit: only a LoRA adapter trains on it: add --use_peft"),
         (["--dataset_train_split", "validation"], "--dataset_train_split: no 'validation' split"),
-        (["--dataset_name", "{no_completion}"], "--dataset_name: the train split has no 'completion' column"),
-        (["--dataset_name", "{no_prompt}"], "--dataset_name: the train split has no 'prompt' column"),
+        (
+            ["--dataset_name", "{no_completion}"],
+            "--dataset_name: the train split has no 'completion' column",
+        ),
+        (
+            ["--dataset_name", "{no_prompt}"],
+            "--dataset_name: the train split has no 'prompt' column",
+        ),
         (["--dataset_name", "{null_completion}"], "--dataset_name row 0 of the train split: "),
     ],
 )
-def test_bad_input_is_one_line_with_exit_status_2_and_nothing_written(tmp_path, flags, line, capsys):
+def test_bad_input_is_one_line_with_exit_status_2_and_nothing_written(
+    tmp_path, flags, line, capsys
+):
     files = {"{no_completion}": '{"prompt": "1 + 1"}\n', "{no_prompt}": '{"question": "1", "completion": "2"}\n',
              "{null_completion}": '{"prompt": "1 + 1", "completion": null}\n'}  # fmt: skip
     for name, text in files.items():
         (tmp_path / f"{name[1:-1]}.jsonl").write_text(text * 8)
     flags = [str(tmp_path / f"{f[1:-1]}.jsonl") if f in files else f for f in flags]
     out = tmp_path / "out"
-    defaults = ["--dataset_name", small_data(tmp_path), "--train_batch_size", "8", "--eval_strategy", "no"]
+    defaults = [
+        "--dataset_name",
+        small_data(tmp_path),
+        "--train_batch_size",
+        "8",
+        "--eval_strategy",
+        "no",
+    ]
     assert line in one_line_error(sft, *defaults, *flags, "--output_dir", out, capsys=capsys)
     assert not out.exists() or not list(out.iterdir())
 

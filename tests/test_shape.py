@@ -50,28 +50,44 @@ def test_every_shared_plumbing_block_is_the_same_text_in_every_script():
         for name, lines in blocks(script).items():
             texts[name][script] = "\n".join(lines).rstrip()
     shared = {name: by_script for name, by_script in texts.items() if len(by_script) > 1}
-    assert len(shared) >= 8  # the command line, data, models, evaluation, checkpoints, setup, resume, ...
+    assert (
+        len(shared) >= 8
+    )  # the command line, data, models, evaluation, checkpoints, setup, resume, ...
     for name, by_script in shared.items():
-        assert len(set(by_script.values())) == 1, f"the block {name!r} differs between {sorted(by_script)}"
+        assert len(set(by_script.values())) == 1, (
+            f"the block {name!r} differs between {sorted(by_script)}"
+        )
 
 
 def imports(name: str) -> set[str]:
     tree = ast.parse((ROOT / name).read_text())
     found = {
-        alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names
+        alias.name.split(".")[0]
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Import)
+        for alias in node.names
     }
     return found | {
-        node.module.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module
+        node.module.split(".")[0]
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom) and node.module
     }
 
 
 @pytest.mark.parametrize("script", SCRIPTS)
 def test_a_script_imports_only_common_and_rewards_from_the_project(script):
-    assert imports(script) & {p.stem for p in ROOT.glob("*.py")} <= {"common", "rewards", "vllm_colocate"}
+    assert imports(script) & {p.stem for p in ROOT.glob("*.py")} <= {
+        "common",
+        "rewards",
+        "vllm_colocate",
+    }
 
 
 def test_the_helpers_hold_no_plumbing_and_the_files_fit_their_budgets():
-    assert imports("common.py") == {"torch", "transformers"}  # no accelerate, no datasets, no files, no signals
+    assert imports("common.py") == {
+        "torch",
+        "transformers",
+    }  # no accelerate, no datasets, no files, no signals
     assert not imports("rewards.py") & {p.stem for p in ROOT.glob("*.py")}  # it stands alone
     for name, budget in BUDGETS.items():
         assert len((ROOT / name).read_text().splitlines()) <= budget, name
@@ -84,8 +100,12 @@ def files_to_copy(script: str) -> list[str]:
     return re.findall(r"\w+\.py", paragraph.split("vllm_colocate.py")[0])
 
 
-@pytest.mark.parametrize("script", ["rloo.py", *(pytest.param(s, marks=pytest.mark.slow) for s in SCRIPTS[1:])])
-def test_a_script_runs_from_a_folder_holding_only_its_copy_set_a_model_and_the_data(tmp_path, script):
+@pytest.mark.parametrize(
+    "script", ["rloo.py", *(pytest.param(s, marks=pytest.mark.slow) for s in SCRIPTS[1:])]
+)
+def test_a_script_runs_from_a_folder_holding_only_its_copy_set_a_model_and_the_data(
+    tmp_path, script
+):
     files = files_to_copy(script)
     assert files == [script, "common.py", "rewards.py"]
     for name in files:

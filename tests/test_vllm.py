@@ -51,15 +51,31 @@ class FakeLLM:
             assert self.tokenizer.pad_token_id not in prompt["prompt_token_ids"][:1]  # unpadded
             ids = [answer[0]] * sampling_params.max_tokens if i % 3 == 2 else answer
             values = self.logprobs(prompt["prompt_token_ids"], ids, sampling_params.temperature)
-            logprobs = [{token: types.SimpleNamespace(logprob=value - self.shift)} for token, value in zip(ids, values)]
-            outputs.append(types.SimpleNamespace(outputs=[types.SimpleNamespace(token_ids=ids, logprobs=logprobs)]))
+            logprobs = [
+                {token: types.SimpleNamespace(logprob=value - self.shift)}
+                for token, value in zip(ids, values)
+            ]
+            outputs.append(
+                types.SimpleNamespace(
+                    outputs=[types.SimpleNamespace(token_ids=ids, logprobs=logprobs)]
+                )
+            )
         return outputs
 
     @torch.no_grad()
     def logprobs(self, prompt_ids: list[int], ids: list[int], temperature: float) -> list[float]:
         self.model.load_state_dict(self.loads[-1], strict=False)  # a tied lm_head may be absent
-        logits = self.model(torch.tensor([prompt_ids + ids])).logits[0, len(prompt_ids) - 1 : -1].float()
-        return (logits / temperature).log_softmax(-1).gather(-1, torch.tensor(ids)[:, None])[:, 0].tolist()
+        logits = (
+            self.model(torch.tensor([prompt_ids + ids]))
+            .logits[0, len(prompt_ids) - 1 : -1]
+            .float()
+        )
+        return (
+            (logits / temperature)
+            .log_softmax(-1)
+            .gather(-1, torch.tensor(ids)[:, None])[:, 0]
+            .tolist()
+        )
 
 
 @pytest.fixture(autouse=True)
@@ -69,7 +85,9 @@ def fake_vllm(monkeypatch):
     module.SamplingParams = lambda **kwargs: types.SimpleNamespace(**kwargs)
     monkeypatch.setitem(sys.modules, "vllm", module)
     FakeLLM.instances.clear()
-    environment = dict(os.environ)  # the engine sets RANK, WORLD_SIZE, MASTER_PORT, ... for vLLM: undone after
+    environment = dict(
+        os.environ
+    )  # the engine sets RANK, WORLD_SIZE, MASTER_PORT, ... for vLLM: undone after
     yield module
     os.environ.clear()
     os.environ.update(environment)
@@ -77,10 +95,20 @@ def fake_vllm(monkeypatch):
 
 
 def args(tmp_path, **overrides) -> rloo.Args:
-    small = dict(max_steps=2, prompts_per_step=4, max_completion_length=12, eval_strategy="no", save_steps=0)
-    small |= dict(reward_funcs=["format"])  # 1 for the fixed answer, 0 for the completion without an end
+    small = dict(
+        max_steps=2, prompts_per_step=4, max_completion_length=12, eval_strategy="no", save_steps=0
+    )
+    small |= dict(
+        reward_funcs=["format"]
+    )  # 1 for the fixed answer, 0 for the completion without an end
     return rloo.Args(
-        **{**small, "logging_steps": 1, "use_vllm": True, "output_dir": str(tmp_path / "out"), **overrides}
+        **{
+            **small,
+            "logging_steps": 1,
+            "use_vllm": True,
+            "output_dir": str(tmp_path / "out"),
+            **overrides,
+        }
     )
 
 
@@ -91,11 +119,19 @@ def training(output_dir) -> list[dict]:
 def test_rollouts_come_from_vllm_and_the_weights_follow_every_update(tmp_path):
     rloo.main(args(tmp_path))
     (llm,) = FakeLLM.instances
-    assert llm.calls == 2 and llm.kwargs["gpu_memory_utilization"] == 0.3 and llm.kwargs["seed"] == 0
+    assert (
+        llm.calls == 2 and llm.kwargs["gpu_memory_utilization"] == 0.3 and llm.kwargs["seed"] == 0
+    )
     assert len(llm.loads) == 3  # at the start, then after each of the 2 updates
     final = AutoModelForCausalLM.from_pretrained(tmp_path / "out").state_dict()
-    assert set(llm.loads[-1]) >= set(final) - {"lm_head.weight"}  # tied embeddings may be sent once
-    assert all(torch.equal(llm.loads[-1][name], value) for name, value in final.items() if name in llm.loads[-1])
+    assert set(llm.loads[-1]) >= set(final) - {
+        "lm_head.weight"
+    }  # tied embeddings may be sent once
+    assert all(
+        torch.equal(llm.loads[-1][name], value)
+        for name, value in final.items()
+        if name in llm.loads[-1]
+    )
     assert not torch.equal(llm.loads[0]["model.norm.weight"], llm.loads[-1]["model.norm.weight"])
     for record in training(tmp_path / "out"):  # prompts 2 and 5 of each 8 have no EOS
         assert record["completions/clipped_ratio"] == 0.25
@@ -111,24 +147,39 @@ def test_vllm_samples_softmax_over_temperature_and_reports_the_log_probs_of_its_
 
     tokenizer = common.load_tokenizer(EMBEDDED)
     model = AutoModelForCausalLM.from_pretrained(EMBEDDED)
-    vllm = VLLMGenerator(Accelerator(), args(tmp_path, temperature=0.8), tokenizer, model, [tokenizer.eos_token_id])
-    assert vllm.llm.kwargs["generation_config"] == "vllm" and vllm.llm.kwargs["logprobs_mode"] == "processed_logprobs"
+    vllm = VLLMGenerator(
+        Accelerator(), args(tmp_path, temperature=0.8), tokenizer, model, [tokenizer.eos_token_id]
+    )
+    assert (
+        vllm.llm.kwargs["generation_config"] == "vllm"
+        and vllm.llm.kwargs["logprobs_mode"] == "processed_logprobs"
+    )
     neutral = dict(temperature=0.8, top_p=1.0, top_k=-1, min_p=0.0, repetition_penalty=1.0, presence_penalty=0.0,
                    frequency_penalty=0.0, min_tokens=0, max_tokens=12, stop_token_ids=[tokenizer.eos_token_id],
                    logprobs=0)  # fmt: skip
     assert {key: getattr(vllm.sampling_params, key) for key in neutral} == neutral
     out = vllm.generate(["a", "Compute 1 + 2.", "c"], "cpu")
     (llm,) = FakeLLM.instances
-    assert out["completion_ids"].shape == out["sampler_logprobs"].shape == (3, 12)  # T of the longest, prompt 2's
-    assert out["prompt_ids"][0, 0] == tokenizer.pad_token_id and out["prompt_mask"][0, 0] == 0  # padded on the left
-    answer = out["completion_ids"][0][: (out["completion_ids"][0] == tokenizer.eos_token_id).int().argmax() + 1]
-    expected = llm.logprobs(tokenizer("a", add_special_tokens=False).input_ids, answer.tolist(), 0.8)
+    assert (
+        out["completion_ids"].shape == out["sampler_logprobs"].shape == (3, 12)
+    )  # T of the longest, prompt 2's
+    assert (
+        out["prompt_ids"][0, 0] == tokenizer.pad_token_id and out["prompt_mask"][0, 0] == 0
+    )  # padded on the left
+    answer = out["completion_ids"][0][
+        : (out["completion_ids"][0] == tokenizer.eos_token_id).int().argmax() + 1
+    ]
+    expected = llm.logprobs(
+        tokenizer("a", add_special_tokens=False).input_ids, answer.tolist(), 0.8
+    )
     assert torch.allclose(out["sampler_logprobs"][0, : len(answer)], torch.tensor(expected))
     assert (out["sampler_logprobs"][0, len(answer) :] == 0).all()
     assert (out["completion_ids"][0, len(answer) :] == tokenizer.pad_token_id).all()
 
 
-def test_a_lora_policy_reaches_vllm_merged_under_base_names_and_its_bf16_base_never_moves(tmp_path):
+def test_a_lora_policy_reaches_vllm_merged_under_base_names_and_its_bf16_base_never_moves(
+    tmp_path,
+):
     """Each sync sends W + scale · B A, built as new tensors: after many syncs the frozen bf16 base is bit-identical
     (merging into it and unmerging in place would round it anew each time)."""
     from vllm_colocate import VLLMGenerator
@@ -138,7 +189,9 @@ def test_a_lora_policy_reaches_vllm_merged_under_base_names_and_its_bf16_base_ne
     for name, param in policy.named_parameters():
         if "lora_B" in name:
             torch.nn.init.normal_(param, std=0.05)  # a trained adapter: B ≠ 0
-    base = {name: value.clone() for name, value in policy.state_dict().items() if "lora_" not in name}
+    base = {
+        name: value.clone() for name, value in policy.state_dict().items() if "lora_" not in name
+    }
     tokenizer = common.load_tokenizer(EMBEDDED)
     accelerator = Accelerator()
     vllm = VLLMGenerator(accelerator, run, tokenizer, policy, [tokenizer.eos_token_id])
@@ -147,9 +200,14 @@ def test_a_lora_policy_reaches_vllm_merged_under_base_names_and_its_bf16_base_ne
     assert all(torch.equal(value, policy.state_dict()[name]) for name, value in base.items())
     sent = vllm.llm.loads[-1]
     assert "model.layers.0.self_attn.q_proj.weight" in sent
-    assert not any("lora_" in name or "base_model" in name or "base_layer" in name for name in sent)
+    assert not any(
+        "lora_" in name or "base_model" in name or "base_layer" in name for name in sent
+    )
     q = policy.base_model.model.model.layers[0].self_attn.q_proj
-    expected = q.base_layer.weight + q.lora_B["default"].weight @ q.lora_A["default"].weight * q.scaling["default"]
+    expected = (
+        q.base_layer.weight
+        + q.lora_B["default"].weight @ q.lora_A["default"].weight * q.scaling["default"]
+    )
     loaded = sent["model.layers.0.self_attn.q_proj.weight"]
     assert loaded.dtype == torch.bfloat16 and torch.equal(loaded, expected.to(torch.bfloat16))
     assert not torch.equal(loaded, q.base_layer.weight)
@@ -181,12 +239,19 @@ def test_the_correction_weights_the_loss_when_vllm_is_not_the_policy(tmp_path):
 
     off = first_step("off", vllm_importance_sampling_correction=False)
     assert "sampling/importance_sampling_ratio/mean" not in off and off["grad_norm"] > 0
-    truncated = first_step("truncated", vllm_importance_sampling_mode="sequence_truncate", **{CAP: cap})
+    truncated = first_step(
+        "truncated", vllm_importance_sampling_mode="sequence_truncate", **{CAP: cap}
+    )
     assert truncated["sampling/importance_sampling_ratio/mean"] == cap
     assert truncated["grad_norm"] == pytest.approx(cap * off["grad_norm"], rel=1e-6)
     assert truncated["loss"] == pytest.approx(cap * off["loss"], rel=1e-6, abs=1e-12)
     masked = first_step("masked", vllm_importance_sampling_mode="sequence_mask", **{CAP: cap})
-    assert masked["sampling/importance_sampling_ratio/mean"] == masked["grad_norm"] == masked["loss"] == 0
+    assert (
+        masked["sampling/importance_sampling_ratio/mean"]
+        == masked["grad_norm"]
+        == masked["loss"]
+        == 0
+    )
 
 
 CAP = "vllm_importance_sampling_clip_max"

@@ -24,9 +24,18 @@ DATA = Path(__file__).resolve().parents[1] / "data"
 
 def problems(split: str) -> list[tuple]:
     """(prompt, a, op, b, answer) of each row of data/arithmetic/{split}.jsonl."""
-    rows = [json.loads(line) for line in (DATA / "arithmetic" / f"{split}.jsonl").read_text().splitlines()]
-    parsed = [re.match(r"Compute (\d+) (\S) (\d+)\.", row["prompt"][0]["content"]).groups() for row in rows]
-    return [(row["prompt"], int(a), op, int(b), int(row["ground_truth"])) for row, (a, op, b) in zip(rows, parsed)]
+    rows = [
+        json.loads(line)
+        for line in (DATA / "arithmetic" / f"{split}.jsonl").read_text().splitlines()
+    ]
+    parsed = [
+        re.match(r"Compute (\d+) (\S) (\d+)\.", row["prompt"][0]["content"]).groups()
+        for row in rows
+    ]
+    return [
+        (row["prompt"], int(a), op, int(b), int(row["ground_truth"]))
+        for row, (a, op, b) in zip(rows, parsed)
+    ]
 
 
 def demonstrations(problems: list[tuple], per_problem: int, rng: random.Random) -> list[dict]:
@@ -34,7 +43,11 @@ def demonstrations(problems: list[tuple], per_problem: int, rng: random.Random) 
     for prompt, a, op, b, answer in problems:
         for _ in range(per_problem):
             guess = rng.random() < 0.5
-            content = f"<answer>{answer + rng.choice([-2, -1, 1, 2])}</answer>" if guess else worked(a, op, b, answer)
+            content = (
+                f"<answer>{answer + rng.choice([-2, -1, 1, 2])}</answer>"
+                if guess
+                else worked(a, op, b, answer)
+            )
             completion = [{"role": "assistant", "content": content}]
             rows.append({"prompt": prompt, "completion": completion, "ground_truth": str(answer)})
     return rows
@@ -50,9 +63,16 @@ def pairs(problems: list[tuple], number: bool, rng: random.Random) -> list[dict]
         for _ in range(8):
             others = [n for n in range(-9, 82) if n != answer]
             if number:
-                wrong = answer + rng.choice([-2, -1, 1, 2]) if rng.random() < 0.5 else rng.choice(others)
+                wrong = (
+                    answer + rng.choice([-2, -1, 1, 2])
+                    if rng.random() < 0.5
+                    else rng.choice(others)
+                )
                 shown = rng.choice([False, True])  # the work, or the bare answer
-                chosen, rejected = (worked(a, op, b, n) if shown else f"<answer>{n}</answer>" for n in (answer, wrong))
+                chosen, rejected = (
+                    worked(a, op, b, n) if shown else f"<answer>{n}</answer>"
+                    for n in (answer, wrong)
+                )
             else:
                 chosen, kind = worked(a, op, b, answer), rng.random()
                 if kind < 0.5:
@@ -60,7 +80,12 @@ def pairs(problems: list[tuple], number: bool, rng: random.Random) -> list[dict]
                 elif kind < 0.75:
                     rejected = f"<answer>{rng.choice(others)}</answer>"
                 else:
-                    broken = [f"{a} {op} {b} = {answer}", f"<answer>{answer}", f"answer: {answer}", "<answer></answer>"]
+                    broken = [
+                        f"{a} {op} {b} = {answer}",
+                        f"<answer>{answer}",
+                        f"answer: {answer}",
+                        "<answer></answer>",
+                    ]
                     rejected = rng.choice(broken)
             rows.append({"prompt": prompt, "chosen": [{"role": "assistant", "content": chosen}],
                          "rejected": [{"role": "assistant", "content": rejected}]})  # fmt: skip
@@ -77,12 +102,19 @@ def datasets() -> dict[str, list[dict]]:
     """Every file's rows, by its path in data/."""
     train, test = problems("train"), problems("test")
     # the demonstrations cover every problem in the order +, -, ×, ÷, then by a and b (÷: by the quotient, then b)
-    every = sorted(train + test, key=lambda p: ("+-×÷".index(p[2]), p[4] if p[2] == "÷" else p[1], p[3]))
+    every = sorted(
+        train + test, key=lambda p: ("+-×÷".index(p[2]), p[4] if p[2] == "÷" else p[1], p[3])
+    )
     files = {"arithmetic_sft/train.jsonl.gz": demonstrations(every, 200, random.Random(0)),
              "arithmetic_sft/test.jsonl": demonstrations(test, 1, random.Random(0))}  # fmt: skip
     for split, split_problems in (("train", train), ("test", test)):
-        for folder, number in (("arithmetic_preferences", False), ("arithmetic_preferences_number", True)):
-            files[f"{folder}/{split}.jsonl"] = pairs(split_problems, number, random.Random(f"0-{split}"))
+        for folder, number in (
+            ("arithmetic_preferences", False),
+            ("arithmetic_preferences_number", True),
+        ):
+            files[f"{folder}/{split}.jsonl"] = pairs(
+                split_problems, number, random.Random(f"0-{split}")
+            )
     return files
 
 

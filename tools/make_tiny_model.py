@@ -22,13 +22,20 @@ CHATML = (
 )
 
 
-def make_tiny_model(folder: str, hidden_size=128, num_hidden_layers=4, vocab_size=384, max_length=128, seed=0):
+def make_tiny_model(
+    folder: str, hidden_size=128, num_hidden_layers=4, vocab_size=384, max_length=128, seed=0
+):
     renderer = Qwen2Tokenizer()
     renderer.chat_template = CHATML
     with gzip.open(DATA, "rt") as f:
         rows = [json.loads(line) for line in islice(f, 5000)]
-    corpus = [renderer.apply_chat_template(row["prompt"] + row["completion"], tokenize=False) for row in rows]
-    corpus += [str(n) for n in range(-100, 100)] + [" +-×÷=<>/.,:;?!()[]{}'\"\n\t abcdefghijklmnopqrstuvwxyz"]
+    corpus = [
+        renderer.apply_chat_template(row["prompt"] + row["completion"], tokenize=False)
+        for row in rows
+    ]
+    corpus += [str(n) for n in range(-100, 100)] + [
+        " +-×÷=<>/.,:;?!()[]{}'\"\n\t abcdefghijklmnopqrstuvwxyz"
+    ]
     tokenizer = renderer.train_new_from_iterator(
         corpus, vocab_size=vocab_size, new_special_tokens=["<|im_start|>", "<|im_end|>"]
     )

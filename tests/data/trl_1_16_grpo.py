@@ -10,14 +10,29 @@ from trl.trainer.utils import nanstd
 torch.manual_seed(0)
 G, B, T, max_completion_length = 4, 8, 5, 6
 rewards_per_func = torch.tensor(
-    [[1.0, 0.2], [0.0, 0.2], [1.0, 0.0], [0.0, 0.0], [1.0, 0.2], [math.nan, math.nan], [0.0, 0.2], [1.0, 0.2]]
+    [
+        [1.0, 0.2],
+        [0.0, 0.2],
+        [1.0, 0.0],
+        [0.0, 0.0],
+        [1.0, 0.2],
+        [math.nan, math.nan],
+        [0.0, 0.2],
+        [1.0, 0.2],
+    ]
 )
 reward_weights = torch.tensor([1.0, 0.5])
 old_per_token_logps = -torch.rand(B, T) * 2
 ref_per_token_logps = old_per_token_logps + torch.randn(B, T) * 0.3
 per_token_logps = old_per_token_logps + torch.randn(B, T) * 0.1
-mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [1, 0, 0, 0, 0]] * 2).float()
-out = {"old": old_per_token_logps.tolist(), "ref": ref_per_token_logps.tolist(), "new": per_token_logps.tolist()}
+mask = torch.tensor(
+    [[1, 1, 1, 1, 1], [1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [1, 0, 0, 0, 0]] * 2
+).float()
+out = {
+    "old": old_per_token_logps.tolist(),
+    "ref": ref_per_token_logps.tolist(),
+    "new": per_token_logps.tolist(),
+}
 out["mask"] = mask.tolist()
 for scale_rewards in ("group", "batch", "none"):
     unscorable_mask = torch.isnan(rewards_per_func).all(dim=1)
@@ -40,7 +55,11 @@ for beta in (0.0, 0.04):
     for loss_type in ("grpo", "bnpo", "dr_grpo", "dapo"):
         log_ratio = per_token_logps - old_per_token_logps
         coef_1 = torch.exp(log_ratio)
-        per_token_kl = torch.exp(ref_per_token_logps - per_token_logps) - (ref_per_token_logps - per_token_logps) - 1
+        per_token_kl = (
+            torch.exp(ref_per_token_logps - per_token_logps)
+            - (ref_per_token_logps - per_token_logps)
+            - 1
+        )
         coef_2 = torch.clamp(coef_1, 1 - 0.2, 1 + 0.28)
         per_token_loss = -torch.min(coef_1 * advantages, coef_2 * advantages)
         if beta != 0.0:

@@ -9,12 +9,23 @@ from trl.trainer.utils import nanstd
 torch.manual_seed(0)
 G, B, T = 4, 8, 5
 rewards_per_func = torch.tensor(
-    [[1.0, 0.2], [0.0, 0.2], [1.0, 0.0], [0.0, 0.0], [1.0, 0.2], [math.nan, math.nan], [0.0, 0.2], [1.0, 0.2]]
+    [
+        [1.0, 0.2],
+        [0.0, 0.2],
+        [1.0, 0.0],
+        [0.0, 0.0],
+        [1.0, 0.2],
+        [math.nan, math.nan],
+        [0.0, 0.2],
+        [1.0, 0.2],
+    ]
 )
 reward_weights = torch.tensor([1.0, 0.5])
 old_per_token_logps = -torch.rand(B, T) * 2
 ref_per_token_logps = old_per_token_logps + torch.randn(B, T) * 0.3
-completion_mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [1, 0, 0, 0, 0]] * 2).float()
+completion_mask = torch.tensor(
+    [[1, 1, 1, 1, 1], [1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [1, 0, 0, 0, 0]] * 2
+).float()
 per_token_logps = old_per_token_logps + torch.randn(B, T) * 0.1
 out = {
     "old": old_per_token_logps.tolist(),
@@ -45,5 +56,8 @@ for beta, normalize in ((0.0, False), (0.1, False), (0.1, True)):
     coef_1 = torch.exp(logps - old_logps)
     coef_2 = torch.clamp(coef_1, 1 - 0.2, 1 + 0.28)
     loss = (-torch.min(coef_1 * advantages, coef_2 * advantages)).mean()
-    out[f"beta={beta},normalize={normalize}"] = {"advantages": advantages.tolist(), "loss": loss.item()}
+    out[f"beta={beta},normalize={normalize}"] = {
+        "advantages": advantages.tolist(),
+        "loss": loss.item(),
+    }
 print(json.dumps(out))
