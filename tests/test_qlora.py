@@ -25,7 +25,7 @@ def training(output_dir) -> list[dict]:
 @pytest.mark.parametrize("bf16", [False, True])
 def test_the_base_is_4_bit_and_only_the_float32_adapter_trains(bf16):
     args = rloo.Args(use_peft=True, load_in_4bit=True, bf16=bf16)
-    model = rloo.load_trained(args, args.model_name_or_path)
+    model = rloo.load_for_training(args, args.model_name_or_path)
     layers = [m for m in model.modules() if isinstance(m, bnb.nn.Linear4bit)]
     assert (
         len(layers) == 4 * 7

@@ -183,9 +183,9 @@ def test_hub_like_checkpoints_train_in_float32_without_dropout(tmp_path, make, m
     config trains with dropout off; a turn-end token that is not the tokenizer's EOS ends completions."""
     model = str(make(tmp_path / "model"))
     trained = []
-    load_trained = rloo.load_trained
+    load_for_training = rloo.load_for_training
     monkeypatch.setattr(
-        rloo, "load_trained", lambda *a, **k: trained.append(load_trained(*a, **k)) or trained[-1]
+        rloo, "load_for_training", lambda *a, **k: trained.append(load_for_training(*a, **k)) or trained[-1]
     )
     rloo.main(args(tmp_path, model_name_or_path=model, max_steps=1))
     (policy,) = trained
@@ -339,9 +339,9 @@ def test_a_non_finite_update_stops_before_it_is_applied(tmp_path, capsys):
             ["--kl_estimator", "k2"],
             "--kl_estimator/--kl-estimator: invalid choice: 'k2' (choose from 'k1', 'k3')",
         ),
-        (["--load_in_4bit"], "--load_in_4bit: only a LoRA adapter trains on it: add --use_peft"),
+        (["--load_in_4bit"], "--load_in_4bit: it needs --use_peft"),
         (["--dataset_name", "no/such/data.jsonl"], "--dataset_name no/such/data.jsonl: "),
-        (["--dataset_train_split", "validation"], "--dataset_train_split: no 'validation' split"),
+        (["--dataset_train_split", "validation"], "--dataset_train_split: no 'validation'"),
         (["--reward_funcs", "acuracy"], "--reward_funcs: unknown reward function 'acuracy'"),
         (
             ["--dataset_name", "{questions}"],

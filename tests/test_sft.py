@@ -206,16 +206,16 @@ def test_resume_gives_the_uninterrupted_runs_metrics_evaluations_and_weights(tmp
 
 
 def test_lora_trains_an_adapter_without_dropout_and_saves_the_merged_model(tmp_path, monkeypatch):
-    dropouts, load_trained = [], sft.load_trained
+    dropouts, load_for_training = [], sft.load_for_training
 
     def load_and_record_dropout(*a, **k):
-        model = load_trained(*a, **k)
+        model = load_for_training(*a, **k)
         dropouts.extend(
             module.p for module in model.modules() if isinstance(module, torch.nn.Dropout)
         )
         return model
 
-    monkeypatch.setattr(sft, "load_trained", load_and_record_dropout)
+    monkeypatch.setattr(sft, "load_for_training", load_and_record_dropout)
     sft.main(
         args(
             tmp_path,
@@ -264,8 +264,8 @@ def test_a_stop_in_the_loop_saves_a_checkpoint_and_exits_130(tmp_path):
             "--train_batch_size/--train-batch-size: invalid int value: 'x'",
         ),
         (["--train_batch_size", "100"], "--train_batch_size: more than the 78 rows"),
-        (["--load_in_4bit"], "--load_in_4bit: only a LoRA adapter trains on it: add --use_peft"),
-        (["--dataset_train_split", "validation"], "--dataset_train_split: no 'validation' split"),
+        (["--load_in_4bit"], "--load_in_4bit: it needs --use_peft"),
+        (["--dataset_train_split", "validation"], "--dataset_train_split: no 'validation'"),
         (
             ["--dataset_name", "{no_completion}"],
             "--dataset_name: the train split has no 'completion' column",

@@ -185,7 +185,7 @@ def test_a_lora_policy_reaches_vllm_merged_under_base_names_and_its_bf16_base_ne
     from vllm_colocate import VLLMGenerator
 
     run = args(tmp_path, use_peft=True, bf16=True)
-    policy = rloo.load_trained(run, EMBEDDED)
+    policy = rloo.load_for_training(run, EMBEDDED)
     for name, param in policy.named_parameters():
         if "lora_B" in name:
             torch.nn.init.normal_(param, std=0.05)  # a trained adapter: B ≠ 0
