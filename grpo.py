@@ -134,7 +134,7 @@ class Args:
     )
     top_p: float = arg(1.0, "nucleus sampling (1.0: off; < 1 samples off-policy)")
     top_k: int = arg(0, "top-k sampling (0: off; > 0 samples off-policy)")
-    chat_template_kwargs: dict | None = arg(
+    chat_template_kwargs: dict | str | None = arg(
         None, "chat template arguments, e.g. '{\"enable_thinking\": false}'"
     )
     use_vllm: bool = arg(
@@ -234,38 +234,31 @@ def check_args(args: Args):
 def completion_logprobs(
     model, input_ids, attention_mask, T: int, temperature: float, entropy=False, chunk=2**24
 ):
-    """log π(y_t | x, y_<t) (B, T), float32, of the last T tokens of `input_ids` (the completion) under
-    softmax(logits / temperature); with `entropy`, also that softmax's detached entropy (B, T), else None. Only the
-    completion positions get logits, and the float32 log-softmax exists for `chunk` elements at a time (never
-    (B, T, V) whole), recomputed in the backward pass. Position ids come from the attention mask, as in generation."""
-    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
-    # T + 1 positions: the last prompt position predicts the first completion token. As indices, not the int T + 1:
-    # transformers then slices the hidden states contiguously (the int's strided view makes the bf16 lm_head copy its
-    # weight for every row, 2.3× the reference forward's time)
-    kept = torch.arange(input_ids.shape[1] - T - 1, input_ids.shape[1], device=input_ids.device)
-    output = model(
-        input_ids=input_ids,
-        attention_mask=attention_mask,
-        position_ids=position_ids,
-        logits_to_keep=kept,
-    )
-    logits = output.logits[:, :-1]  # (B, T, V): position t predicts completion token t
+    """log π(y_t | x, y_<t) (B, T) of the last T tokens (the completion) under softmax(logits / τ),
+    and with `entropy` that softmax's detached entropy (B, T). The float32 log-softmax is made
+    `chunk` elements at a time, never (B, T, V) whole, and recomputed in the backward pass."""
+    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)  # as in generation
+    # T + 1 positions: the last prompt position predicts the first completion token. As indices,
+    # not the int T + 1: transformers then slices the hidden states contiguously (a strided view
+    # makes the bf16 lm_head copy its weight for every row: 2.3× the reference forward's time)
+    L = input_ids.shape[1]
+    kept = torch.arange(L - T - 1, L, device=input_ids.device)
+    inputs = dict(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids)
+    logits = model(**inputs, logits_to_keep=kept).logits[:, :-1]  # (B, T, V): t predicts token t
     positions = max(1, chunk // (logits.shape[0] * logits.shape[2]))
-    pieces = list(
-        zip(logits.split(positions, 1), input_ids[:, -T:].split(positions, 1))
-    )  # (B, t, V), (B, t)
-    logprobs_of = lambda z, y: torch.log_softmax(z.float() / temperature, -1).gather(
-        -1, y[..., None]
-    )[..., 0]
-    recompute = torch.utils.checkpoint.checkpoint
-    logprobs = torch.cat([recompute(logprobs_of, z, y, use_reentrant=False) for z, y in pieces], 1)
-    if not entropy:
-        return logprobs, None
-    with torch.no_grad():  # H = logsumexp(z) − Σ softmax(z) z, with z = logits / temperature
-        scaled = [piece.float() / temperature for piece, _ in pieces]
-        return logprobs, torch.cat(
-            [z.logsumexp(-1) - (z.softmax(-1) * z).sum(-1) for z in scaled], 1
-        )
+
+    def logprobs_of(z, y):
+        return torch.log_softmax(z.float() / temperature, -1).gather(-1, y[..., None])[..., 0]
+
+    logprobs, entropies = [], []
+    for z, y in zip(logits.split(positions, 1), input_ids[:, -T:].split(positions, 1)):
+        recomputed = torch.utils.checkpoint.checkpoint(logprobs_of, z, y, use_reentrant=False)
+        logprobs.append(recomputed)  # (B, t)
+        if entropy:
+            with torch.no_grad():  # H = logsumexp(z) − Σ softmax(z) z, z = logits / temperature
+                z = z.float() / temperature
+                entropies.append(z.logsumexp(-1) - (z.softmax(-1) * z).sum(-1))
+    return torch.cat(logprobs, 1), torch.cat(entropies, 1) if entropy else None
 
 
 # ==== GRPO ====
@@ -409,7 +402,7 @@ def dynamic_sampling(
 
 # ---- plumbing: the command line ----
 class BadInput(Exception):
-    """Bad input (a flag, a data file or column, the output folder): one line, exit status 2, nothing written."""
+    """A bad flag, file, column or output folder: one line, exit status 2, nothing written."""
 
 
 def require(condition: bool, message: str):
@@ -419,7 +412,7 @@ def require(condition: bool, message: str):
 
 @contextlib.contextmanager
 def loading(flag: str, value):
-    """What goes wrong while a flag's input loads is bad input: the flag, its value and the library's first line."""
+    """An error while a flag's input loads is bad input: the flag, its value, the first line."""
     try:
         yield
     except Exception as error:
@@ -428,98 +421,83 @@ def loading(flag: str, value):
 
 
 def fail(message: str):
-    tqdm.write(
-        f"error: {message}", file=sys.stderr
-    )  # on a line of its own, below any progress bar
+    tqdm.write(f"error: {message}", file=sys.stderr)  # below any progress bar
     sys.exit(2)
 
 
 def parse_args(args_class):
-    """The flags from the command line, over those of a --config YAML file (TRL's recipes, or a run's args.json)."""
+    """The command line's flags, over those of a --config YAML file (a TRL recipe, args.json)."""
     parser = HfArgumentParser(args_class, allow_abbrev=False)
-    parser.add_argument(
-        "--config", help="a YAML file of flag: value; flags on the command line override it"
-    )
+    parser.add_argument("--config", help="a YAML file of flag: value, overridden by the flags")
+    # argparse prints its usage of ~80 flags above an error: the error alone is one line
     parser.error = lambda message: fail(message.replace("argument ", ""))
-    for action in parser._actions:  # --chat_template_kwargs '{"enable_thinking": false}'
-        action.type = json.loads if action.type is dict else action.type
     namespace = parser.parse_args()
     if namespace.config:
         with loading("--config", namespace.config):
             config = yaml.safe_load(Path(namespace.config).read_text())
-        require(
-            isinstance(config, dict),
-            f"--config {namespace.config}: expected a mapping of flag: value",
-        )
+        require(isinstance(config, dict), f"--config {namespace.config}: expected flag: value")
         unknown = sorted(set(config) - set(vars(namespace)))
         require(not unknown, f"--config {namespace.config}: unknown flags {unknown}")
         parser.set_defaults(**config)
         namespace = parser.parse_args()
     del namespace.config
+    template_kwargs = getattr(namespace, "chat_template_kwargs", None)
+    if isinstance(template_kwargs, str):  # JSON, as TrainingArguments reads a dict flag
+        with loading("--chat_template_kwargs", template_kwargs):
+            namespace.chat_template_kwargs = json.loads(template_kwargs)
     return args_class(**vars(namespace))
 
 
 # ---- plumbing: the flags every RL script shares ----
 def check_shared_args(args):
     """The flags every RL script shares, in range."""
-    positive = "max_steps prompts_per_step learning_rate max_completion_length temperature num_iterations epsilon"
-    for name in (
-        positive + " logging_steps num_generations_eval per_device_eval_batch_size"
-    ).split():
-        require(getattr(args, name) > 0, f"--{name}: must be positive, got {getattr(args, name)}")
-    for (
-        name
-    ) in "beta micro_batch_size top_k eval_steps save_steps weight_decay max_grad_norm".split():
-        require(getattr(args, name) >= 0, f"--{name}: must be ≥ 0, got {getattr(args, name)}")
-    require(args.epsilon_high is None or args.epsilon_high > 0, "--epsilon_high: must be positive")
+    positive = (
+        "max_steps prompts_per_step learning_rate max_completion_length temperature epsilon"
+        " num_iterations logging_steps num_generations_eval per_device_eval_batch_size"
+    )
+    for name in positive.split():
+        value = getattr(args, name)
+        require(value > 0, f"--{name}: must be positive, got {value}")
+    non_negative = "beta micro_batch_size top_k eval_steps save_steps weight_decay max_grad_norm"
+    for name in non_negative.split():
+        value = getattr(args, name)
+        require(value >= 0, f"--{name}: must be ≥ 0, got {value}")
+    require(args.epsilon_high > 0, "--epsilon_high: must be positive")
     require(0 < args.top_p <= 1, f"--top_p: must be in (0, 1], got {args.top_p}")
     require(
         0 <= args.warmup_ratio <= 1, f"--warmup_ratio: must be in [0, 1], got {args.warmup_ratio}"
     )
-    require(
-        0 <= args.seed < 2**32, f"--seed: must be in [0, 2**32), got {args.seed}"
-    )  # numpy's range
-    require(
-        args.save_total_limit is None or args.save_total_limit > 0,
-        "--save_total_limit: must be positive",
-    )
-    require(
-        args.use_peft or not args.load_in_4bit,
-        "--load_in_4bit: only a LoRA adapter trains on it: add --use_peft",
-    )
-    require(
-        args.dataset_train_split != args.dataset_test_split,
-        "--dataset_test_split: that is the training split",
-    )
+    require(0 <= args.seed < 2**32, f"--seed: must be in [0, 2**32), got {args.seed}")  # numpy's
+    limit = args.save_total_limit
+    require(limit is None or limit > 0, "--save_total_limit: must be positive")
+    require(args.use_peft or not args.load_in_4bit, "--load_in_4bit: it needs --use_peft")
+    test_split = args.dataset_test_split
+    require(args.dataset_train_split != test_split, "--dataset_test_split: the training split")
 
 
 # ---- plumbing: data ----
 def load_split(args, split: str):
-    """A split of --dataset_name (a hub dataset, a folder, or a json, csv or parquet file: its train split), or None."""
+    """A split of --dataset_name (hub dataset, folder, or a file: its train split), or None."""
     path = Path(args.dataset_name)
-    require(
-        not path.is_file() or path.stat().st_size > 0,
-        f"--dataset_name {path}: expected rows, the file is empty",
-    )
+    empty = path.is_file() and path.stat().st_size == 0
+    require(not empty, f"--dataset_name {path}: the file is empty")
     with loading("--dataset_name", args.dataset_name):
         if path.is_file():  # datasets reads the format from the extension
             splits = load_dataset(str(path.parent), data_files={"train": path.name})
         else:
             splits = load_dataset(args.dataset_name, args.dataset_config)
+    missing = split not in splits
     require(
-        split in splits or split != args.dataset_train_split,
-        f"--dataset_train_split: no {split!r} split",
+        not missing or split != args.dataset_train_split, f"--dataset_train_split: no {split!r}"
     )
     return splits.get(split)
 
 
 # ---- plumbing: prompts ----
 def prompt_texts(tokenizer, dataset, args, split: str) -> list[str]:
-    """Every prompt of a split as the model reads it; one that cannot be rendered is one line that names its row."""
-    require(
-        "prompt" in dataset.column_names,
-        f"--dataset_name: the {split} split has no 'prompt' column",
-    )
+    """Every prompt of a split as the model reads it; a row that cannot be rendered is named."""
+    columns = dataset.column_names
+    require("prompt" in columns, f"--dataset_name: the {split} split has no 'prompt' column")
     texts = []
     for row, prompt in enumerate(dataset["prompt"]):
         with loading("--dataset_name", f"row {row} of the {split} split"):
@@ -528,77 +506,59 @@ def prompt_texts(tokenizer, dataset, args, split: str) -> list[str]:
 
 
 def check_context(model, tokenizer, texts: list[str], length: int):
-    """The longest prompt and --max_completion_length tokens after it fit the model's context, else one line."""
-    longest = max(map(len, tokenizer(texts, add_special_tokens=False).input_ids))
+    """The longest prompt and --max_completion_length tokens after it fit the model's context."""
+    longest = max(len(ids) for ids in tokenizer(texts, add_special_tokens=False).input_ids)
     room = model.config.max_position_embeddings - longest
-    require(
-        length <= room,
-        f"--max_completion_length {length}: {room} fit the context after a {longest}-token prompt",
-    )
+    message = f"{room} fit the context after a {longest}-token prompt"
+    require(length <= room, f"--max_completion_length {length}: {message}")
 
 
 # ---- plumbing: models ----
-def load_trained(
-    args,
-    path: str,
-    model_class=AutoModelForCausalLM,
-    task_type="CAUSAL_LM",
-    flag="--model_name_or_path",
-    **options,
-):
-    """A model to train: float32 master weights whatever the checkpoint's dtype (a frozen base is bf16 under --use_peft
-    --bf16, 4-bit under --load_in_4bit), --use_peft's LoRA adapter, dropout off, --gradient_checkpointing."""
+def load_for_training(args, path: str, model_class=AutoModelForCausalLM, **options):
+    """A model to train: float32 master weights (a frozen LoRA base: bf16 under --bf16, or 4-bit),
+    dropout off. `options`: from_pretrained's, with LoRA's `task_type` and the `flag` to blame."""
     from peft import LoraConfig, get_peft_model
 
-    compute = torch.bfloat16 if args.bf16 else torch.float32
-    quantization = (
-        transformers.BitsAndBytesConfig(
+    task_type = options.pop("task_type", "CAUSAL_LM")
+    flag = options.pop("flag", "--model_name_or_path")
+    quantization = None
+    if args.load_in_4bit:
+        quantization = transformers.BitsAndBytesConfig(
             load_in_4bit=True,
             bnb_4bit_quant_type=args.bnb_4bit_quant_type,
-            bnb_4bit_compute_dtype=compute,
+            bnb_4bit_compute_dtype=torch.bfloat16 if args.bf16 else torch.float32,
         )
-        if args.load_in_4bit
-        else None
-    )
     dtype = torch.bfloat16 if args.use_peft and args.bf16 else torch.float32
-    attention = args.attn_implementation
+    options.setdefault("attn_implementation", args.attn_implementation)
     with loading(flag, path):
         model = model_class.from_pretrained(
-            path,
-            dtype=dtype,
-            quantization_config=quantization,
-            attn_implementation=attention,
-            **options,
+            path, dtype=dtype, quantization_config=quantization, **options
         )
     if args.use_peft:
-        targets = (
-            "all-linear"
-            if args.lora_target_modules == ["all-linear"]
-            else args.lora_target_modules
-        )
-        lora = dict(
+        modules = args.lora_target_modules
+        targets = "all-linear" if modules == ["all-linear"] else modules  # peft's shorthand
+        lora = LoraConfig(
+            task_type=task_type,
             r=args.lora_r,
             lora_alpha=args.lora_alpha,
             lora_dropout=args.lora_dropout,
             target_modules=targets,
         )
         with loading("--lora_target_modules", targets):
-            model = get_peft_model(model, LoraConfig(task_type=task_type, **lora))
-        for param in (
-            p for p in model.parameters() if p.requires_grad
-        ):  # what trains in float32 (a score head too)
-            param.data = param.data.float()
-    if (
-        args.disable_dropout
-    ):  # dropout layers, and the rates attention layers keep as floats (Llama's, GPT-2's)
+            model = get_peft_model(model, lora)
+        for param in model.parameters():
+            if param.requires_grad:  # what trains is float32 (a score head too)
+                param.data = param.data.float()
+    if args.disable_dropout:
         for module in model.modules():
-            rates = [n for n, v in vars(module).items() if isinstance(v, float) and "drop" in n]
-            for name in rates + (["p"] if isinstance(module, torch.nn.Dropout) else []):
-                setattr(module, name, 0.0)
-    for layer in [m for m in model.modules() if getattr(m, "support_avx512bf16_for_cpu", False)]:
-        layer.support_avx512bf16_for_cpu = (
-            False  # bitsandbytes repacks 4-bit layers one way at a no-grad CPU forward
-        )
+            if isinstance(module, torch.nn.Dropout):  # TRL's disable_dropout_in_model
+                module.p = 0.0
+            if isinstance(getattr(module, "attention_dropout", None), float):  # Llama's, Qwen's
+                module.attention_dropout = 0.0
+    for layer in model.modules():
+        # bitsandbytes repacks a 4-bit weight at a no-grad CPU forward, which training then breaks
+        if getattr(layer, "support_avx512bf16_for_cpu", False):
+            layer.support_avx512bf16_for_cpu = False
     if args.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     return model.train()
@@ -606,184 +566,165 @@ def load_trained(
 
 # ---- plumbing: frozen models ----
 def prepare_frozen(accelerator, model):
-    """A frozen model (π_ref, a reward model) on its device; under ZeRO-3 in an inference engine, as TRL does."""
+    """A frozen model (π_ref, a reward model) on its device; under ZeRO-3 in an engine, as TRL."""
     model = model.eval().requires_grad_(False)
     plugin = accelerator.state.deepspeed_plugin
     if plugin is None or plugin.zero_stage != 3:
         return model.to(accelerator.device)
     import deepspeed
 
-    zero = {k: v for k, v in plugin.deepspeed_config["zero_optimization"].items() if v != "auto"}
-    engine = deepspeed.initialize(
-        model=model, config={**plugin.deepspeed_config, "zero_optimization": zero}
-    )[0]
-    engine.eval()
-    return engine
+    config = plugin.deepspeed_config
+    zero = {k: v for k, v in config["zero_optimization"].items() if v != "auto"}
+    engine = deepspeed.initialize(model=model, config={**config, "zero_optimization": zero})[0]
+    return engine.eval()
 
 
 # ---- plumbing: sampling ----
 @contextlib.contextmanager
 def unwrapped_for_generation(accelerator, model):
-    """The plain policy, in eval mode, to sample from; under ZeRO-3 with its parameters gathered meanwhile (TRL's)."""
-    plugin, policy = accelerator.state.deepspeed_plugin, accelerator.unwrap_model(model)
+    """The plain policy in eval mode, to sample from; under ZeRO-3 with its parameters gathered."""
+    plugin = accelerator.state.deepspeed_plugin
+    policy = accelerator.unwrap_model(model)
     gathered = contextlib.nullcontext()
     if plugin is not None and plugin.zero_stage == 3:
         import deepspeed
 
         gathered = deepspeed.zero.GatheredParameters(list(model.parameters()))
     with gathered, accelerator.autocast():
-        yield policy.eval()  # generate's cache: transformers turns it off in train mode with gradient checkpointing
+        # eval mode: transformers turns generate's cache off in train mode under checkpointing
+        yield policy.eval()
     policy.train()
 
 
 # ---- plumbing: evaluation ----
 @torch.no_grad()
-def evaluate(
-    accelerator, model, tokenizer, eval_dataset, eval_texts, reward_funcs, weights, args
-) -> dict:
-    """eval/reward (the weighted sum) and eval/<function> on the held-out prompts, num_generations_eval samples each and
-    one greedy (`_greedy`), under an RNG of its own (training samples the same whether or not it evaluates)."""
+def evaluate(accelerator, model, tokenizer, eval_dataset, eval_texts, reward_funcs, weights, args):
+    """eval/reward and eval/<function>: means over num_generations_eval samples of each held-out
+    prompt, and one greedy (`_greedy`). Its own RNG: training samples the same without it."""
     if eval_dataset is None:
         return {}
-    mine = range(accelerator.process_index, len(eval_dataset), accelerator.num_processes)
+    my_rows = range(accelerator.process_index, len(eval_dataset), accelerator.num_processes)
     names = ["reward", *(name.removesuffix("_reward") for name in reward_funcs)]
     metrics = {}
     with torch.random.fork_rng(), unwrapped_for_generation(accelerator, model) as policy:
         torch.manual_seed(args.seed)
-        for suffix, G, greedy in (("", args.num_generations_eval, False), ("_greedy", 1, True)):
+        for suffix, n, greedy in (("", args.num_generations_eval, False), ("_greedy", 1, True)):
             config = common.sampling_config(policy, tokenizer, args, greedy=greedy)
-            scores, per_call = [], max(1, args.per_device_eval_batch_size // G)
-            for start in range(0, len(mine), per_call):
-                rows = eval_dataset.select(mine[start : start + per_call])
-                texts = [eval_texts[i] for i in mine[start : start + per_call] for _ in range(G)]
+            rows_per_call = max(1, args.per_device_eval_batch_size // n)
+            scores = []
+            for start in range(0, len(my_rows), rows_per_call):
+                indices = [i for i in my_rows[start : start + rows_per_call] for _ in range(n)]
+                columns = eval_dataset.select(indices).to_dict()  # each row n times
+                texts = [eval_texts[i] for i in indices]
                 out = common.generate(policy, tokenizer, texts, config)
-                completion_mask, _ = common.end_of_completion(
-                    out["completion_ids"], config.eos_token_id
-                )
-                completions, ids = common.decode(tokenizer, out["completion_ids"], completion_mask)
-                prompts = [p for p in rows["prompt"] for _ in range(G)]
-                row_columns = {
-                    c: [v for v in rows[c] for _ in range(G)]
-                    for c in rows.column_names
-                    if c != "prompt"
-                }
+                mask, _ = common.end_of_completion(out["completion_ids"], config.eos_token_id)
+                completions, ids = common.decode(tokenizer, out["completion_ids"], mask)
+                prompts = columns.pop("prompt")
                 rewards, per_func = compute_rewards(
-                    reward_funcs, weights, prompts, completions, ids, row_columns
+                    reward_funcs, weights, prompts, completions, ids, columns
                 )
                 scores += torch.cat([rewards[:, None], per_func], 1).tolist()
-            means = torch.tensor(gather_object(scores)).nanmean(
-                0
-            )  # over every process's completions
-            metrics |= {f"eval/{name}{suffix}": mean for name, mean in zip(names, means.tolist())}
+            means = torch.tensor(gather_object(scores)).nanmean(0)  # every process's completions
+            metrics |= {f"eval/{name}{suffix}": m for name, m in zip(names, means.tolist())}
     return metrics
 
 
 # ---- plumbing: the output folder, checkpoints and logging ----
 def claim_output_dir(args) -> Path | None:
-    """The checkpoint to resume from, whose later metrics are dropped; None for a fresh run, into a fresh folder."""
-    out, metrics = Path(args.output_dir), Path(args.output_dir) / "metrics.jsonl"
-    if args.resume_from_checkpoint:
-        latest = args.resume_from_checkpoint == "latest"
-        found = checkpoints(out)[-1:] if latest else [Path(args.resume_from_checkpoint)]
-        where = found[0] if found else out
-        require(
-            found and (where / "trainer_state.json").is_file(),
-            f"--resume_from_checkpoint: none in {where}",
-        )
+    """The checkpoint to resume from, its later metrics dropped; None for a fresh folder."""
+    out = Path(args.output_dir)
+    metrics = out / "metrics.jsonl"
+    checkpoint = None
+    if args.resume_from_checkpoint == "latest":
+        found = checkpoints(out)
+        require(found, f"--resume_from_checkpoint: none in {out}")
+        checkpoint = found[-1]
+    elif args.resume_from_checkpoint:
+        checkpoint = Path(args.resume_from_checkpoint)
+    if checkpoint is not None:
+        saved = (checkpoint / "trainer_state.json").is_file()
+        require(saved, f"--resume_from_checkpoint: none in {checkpoint}")
     with loading("--output_dir", out):
         out.mkdir(parents=True, exist_ok=True)
-    if args.resume_from_checkpoint:
-        step = json.loads((found[0] / "trainer_state.json").read_text())["step"]
-        records = (
-            [json.loads(line) for line in metrics.read_text().splitlines()]
-            if metrics.is_file()
-            else []
-        )
-        metrics.write_text("".join(json.dumps(r) + "\n" for r in records if r["step"] <= step))
-        return found[0]
-    used = checkpoints(out) + ([metrics] if metrics.is_file() else [])
-    require(
-        not used or args.overwrite_output_dir,
-        f"--output_dir: {out} holds another run: continue it with "
-        "--resume_from_checkpoint latest, or start over with --overwrite_output_dir",
-    )
+    if checkpoint is not None:
+        step = json.loads((checkpoint / "trainer_state.json").read_text())["step"]
+        records = []
+        if metrics.is_file():
+            records = [json.loads(line) for line in metrics.read_text().splitlines()]
+        kept = [json.dumps(r) + "\n" for r in records if r["step"] <= step]
+        metrics.write_text("".join(kept))
+        return checkpoint
+    used = checkpoints(out)
+    if metrics.is_file():
+        used.append(metrics)
+    hint = "continue it with --resume_from_checkpoint latest, or add --overwrite_output_dir"
+    require(not used or args.overwrite_output_dir, f"--output_dir: {out} holds a run: {hint}")
     for path in used:  # --overwrite_output_dir
-        shutil.rmtree(path) if path.is_dir() else path.unlink()
+        if path.is_dir():
+            shutil.rmtree(path)
+        else:
+            path.unlink()
+    return None
 
 
 def checkpoints(output_dir) -> list[Path]:
-    return sorted(
-        Path(output_dir).glob("checkpoint-*"), key=lambda path: int(path.name.split("-")[1])
-    )
+    found = Path(output_dir).glob("checkpoint-*")
+    return sorted(found, key=lambda path: int(path.name.split("-")[1]))
 
 
 def save_model(accelerator, args, model, tokenizer, folder: Path, state: dict):
-    """The model as `save_pretrained` writes it (with --use_peft its adapter), the tokenizer, the step and the script's
-    own state (trainer_state.json) and the flags (args.json)."""
+    """`save_pretrained`'s model (or adapter), the tokenizer, trainer_state.json and args.json."""
     weights = accelerator.get_state_dict(model)  # every process: gathers sharded weights
     if accelerator.is_main_process:
         accelerator.unwrap_model(model).save_pretrained(folder, state_dict=weights)
         tokenizer.save_pretrained(folder)
         (folder / "trainer_state.json").write_text(json.dumps(state))
-        (folder / "args.json").write_text(
-            json.dumps(asdict(args) | {"resume_from_checkpoint": None}, indent=2)
-        )
+        flags = asdict(args) | {"resume_from_checkpoint": None}
+        (folder / "args.json").write_text(json.dumps(flags, indent=2))
 
 
 def save_checkpoint(accelerator, args, model, tokenizer, state: dict) -> Path:
-    """checkpoint-{step}: `save_model`, and accelerate's state (optimizer, scheduler, RNG; under DeepSpeed or FSDP the
-    sharded weights too). Renamed into place when complete."""
+    """checkpoint-{step}: `save_model`, and accelerate's state (optimizer, scheduler, RNG; sharded
+    weights under DeepSpeed or FSDP), renamed into place when complete."""
     folder = Path(args.output_dir) / f"checkpoint-{state['step']}"
     tmp = folder.with_name(f".{folder.name}.tmp")
     save_model(accelerator, args, model, tokenizer, tmp, state)
-    hook = accelerator.register_save_state_pre_hook(
-        lambda models, weights, _: weights.clear()
-    )  # saved just above
+    # accelerate's hook to choose what save_state writes: not the weights, saved just above
+    hook = accelerator.register_save_state_pre_hook(lambda models, weights, _: weights.clear())
     accelerator.save_state(tmp / "state")
     hook.remove()
     accelerator.wait_for_everyone()  # every process has written its part of state/
     if accelerator.is_main_process:
-        shutil.rmtree(
-            folder, ignore_errors=True
-        )  # the same step saved again (a run resumed from an earlier one)
+        shutil.rmtree(folder, ignore_errors=True)  # the same step again (resumed from before it)
         tmp.rename(folder)
-        for old in (
-            checkpoints(args.output_dir)[: -args.save_total_limit] if args.save_total_limit else []
-        ):
-            shutil.rmtree(old)
+        if args.save_total_limit:
+            for old in checkpoints(args.output_dir)[: -args.save_total_limit]:
+                shutil.rmtree(old)
     accelerator.wait_for_everyone()
     return folder
 
 
 def load_checkpoint(accelerator, args, model, checkpoint: Path) -> dict:
-    """Restore what `save_checkpoint` saved; flags that differ from its args.json are said, and the run goes on."""
+    """Restore what `save_checkpoint` saved; flags that differ from its args.json are said."""
     from peft import set_peft_model_state_dict
     from safetensors.torch import load_file, load_model
 
-    saved, skip = (
-        json.loads((checkpoint / "args.json").read_text()),
-        ("resume_from_checkpoint", "overwrite_output_dir"),
-    )
-    changed = [
-        f"--{k} {v} (was {saved[k]})"
-        for k, v in asdict(args).items()
-        if k not in skip and saved.get(k, v) != v
-    ]
-    accelerator.print(f"resuming from {checkpoint}" + "".join(f"; {change}" for change in changed))
+    saved = json.loads((checkpoint / "args.json").read_text())
+    skip = {"resume_from_checkpoint", "overwrite_output_dir"}
+    changed = [k for k, v in asdict(args).items() if k not in skip and saved.get(k, v) != v]
+    said = "".join(f"; --{k} {getattr(args, k)} (was {saved[k]})" for k in changed)
+    accelerator.print(f"resuming from {checkpoint}{said}")
     unwrapped = accelerator.unwrap_model(model)
-    if accelerator.distributed_type not in (
-        DistributedType.DEEPSPEED,
-        DistributedType.FSDP,
-    ):  # else in state/
+    # DeepSpeed and FSDP keep the weights in state/
+    if accelerator.distributed_type not in (DistributedType.DEEPSPEED, DistributedType.FSDP):
         if hasattr(unwrapped, "peft_config"):
             set_peft_model_state_dict(
                 unwrapped, load_file(checkpoint / "adapter_model.safetensors")
             )
         else:
             load_model(unwrapped, checkpoint / "model.safetensors")
-    hook = accelerator.register_load_state_pre_hook(
-        lambda models, _: models.clear()
-    )  # loaded just above
+    # accelerate's hook to choose what load_state reads: not the weights, loaded just above
+    hook = accelerator.register_load_state_pre_hook(lambda models, _: models.clear())
     accelerator.load_state(checkpoint / "state")
     hook.remove()
     return json.loads((checkpoint / "trainer_state.json").read_text())
@@ -799,154 +740,123 @@ def log(accelerator, args, step: int, metrics: dict):
 def main(args: Args):
     # ---- plumbing: setup ----
     check_args(args)
-    known = {
-        "none",
-        "all",
-        *map(str, get_available_trackers()),
-    }  # accelerate skips the others silently
-    require(
-        set(args.report_to) <= known,
-        f"--report_to {args.report_to}: expected some of {sorted(known)}",
-    )
-    precision, trackers = (
-        "bf16" if args.bf16 else "no",
-        None if args.report_to == ["none"] else args.report_to,
-    )
-    # the scheduler steps once per update (accelerate's default steps it once per process: for a split DataLoader)
+    known = {"none", "all", *map(str, get_available_trackers())}  # accelerate skips the others
+    require(set(args.report_to) <= known, f"--report_to {args.report_to}: not in {sorted(known)}")
+    trackers = None if args.report_to == ["none"] else args.report_to
     accelerator = Accelerator(
-        mixed_precision=precision,
+        mixed_precision="bf16" if args.bf16 else "no",
         log_with=trackers,
         project_dir=args.output_dir,
-        step_scheduler_with_optimizer=False,
+        step_scheduler_with_optimizer=False,  # the default steps it once per process
     )
-    if (
-        accelerator.state.deepspeed_plugin is not None
-    ):  # no DataLoader is prepared: DeepSpeed's sizes come from here
+    if accelerator.state.deepspeed_plugin is not None:  # no DataLoader gives DeepSpeed its sizes
         accelerator.state.deepspeed_plugin.deepspeed_config.update(
             train_micro_batch_size_per_gpu=1,
             gradient_accumulation_steps=1,
             train_batch_size=accelerator.num_processes,
             gradient_clipping=args.max_grad_norm,
         )
-    set_seed(
-        args.seed, device_specific=True
-    )  # seed + process index: each process samples its own completions
-    device, G, processes = accelerator.device, args.num_generations, accelerator.num_processes
-    require(
-        args.prompts_per_step % processes == 0,
-        f"--prompts_per_step: not divisible by the {processes} processes",
-    )
+    set_seed(args.seed, device_specific=True)  # seed + process index: each samples its own
+    device = accelerator.device
+
+    # ---- plumbing: each process's share of the prompts, in whole groups ----
+    G = args.num_generations
+    processes = accelerator.num_processes
+    share = args.prompts_per_step % processes == 0
+    require(share, f"--prompts_per_step: not a multiple of the {processes} processes")
     local_prompts = args.prompts_per_step // processes
-    my_prompts = slice(
-        accelerator.process_index * local_prompts, (accelerator.process_index + 1) * local_prompts
-    )
-    local_batch_size = (
-        local_prompts * G
-    )  # whole groups: a baseline never needs another process's rewards
+    first_prompt = accelerator.process_index * local_prompts
+    my_prompts = slice(first_prompt, first_prompt + local_prompts)
+    # whole groups: a baseline needs no other process's rewards
+    local_batch_size = local_prompts * G
     micro_batch_size = args.micro_batch_size or local_batch_size
-    require(
-        local_batch_size % micro_batch_size == 0,
-        f"--micro_batch_size: must divide {local_batch_size} completions",
-    )
+    divides = local_batch_size % micro_batch_size == 0
+    require(divides, f"--micro_batch_size: must divide {local_batch_size} completions")
 
     # ---- plumbing: the splits and their prompts ----
     with loading("--model_name_or_path", args.model_name_or_path):
         tokenizer = common.load_tokenizer(args.model_name_or_path)
-    train_dataset, eval_dataset = (
-        load_split(args, args.dataset_train_split),
-        load_split(args, args.dataset_test_split),
-    )
-    require(
-        len(train_dataset) >= args.prompts_per_step,
-        f"--prompts_per_step: more than the {len(train_dataset)} rows",
-    )
-    eval_dataset = eval_dataset if args.eval_strategy == "steps" else None
+    train_dataset = load_split(args, args.dataset_train_split)
+    eval_dataset = None
+    if args.eval_strategy == "steps":
+        eval_dataset = load_split(args, args.dataset_test_split)
+    available = len(train_dataset)
+    require(available >= args.prompts_per_step, f"--prompts_per_step: over the {available} rows")
     train_texts = prompt_texts(tokenizer, train_dataset, args, args.dataset_train_split)
-    eval_texts = eval_dataset and prompt_texts(
-        tokenizer, eval_dataset, args, args.dataset_test_split
-    )
+    eval_texts = []
+    if eval_dataset is not None:
+        eval_texts = prompt_texts(tokenizer, eval_dataset, args, args.dataset_test_split)
 
     # ---- plumbing: reward functions ----
-    reward_funcs = load_reward_funcs(
-        args, device, prepare=lambda model: prepare_frozen(accelerator, model)
-    )
+    prepare = lambda model: prepare_frozen(accelerator, model)
+    reward_funcs = load_reward_funcs(args, device, prepare=prepare)
     weights = reward_weights(args.reward_weights, reward_funcs)
-    for split, dataset in (
-        (args.dataset_train_split, train_dataset),
-        (args.dataset_test_split, eval_dataset),
-    ):
-        check_columns(reward_funcs, dataset, split)
+    check_columns(reward_funcs, train_dataset, args.dataset_train_split)
+    check_columns(reward_funcs, eval_dataset, args.dataset_test_split)
 
-    # ---- plumbing: the policy π_θ, the reference π_ref (β > 0; with LoRA: the policy without its adapter) ----
-    model, ref_model = load_trained(args, args.model_name_or_path), None
-    check_context(
-        model, tokenizer, [*train_texts, *(eval_texts or [])], args.max_completion_length
-    )
-    if args.beta > 0 and not args.use_peft:  # frozen: bf16 under --bf16
-        ref = dict(
-            dtype=torch.bfloat16 if args.bf16 else torch.float32,
+    # ---- plumbing: the policy π_θ, the reference π_ref (β > 0; LoRA: π_θ, adapter off) ----
+    model = load_for_training(args, args.model_name_or_path)
+    check_context(model, tokenizer, train_texts + eval_texts, args.max_completion_length)
+    ref_model = None
+    if args.beta > 0 and not args.use_peft:
+        ref_model = AutoModelForCausalLM.from_pretrained(
+            args.model_name_or_path,
+            dtype=torch.bfloat16 if args.bf16 else torch.float32,  # frozen: no float32 master
             attn_implementation=args.attn_implementation,
         )
-        ref_model = prepare_frozen(
-            accelerator, AutoModelForCausalLM.from_pretrained(args.model_name_or_path, **ref)
-        )
+        ref_model = prepare_frozen(accelerator, ref_model)
     generation_config = common.sampling_config(model, tokenizer, args)
     end_ids = generation_config.eos_token_id
 
     # ---- plumbing: optimizer, scheduler, processes ----
     total_updates = args.max_steps * args.num_iterations
     trained = [p for p in model.parameters() if p.requires_grad]
-    # fused: one kernel for every parameter, as transformers' adamw_torch_fused (4× faster on a CPU core at 135M)
+    # fused: one kernel for every parameter, as transformers' adamw_torch_fused
     optimizer = torch.optim.AdamW(
-        trained, lr=args.learning_rate, weight_decay=args.weight_decay, fused=True
+        trained, args.learning_rate, weight_decay=args.weight_decay, fused=True
     )
     warmup = int(args.warmup_ratio * total_updates)
-    scheduler = transformers.get_scheduler(
-        args.lr_scheduler_type, optimizer, warmup, total_updates
-    )
+    schedule = args.lr_scheduler_type
+    scheduler = transformers.get_scheduler(schedule, optimizer, warmup, total_updates)
     model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
-    accelerator.unwrap_model(
-        model, keep_fp32_wrapper=False
-    )  # autocast is entered below: no float32 copy of logits
+    # Under bf16, prepare wraps forward to return float32 outputs: a float32 copy of the logits.
+    # The log-probs upcast themselves, chunk by chunk, so this documented call removes the wrapper.
+    accelerator.unwrap_model(model, keep_fp32_wrapper=False)
 
     # ---- plumbing: resume, the first evaluation, the loop's stop ----
-    checkpoint = gather_object([claim_output_dir(args) if accelerator.is_main_process else None])[
-        0
-    ]
-    state = (
-        load_checkpoint(accelerator, args, model, checkpoint)
-        if checkpoint
-        else {"step": 0, "num_tokens": 0}
-    )
+    # the main process alone claims the folder; every process resumes
+    claimed = [claim_output_dir(args) if accelerator.is_main_process else None]
+    checkpoint = broadcast_object_list(claimed)[0]
+    state = {"step": 0, "num_tokens": 0}
+    if checkpoint is not None:
+        state = load_checkpoint(accelerator, args, model, checkpoint)
     vllm = None
-    if args.use_vllm:  # a colocated engine, sent the policy's weights now and after every update
+    if args.use_vllm:  # a colocated engine, sent the policy's weights now and at every update
         with loading("--use_vllm", args.use_vllm):
             from vllm_colocate import VLLMGenerator
 
             vllm = VLLMGenerator(accelerator, args, tokenizer, model, end_ids)
     accelerator.init_trackers("huggingface", {k: str(v) for k, v in asdict(args).items()})
+
     evaluation = lambda: evaluate(
         accelerator, model, tokenizer, eval_dataset, eval_texts, reward_funcs, weights, args
     )
     first_eval = evaluation() if state["step"] == 0 else {}
     log(accelerator, args, 0, first_eval)
-    stop = []  # Ctrl-C, or SIGTERM from a scheduler: the loop ends after its step, with a checkpoint
-    handlers = {
-        s: signal.signal(s, lambda signum, _: stop.append(signum))
-        for s in (signal.SIGINT, signal.SIGTERM)
-    }
+    # Ctrl-C, or SIGTERM from a scheduler: the loop ends after its step, with a checkpoint
+    received_signals = []
+    on_signal = lambda signum, frame: received_signals.append(signum)
+    handlers = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     steps = range(state["step"] + 1, args.max_steps + 1)
-    progress = tqdm(
-        steps, initial=state["step"], total=args.max_steps, disable=not accelerator.is_main_process
-    )
+    hidden = not accelerator.is_main_process
+    progress = tqdm(steps, initial=state["step"], total=args.max_steps, disable=hidden)
 
-    def reference_logprobs(input_ids, attention_mask, T):
+    def reference_logprobs(ids, mask, T):
         policy = accelerator.unwrap_model(model)
         no_adapter = policy.disable_adapter() if args.use_peft else contextlib.nullcontext()
         with torch.no_grad(), accelerator.autocast(), no_adapter:
-            return completion_logprobs(
-                ref_model or policy, input_ids, attention_mask, T, args.temperature
-            )[0]
+            logprobs, _ = completion_logprobs(ref_model or policy, ids, mask, T, args.temperature)
+        return logprobs
 
     for step in progress:
         step_start = time.perf_counter()
@@ -1196,36 +1106,29 @@ def main(args: Args):
         # ---- plumbing: log, evaluate, save, stop ----
         state["step"] = step
         if logging_step:
-            metrics |= {
-                "learning_rate": scheduler.get_last_lr()[0],
-                "num_tokens": state["num_tokens"],
-            }
-            log(accelerator, args, step, metrics | {"step_time": time.perf_counter() - step_start})
+            metrics["learning_rate"] = scheduler.get_last_lr()[0]
+            metrics["num_tokens"] = state["num_tokens"]
+            metrics["step_time"] = time.perf_counter() - step_start
+            log(accelerator, args, step, metrics)
             progress.set_postfix(reward=f"{metrics['reward']:.3f}")
-            shown = (
-                args.num_completions_to_print
-                if args.log_completions and accelerator.is_main_process
-                else 0
-            )
-            for text, completion, reward in list(zip(texts, completions, rewards.tolist()))[
-                :shown
-            ]:
-                tqdm.write(f"[step {step}] {text!r} → {completion!r}  reward {reward:.3f}")
+            if args.log_completions and accelerator.is_main_process:
+                printed = list(zip(texts, completions, rewards.tolist()))
+                for text, completion, reward in printed[: args.num_completions_to_print]:
+                    tqdm.write(f"[step {step}] {text!r} → {completion!r}  reward {reward:.3f}")
         if vllm is not None:  # the next step samples from the updated policy
             vllm.sync_weights(accelerator, model)
         if args.eval_steps and step % args.eval_steps == 0 and step < args.max_steps:
             log(accelerator, args, step, evaluation())
-        stopping = (
-            accelerator.reduce(torch.tensor(float(bool(stop)), device=device), "sum").item() > 0
-        )
+        signalled = torch.tensor(float(len(received_signals)), device=device)
+        stopping = accelerator.reduce(signalled, "sum").item() > 0  # any process's signal
         if (args.save_steps and step % args.save_steps == 0) or stopping:
             folder = save_checkpoint(accelerator, args, model, tokenizer, state)
         if stopping:
-            accelerator.print(
-                f"interrupted at step {step}: saved {folder}; continue: --resume_from_checkpoint latest"
-            )
+            hint = "continue with --resume_from_checkpoint latest"
+            accelerator.print(f"interrupted at step {step}: saved {folder}; {hint}")
             accelerator.end_training()
-            sys.exit(128 + (stop[0] if stop else signal.SIGTERM))
+            signum = received_signals[0] if received_signals else signal.SIGTERM
+            sys.exit(128 + signum)
 
     # ---- plumbing: the final model and evaluation ----
     for signum, handler in handlers.items():  # from here on, a signal stops at once
@@ -1235,13 +1138,12 @@ def main(args: Args):
     log(accelerator, args, args.max_steps, last_eval)
     if first_eval and last_eval:
         key = "eval/accuracy" if "eval/accuracy" in last_eval else "eval/reward"
-        before, after = (
-            f"{first_eval[k]:.3f} → {last_eval[k]:.3f}" for k in (key, key + "_greedy")
-        )
-        accelerator.print(f"held-out {key}: {before} sampled, {after} greedy")
-    # the DDP wrapper holds the process group: freed first, end_training stops gloo's workers with the GIL released
-    # (freed after, it stops them holding the GIL, which a worker may need: a hang). One process has no group.
-    if torch.distributed.is_initialized():
+        sampled = f"{first_eval[key]:.3f} → {last_eval[key]:.3f}"
+        greedy = f"{first_eval[key + '_greedy']:.3f} → {last_eval[key + '_greedy']:.3f}"
+        accelerator.print(f"held-out {key}: {sampled} sampled, {greedy} greedy")
+    # The DDP wrapper holds the process group: freed first, end_training stops gloo's workers
+    # with the GIL released (freed after, it stops them holding the GIL a worker needs: a hang)
+    if torch.distributed.is_initialized():  # one process has no group
         model, optimizer, scheduler = accelerator.free_memory(model, optimizer, scheduler)
     accelerator.end_training()
     accelerator.print(f"saved the model to {args.output_dir}")

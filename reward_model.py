@@ -274,7 +274,7 @@ def evaluate_pairs(accelerator, model, rows: list[dict], pad_token_id: int, args
 
 # ---- plumbing: the command line ----
 class BadInput(Exception):
-    """Bad input (a flag, a data file or column, the output folder): one line, exit status 2, nothing written."""
+    """A bad flag, file, column or output folder: one line, exit status 2, nothing written."""
 
 
 def require(condition: bool, message: str):
@@ -284,7 +284,7 @@ def require(condition: bool, message: str):
 
 @contextlib.contextmanager
 def loading(flag: str, value):
-    """What goes wrong while a flag's input loads is bad input: the flag, its value and the library's first line."""
+    """An error while a flag's input loads is bad input: the flag, its value, the first line."""
     try:
         yield
     except Exception as error:
@@ -293,119 +293,97 @@ def loading(flag: str, value):
 
 
 def fail(message: str):
-    tqdm.write(
-        f"error: {message}", file=sys.stderr
-    )  # on a line of its own, below any progress bar
+    tqdm.write(f"error: {message}", file=sys.stderr)  # below any progress bar
     sys.exit(2)
 
 
 def parse_args(args_class):
-    """The flags from the command line, over those of a --config YAML file (TRL's recipes, or a run's args.json)."""
+    """The command line's flags, over those of a --config YAML file (a TRL recipe, args.json)."""
     parser = HfArgumentParser(args_class, allow_abbrev=False)
-    parser.add_argument(
-        "--config", help="a YAML file of flag: value; flags on the command line override it"
-    )
+    parser.add_argument("--config", help="a YAML file of flag: value, overridden by the flags")
+    # argparse prints its usage of ~80 flags above an error: the error alone is one line
     parser.error = lambda message: fail(message.replace("argument ", ""))
-    for action in parser._actions:  # --chat_template_kwargs '{"enable_thinking": false}'
-        action.type = json.loads if action.type is dict else action.type
     namespace = parser.parse_args()
     if namespace.config:
         with loading("--config", namespace.config):
             config = yaml.safe_load(Path(namespace.config).read_text())
-        require(
-            isinstance(config, dict),
-            f"--config {namespace.config}: expected a mapping of flag: value",
-        )
+        require(isinstance(config, dict), f"--config {namespace.config}: expected flag: value")
         unknown = sorted(set(config) - set(vars(namespace)))
         require(not unknown, f"--config {namespace.config}: unknown flags {unknown}")
         parser.set_defaults(**config)
         namespace = parser.parse_args()
     del namespace.config
+    template_kwargs = getattr(namespace, "chat_template_kwargs", None)
+    if isinstance(template_kwargs, str):  # JSON, as TrainingArguments reads a dict flag
+        with loading("--chat_template_kwargs", template_kwargs):
+            namespace.chat_template_kwargs = json.loads(template_kwargs)
     return args_class(**vars(namespace))
 
 
 # ---- plumbing: data ----
 def load_split(args, split: str):
-    """A split of --dataset_name (a hub dataset, a folder, or a json, csv or parquet file: its train split), or None."""
+    """A split of --dataset_name (hub dataset, folder, or a file: its train split), or None."""
     path = Path(args.dataset_name)
-    require(
-        not path.is_file() or path.stat().st_size > 0,
-        f"--dataset_name {path}: expected rows, the file is empty",
-    )
+    empty = path.is_file() and path.stat().st_size == 0
+    require(not empty, f"--dataset_name {path}: the file is empty")
     with loading("--dataset_name", args.dataset_name):
         if path.is_file():  # datasets reads the format from the extension
             splits = load_dataset(str(path.parent), data_files={"train": path.name})
         else:
             splits = load_dataset(args.dataset_name, args.dataset_config)
+    missing = split not in splits
     require(
-        split in splits or split != args.dataset_train_split,
-        f"--dataset_train_split: no {split!r} split",
+        not missing or split != args.dataset_train_split, f"--dataset_train_split: no {split!r}"
     )
     return splits.get(split)
 
 
 # ---- plumbing: models ----
-def load_trained(
-    args,
-    path: str,
-    model_class=AutoModelForCausalLM,
-    task_type="CAUSAL_LM",
-    flag="--model_name_or_path",
-    **options,
-):
-    """A model to train: float32 master weights whatever the checkpoint's dtype (a frozen base is bf16 under --use_peft
-    --bf16, 4-bit under --load_in_4bit), --use_peft's LoRA adapter, dropout off, --gradient_checkpointing."""
+def load_for_training(args, path: str, model_class=AutoModelForCausalLM, **options):
+    """A model to train: float32 master weights (a frozen LoRA base: bf16 under --bf16, or 4-bit),
+    dropout off. `options`: from_pretrained's, with LoRA's `task_type` and the `flag` to blame."""
     from peft import LoraConfig, get_peft_model
 
-    compute = torch.bfloat16 if args.bf16 else torch.float32
-    quantization = (
-        transformers.BitsAndBytesConfig(
+    task_type = options.pop("task_type", "CAUSAL_LM")
+    flag = options.pop("flag", "--model_name_or_path")
+    quantization = None
+    if args.load_in_4bit:
+        quantization = transformers.BitsAndBytesConfig(
             load_in_4bit=True,
             bnb_4bit_quant_type=args.bnb_4bit_quant_type,
-            bnb_4bit_compute_dtype=compute,
+            bnb_4bit_compute_dtype=torch.bfloat16 if args.bf16 else torch.float32,
         )
-        if args.load_in_4bit
-        else None
-    )
     dtype = torch.bfloat16 if args.use_peft and args.bf16 else torch.float32
-    attention = args.attn_implementation
+    options.setdefault("attn_implementation", args.attn_implementation)
     with loading(flag, path):
         model = model_class.from_pretrained(
-            path,
-            dtype=dtype,
-            quantization_config=quantization,
-            attn_implementation=attention,
-            **options,
+            path, dtype=dtype, quantization_config=quantization, **options
         )
     if args.use_peft:
-        targets = (
-            "all-linear"
-            if args.lora_target_modules == ["all-linear"]
-            else args.lora_target_modules
-        )
-        lora = dict(
+        modules = args.lora_target_modules
+        targets = "all-linear" if modules == ["all-linear"] else modules  # peft's shorthand
+        lora = LoraConfig(
+            task_type=task_type,
             r=args.lora_r,
             lora_alpha=args.lora_alpha,
             lora_dropout=args.lora_dropout,
             target_modules=targets,
         )
         with loading("--lora_target_modules", targets):
-            model = get_peft_model(model, LoraConfig(task_type=task_type, **lora))
-        for param in (
-            p for p in model.parameters() if p.requires_grad
-        ):  # what trains in float32 (a score head too)
-            param.data = param.data.float()
-    if (
-        args.disable_dropout
-    ):  # dropout layers, and the rates attention layers keep as floats (Llama's, GPT-2's)
+            model = get_peft_model(model, lora)
+        for param in model.parameters():
+            if param.requires_grad:  # what trains is float32 (a score head too)
+                param.data = param.data.float()
+    if args.disable_dropout:
         for module in model.modules():
-            rates = [n for n, v in vars(module).items() if isinstance(v, float) and "drop" in n]
-            for name in rates + (["p"] if isinstance(module, torch.nn.Dropout) else []):
-                setattr(module, name, 0.0)
-    for layer in [m for m in model.modules() if getattr(m, "support_avx512bf16_for_cpu", False)]:
-        layer.support_avx512bf16_for_cpu = (
-            False  # bitsandbytes repacks 4-bit layers one way at a no-grad CPU forward
-        )
+            if isinstance(module, torch.nn.Dropout):  # TRL's disable_dropout_in_model
+                module.p = 0.0
+            if isinstance(getattr(module, "attention_dropout", None), float):  # Llama's, Qwen's
+                module.attention_dropout = 0.0
+    for layer in model.modules():
+        # bitsandbytes repacks a 4-bit weight at a no-grad CPU forward, which training then breaks
+        if getattr(layer, "support_avx512bf16_for_cpu", False):
+            layer.support_avx512bf16_for_cpu = False
     if args.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     return model.train()
@@ -413,110 +391,100 @@ def load_trained(
 
 # ---- plumbing: the output folder, checkpoints and logging ----
 def claim_output_dir(args) -> Path | None:
-    """The checkpoint to resume from, whose later metrics are dropped; None for a fresh run, into a fresh folder."""
-    out, metrics = Path(args.output_dir), Path(args.output_dir) / "metrics.jsonl"
-    if args.resume_from_checkpoint:
-        latest = args.resume_from_checkpoint == "latest"
-        found = checkpoints(out)[-1:] if latest else [Path(args.resume_from_checkpoint)]
-        where = found[0] if found else out
-        require(
-            found and (where / "trainer_state.json").is_file(),
-            f"--resume_from_checkpoint: none in {where}",
-        )
+    """The checkpoint to resume from, its later metrics dropped; None for a fresh folder."""
+    out = Path(args.output_dir)
+    metrics = out / "metrics.jsonl"
+    checkpoint = None
+    if args.resume_from_checkpoint == "latest":
+        found = checkpoints(out)
+        require(found, f"--resume_from_checkpoint: none in {out}")
+        checkpoint = found[-1]
+    elif args.resume_from_checkpoint:
+        checkpoint = Path(args.resume_from_checkpoint)
+    if checkpoint is not None:
+        saved = (checkpoint / "trainer_state.json").is_file()
+        require(saved, f"--resume_from_checkpoint: none in {checkpoint}")
     with loading("--output_dir", out):
         out.mkdir(parents=True, exist_ok=True)
-    if args.resume_from_checkpoint:
-        step = json.loads((found[0] / "trainer_state.json").read_text())["step"]
-        records = (
-            [json.loads(line) for line in metrics.read_text().splitlines()]
-            if metrics.is_file()
-            else []
-        )
-        metrics.write_text("".join(json.dumps(r) + "\n" for r in records if r["step"] <= step))
-        return found[0]
-    used = checkpoints(out) + ([metrics] if metrics.is_file() else [])
-    require(
-        not used or args.overwrite_output_dir,
-        f"--output_dir: {out} holds another run: continue it with "
-        "--resume_from_checkpoint latest, or start over with --overwrite_output_dir",
-    )
+    if checkpoint is not None:
+        step = json.loads((checkpoint / "trainer_state.json").read_text())["step"]
+        records = []
+        if metrics.is_file():
+            records = [json.loads(line) for line in metrics.read_text().splitlines()]
+        kept = [json.dumps(r) + "\n" for r in records if r["step"] <= step]
+        metrics.write_text("".join(kept))
+        return checkpoint
+    used = checkpoints(out)
+    if metrics.is_file():
+        used.append(metrics)
+    hint = "continue it with --resume_from_checkpoint latest, or add --overwrite_output_dir"
+    require(not used or args.overwrite_output_dir, f"--output_dir: {out} holds a run: {hint}")
     for path in used:  # --overwrite_output_dir
-        shutil.rmtree(path) if path.is_dir() else path.unlink()
+        if path.is_dir():
+            shutil.rmtree(path)
+        else:
+            path.unlink()
+    return None
 
 
 def checkpoints(output_dir) -> list[Path]:
-    return sorted(
-        Path(output_dir).glob("checkpoint-*"), key=lambda path: int(path.name.split("-")[1])
-    )
+    found = Path(output_dir).glob("checkpoint-*")
+    return sorted(found, key=lambda path: int(path.name.split("-")[1]))
 
 
 def save_model(accelerator, args, model, tokenizer, folder: Path, state: dict):
-    """The model as `save_pretrained` writes it (with --use_peft its adapter), the tokenizer, the step and the script's
-    own state (trainer_state.json) and the flags (args.json)."""
+    """`save_pretrained`'s model (or adapter), the tokenizer, trainer_state.json and args.json."""
     weights = accelerator.get_state_dict(model)  # every process: gathers sharded weights
     if accelerator.is_main_process:
         accelerator.unwrap_model(model).save_pretrained(folder, state_dict=weights)
         tokenizer.save_pretrained(folder)
         (folder / "trainer_state.json").write_text(json.dumps(state))
-        (folder / "args.json").write_text(
-            json.dumps(asdict(args) | {"resume_from_checkpoint": None}, indent=2)
-        )
+        flags = asdict(args) | {"resume_from_checkpoint": None}
+        (folder / "args.json").write_text(json.dumps(flags, indent=2))
 
 
 def save_checkpoint(accelerator, args, model, tokenizer, state: dict) -> Path:
-    """checkpoint-{step}: `save_model`, and accelerate's state (optimizer, scheduler, RNG; under DeepSpeed or FSDP the
-    sharded weights too). Renamed into place when complete."""
+    """checkpoint-{step}: `save_model`, and accelerate's state (optimizer, scheduler, RNG; sharded
+    weights under DeepSpeed or FSDP), renamed into place when complete."""
     folder = Path(args.output_dir) / f"checkpoint-{state['step']}"
     tmp = folder.with_name(f".{folder.name}.tmp")
     save_model(accelerator, args, model, tokenizer, tmp, state)
-    hook = accelerator.register_save_state_pre_hook(
-        lambda models, weights, _: weights.clear()
-    )  # saved just above
+    # accelerate's hook to choose what save_state writes: not the weights, saved just above
+    hook = accelerator.register_save_state_pre_hook(lambda models, weights, _: weights.clear())
     accelerator.save_state(tmp / "state")
     hook.remove()
     accelerator.wait_for_everyone()  # every process has written its part of state/
     if accelerator.is_main_process:
-        shutil.rmtree(
-            folder, ignore_errors=True
-        )  # the same step saved again (a run resumed from an earlier one)
+        shutil.rmtree(folder, ignore_errors=True)  # the same step again (resumed from before it)
         tmp.rename(folder)
-        for old in (
-            checkpoints(args.output_dir)[: -args.save_total_limit] if args.save_total_limit else []
-        ):
-            shutil.rmtree(old)
+        if args.save_total_limit:
+            for old in checkpoints(args.output_dir)[: -args.save_total_limit]:
+                shutil.rmtree(old)
     accelerator.wait_for_everyone()
     return folder
 
 
 def load_checkpoint(accelerator, args, model, checkpoint: Path) -> dict:
-    """Restore what `save_checkpoint` saved; flags that differ from its args.json are said, and the run goes on."""
+    """Restore what `save_checkpoint` saved; flags that differ from its args.json are said."""
     from peft import set_peft_model_state_dict
     from safetensors.torch import load_file, load_model
 
-    saved, skip = (
-        json.loads((checkpoint / "args.json").read_text()),
-        ("resume_from_checkpoint", "overwrite_output_dir"),
-    )
-    changed = [
-        f"--{k} {v} (was {saved[k]})"
-        for k, v in asdict(args).items()
-        if k not in skip and saved.get(k, v) != v
-    ]
-    accelerator.print(f"resuming from {checkpoint}" + "".join(f"; {change}" for change in changed))
+    saved = json.loads((checkpoint / "args.json").read_text())
+    skip = {"resume_from_checkpoint", "overwrite_output_dir"}
+    changed = [k for k, v in asdict(args).items() if k not in skip and saved.get(k, v) != v]
+    said = "".join(f"; --{k} {getattr(args, k)} (was {saved[k]})" for k in changed)
+    accelerator.print(f"resuming from {checkpoint}{said}")
     unwrapped = accelerator.unwrap_model(model)
-    if accelerator.distributed_type not in (
-        DistributedType.DEEPSPEED,
-        DistributedType.FSDP,
-    ):  # else in state/
+    # DeepSpeed and FSDP keep the weights in state/
+    if accelerator.distributed_type not in (DistributedType.DEEPSPEED, DistributedType.FSDP):
         if hasattr(unwrapped, "peft_config"):
             set_peft_model_state_dict(
                 unwrapped, load_file(checkpoint / "adapter_model.safetensors")
             )
         else:
             load_model(unwrapped, checkpoint / "model.safetensors")
-    hook = accelerator.register_load_state_pre_hook(
-        lambda models, _: models.clear()
-    )  # loaded just above
+    # accelerate's hook to choose what load_state reads: not the weights, loaded just above
+    hook = accelerator.register_load_state_pre_hook(lambda models, _: models.clear())
     accelerator.load_state(checkpoint / "state")
     hook.remove()
     return json.loads((checkpoint / "trainer_state.json").read_text())
@@ -590,7 +558,7 @@ def main(args: Args):
         else []
     )
     # a sequence classifier with one label, whatever the checkpoint's config says (a causal LM's: 2)
-    model = load_trained(
+    model = load_for_training(
         args, args.model_name_or_path, AutoModelForSequenceClassification, "SEQ_CLS", num_labels=1
     )
     model.config.pad_token_id = (

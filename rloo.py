@@ -264,6 +264,10 @@ def parse_args(args_class):
         parser.set_defaults(**config)
         namespace = parser.parse_args()
     del namespace.config
+    template_kwargs = getattr(namespace, "chat_template_kwargs", None)
+    if isinstance(template_kwargs, str):  # JSON, as TrainingArguments reads a dict flag
+        with loading("--chat_template_kwargs", template_kwargs):
+            namespace.chat_template_kwargs = json.loads(template_kwargs)
     return args_class(**vars(namespace))
 
 
@@ -292,9 +296,6 @@ def check_shared_args(args):
     require(args.use_peft or not args.load_in_4bit, "--load_in_4bit: it needs --use_peft")
     test_split = args.dataset_test_split
     require(args.dataset_train_split != test_split, "--dataset_test_split: the training split")
-    if isinstance(args.chat_template_kwargs, str):  # as TrainingArguments reads a dict flag
-        with loading("--chat_template_kwargs", args.chat_template_kwargs):
-            args.chat_template_kwargs = json.loads(args.chat_template_kwargs)
 
 
 # ---- plumbing: data ----
@@ -357,9 +358,8 @@ def load_for_training(args, path: str, model_class=AutoModelForCausalLM, **optio
             path, dtype=dtype, quantization_config=quantization, **options
         )
     if args.use_peft:
-        targets = args.lora_target_modules
-        if targets == ["all-linear"]:
-            targets = "all-linear"
+        modules = args.lora_target_modules
+        targets = "all-linear" if modules == ["all-linear"] else modules  # peft's shorthand
         lora = LoraConfig(
             task_type=task_type,
             r=args.lora_r,
