@@ -1,14 +1,14 @@
-"""The helpers between text and tokens that every training script shares, and nothing else.
+"""The helpers between text and tokens that every script shares, and nothing else.
 
 - `load_tokenizer`: the tokenizer, padding on the left, with a pad token;
-- `prompt_text`: a prompt as the model reads it, through the chat template when it is a conversation;
-- `encode`: a batch of texts as left-padded token ids;
-- `sampling_config`: softmax(logits / T) and the checkpoint's end ids, nothing else from its generation_config;
+- `prompt_text`: a prompt as the model reads it, a conversation through the chat template;
+- `encode`: texts as left-padded token ids;
+- `sampling_config`: softmax(logits / T) and the checkpoint's end ids, nothing else;
 - `generate`: prompt and completion ids, and the sampler's log-probs when asked;
 - `end_of_completion`: where each completion ends, as a mask;
 - `decode`: completions as text and as token lists.
 
-It imports no accelerate and no datasets, and touches no files but the tokenizer's.
+It imports no accelerate and no datasets, and reads no file but the tokenizer's.
 """
 
 import torch
@@ -22,8 +22,8 @@ from transformers import (
 
 
 def load_tokenizer(path: str, **options):
-    """The tokenizer at `path`, padding on the left (generation appends to the right), with its EOS as the pad token
-    when it has none. Its EOS must exist: it is where a completion ends."""
+    """The tokenizer at `path`, padding on the left: generation appends on the right.
+    Its EOS ends a completion, so it must exist; it pads when the tokenizer has no pad token."""
     tokenizer = AutoTokenizer.from_pretrained(path, padding_side="left", **options)
     if tokenizer.eos_token is None:
         raise ValueError(f"the tokenizer of {path} has no eos token, so no completion could end")
@@ -33,14 +33,14 @@ def load_tokenizer(path: str, **options):
 
 
 def is_conversational(prompt) -> bool:
-    """A list of {"role", "content"} messages (TRL's conversational format), as opposed to a plain string."""
+    """A list of {"role", "content"} messages: TRL's conversational format."""
     return isinstance(prompt, list) and all(isinstance(m, dict) and "role" in m for m in prompt)
 
 
 def prompt_text(tokenizer, prompt, chat_template_kwargs: dict | None = None) -> str:
-    """A string prompt as it is; a conversation through the chat template, as TRL renders it. After the user's turn
-    the template opens the assistant's; a conversation that ends with the assistant's turn has that turn continued
-    (`continue_final_message`), not closed. `chat_template_kwargs` (e.g. enable_thinking) go to the template."""
+    """A string as it is; a conversation through the chat template, as TRL renders it: the
+    template opens the assistant's turn, or continues it when the conversation ends with it.
+    `chat_template_kwargs` (e.g. enable_thinking) go to the template."""
     if isinstance(prompt, str):
         return prompt
     if not is_conversational(prompt) or not prompt:
@@ -56,8 +56,8 @@ def prompt_text(tokenizer, prompt, chat_template_kwargs: dict | None = None) -> 
 
 
 def encode(tokenizer, texts: list[str], device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Token ids and attention mask (B, P), padded on the left, without special tokens added (the chat template
-    already wrote them)."""
+    """Token ids and attention mask (B, P), left-padded. No special tokens are added: the chat
+    template wrote them."""
     enc = tokenizer(
         texts, return_tensors="pt", padding=True, padding_side="left", add_special_tokens=False
     )
@@ -65,23 +65,21 @@ def encode(tokenizer, texts: list[str], device) -> tuple[torch.Tensor, torch.Ten
 
 
 def end_ids(model, tokenizer) -> list[int]:
-    """Every token that ends a completion: the tokenizer's EOS and each `eos_token_id` of the checkpoint's
-    generation_config (an int or a list: Llama-3-Instruct's <|eot_id|> next to <|end_of_text|>), as TRL does."""
+    """Every token that ends a completion, as in TRL: the tokenizer's EOS and the eos_token_id
+    (an int or a list) of the checkpoint's generation_config, e.g. Llama-3's <|eot_id|>."""
     shipped = model.generation_config.eos_token_id
     shipped = [shipped] if isinstance(shipped, int) else list(shipped or [])
     return sorted({tokenizer.eos_token_id, *shipped} - {None})
 
 
 def sampling_config(model, tokenizer, args, greedy: bool = False) -> GenerationConfig:
-    """softmax(logits / args.temperature), or greedy decoding, for args.max_completion_length tokens at most, ended at
-    every end id (`end_ids`), and nothing else: a checkpoint's repetition penalty, min_new_tokens or top_k would make
-    the sampler differ from the log-probs the loss uses. --top_k > 0 and --top_p < 1 truncate the distribution that
-    the log-probs describe: off-policy, as in TRL."""
-    sampling = (
-        {}
-        if greedy
-        else {"temperature": args.temperature, "top_p": args.top_p, "top_k": args.top_k}
-    )
+    """softmax(logits / args.temperature), or greedy decoding, for at most
+    args.max_completion_length tokens, ended at every `end_ids`, and nothing else: a checkpoint's
+    repetition penalty or top_k would make the sampler differ from the log-probs of the loss.
+    --top_k > 0 and --top_p < 1 truncate the sampled distribution: off-policy, as in TRL."""
+    sampling = {}
+    if not greedy:
+        sampling = dict(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k)
     return GenerationConfig(
         do_sample=not greedy,
         max_new_tokens=args.max_completion_length,
@@ -95,43 +93,35 @@ def sampling_config(model, tokenizer, args, greedy: bool = False) -> GenerationC
 def generate(
     model, tokenizer, texts: list[str], config: GenerationConfig, sampler_logprobs: bool = False
 ) -> dict:
-    """One completion per text. Returns prompt_ids and prompt_mask (B, P), left-padded, and completion_ids (B, T), as
-    sampled (`end_of_completion` says where each ends). With `sampler_logprobs`, also the sampler's own
-    log softmax(logits / temperature) at each sampled token (B, T), float32, one (B, V) step at a time.
+    """One completion per text: prompt_ids and prompt_mask (B, P), left-padded, and
+    completion_ids (B, T) as sampled (`end_of_completion` says where each ends). With
+    `sampler_logprobs`, also the sampler's log softmax(logits / temperature) of each token (B, T).
 
-    transformers fills what `config` leaves unset from the model's generation_config, so that is swapped out while
-    sampling: only `config` decides."""
+    transformers fills what `config` leaves unset from the model's generation_config, so that is
+    swapped out while sampling: only `config` decides."""
     prompt_ids, prompt_mask = encode(tokenizer, texts, next(model.parameters()).device)
     logprobs, last = [], []
 
-    def record(
-        input_ids, scores
-    ):  # before each token is drawn: the previous step's log-probs at its drawn token
+    def record(input_ids, scores):
+        # Runs before each draw, on the raw logits; the previous step's log-probs are read at the
+        # token that step drew.
         if last:
             logprobs.append(last.pop().gather(-1, input_ids[:, -1:]))
-        last.append(
-            (scores.float() / config.temperature).log_softmax(-1)
-        )  # the raw logits: no processor before
+        last.append((scores.float() / config.temperature).log_softmax(-1))
         return scores
 
-    def draw(
-        input_ids, scores
-    ):  # an exact draw from softmax(scores): token i where cdf_{i-1} ≤ u < cdf_i
+    def draw(input_ids, scores):
+        # An exact draw from softmax(scores): the token i where cdf_{i-1} ≤ u < cdf_i.
         cdf = scores.softmax(-1).cumsum(-1)  # (B, V)
         u = torch.rand(len(cdf), 1, device=cdf.device) * cdf[:, -1:]
-        drawn = torch.searchsorted(cdf, u, right=True).clamp(
-            max=cdf.shape[1] - 1
-        )  # the first token with cdf > u
-        return torch.full_like(scores, -torch.inf).scatter(
-            1, drawn, 0.0
-        )  # greedy decoding then takes it
+        drawn = torch.searchsorted(cdf, u, right=True).clamp(max=cdf.shape[1] - 1)
+        return torch.full_like(scores, -torch.inf).scatter(1, drawn, 0.0)  # greedy takes it
 
     processors = [record] if sampler_logprobs else []
     decoding = config
-    if (
-        config.do_sample
-    ):  # transformers' sampler, torch.multinomial, spends ~35 ms a token on one CPU core at a 49k
-        # vocabulary, and `draw` ~2 ms: transformers' own truncations, then `draw`, then greedy decoding takes its token
+    if config.do_sample:
+        # transformers' sampler, torch.multinomial, takes ~35 ms a token on a CPU core at a 49k
+        # vocabulary, `draw` ~2 ms: transformers' truncations, then `draw`, then greedy decoding.
         processors.append(TemperatureLogitsWarper(config.temperature))
         if config.top_k:
             processors.append(TopKLogitsWarper(config.top_k))
@@ -141,7 +131,8 @@ def generate(
         decoding = GenerationConfig.from_dict(config.to_dict())
         decoding.update(do_sample=False, temperature=None, top_k=None, top_p=None)
     base = model.get_base_model() if hasattr(model, "get_base_model") else model  # under peft
-    shipped, base.generation_config = base.generation_config, decoding
+    shipped = base.generation_config
+    base.generation_config = decoding
     try:
         sequences = model.generate(
             input_ids=prompt_ids,
@@ -165,17 +156,18 @@ def generate(
 def end_of_completion(
     completion_ids: torch.Tensor, end_ids: list[int]
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """A completion ends at its first end token, which it keeps. Returns its mask (B, T), 1 up to and including that
-    token, and is_truncated (B,): True where no end token came within the T tokens."""
+    """A completion ends at its first end token, which it keeps. Returns its mask (B, T), 1 up to
+    that token, and is_truncated (B,): True where no end token came in the T tokens."""
     is_end = torch.isin(completion_ids, torch.tensor(end_ids, device=completion_ids.device))
     first_end = torch.where(is_end.any(1), is_end.int().argmax(1), completion_ids.shape[1])
     positions = torch.arange(completion_ids.shape[1], device=completion_ids.device)
-    return (positions[None] <= first_end[:, None]).long(), ~is_end.any(1)
+    mask = (positions[None] <= first_end[:, None]).long()
+    return mask, ~is_end.any(1)
 
 
 def decode(
     tokenizer, completion_ids: torch.Tensor, completion_mask: torch.Tensor
 ) -> tuple[list[str], list[list[int]]]:
-    """Each completion up to its end (the mask), as text without special tokens and as a list of token ids."""
+    """Each completion up to its end (the mask), as text without special tokens and as ids."""
     ids = [row[mask.bool()].tolist() for row, mask in zip(completion_ids, completion_mask)]
     return tokenizer.batch_decode(ids, skip_special_tokens=True), ids

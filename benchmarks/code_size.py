@@ -4,15 +4,21 @@
 
 For each of rloo.py, grpo.py, reinforce.py, ppo.py, sft.py and reward_model.py:
 - lines: the file's lines, docstrings and worked examples included;
-- loop: the line where the training loop starts (`for step in ...` in main), and its statement lines;
-- algorithm: the share of the loop's statement lines that are the algorithm: those under a numbered phase header
-  (`# ==== 3. ... ====`), but the log phase (`# ==== 7. log: ...`), the non-finite check, the `logging_step` flag,
-  and the bookkeeping that only feeds the log (appends to the clip and loss lists, sums of `.item()` losses). The
-  rest: the plumbing blocks (`# ---- ... ----`: log, evaluate, save, stop) and the lines before the first phase;
-- names: distinct names a reader looks up in other project files (`common.X`, and what `from common import` and
-  `from rewards import` bring);
-- copy set: the script plus every project file it imports at the top, transitively (common.py and rewards.py;
-  vllm_colocate.py, imported only with --use_vllm, is not counted).
+- chars: its characters, blank lines and indentation left out (test_shape.py's budgets);
+- mean line: the mean length of its non-blank lines, indentation included;
+- ≥100: the share of its non-blank lines that are 100 characters or longer;
+- loop: the line where the training loop starts (`for step in ...` in main), and its
+  statement lines;
+- algorithm: the share of the loop's statement lines that are the algorithm: those under a
+  numbered phase header (`# ==== 3. ... ====`), but the log phase (`# ==== 7. log: ...`), the
+  non-finite check, the `logging_step` flag, and the bookkeeping that only feeds the log
+  (appends to the clip and loss lists, sums of `.item()` losses). The rest: the plumbing blocks
+  (`# ---- ... ----`: log, evaluate, save, stop) and the lines before the first phase;
+- names: distinct names a reader looks up in other project files (`common.X`, and what
+  `from common import` and `from rewards import` bring);
+- copy set: the script plus every project file it imports at the top, transitively (common.py
+  and rewards.py; vllm_colocate.py, imported only with --use_vllm, is not counted);
+- copy set chars: the chars of the copy set's files.
 And `diff rloo.py grpo.py`: its changed lines.
 """
 
@@ -57,9 +63,19 @@ def copy_set(script: str) -> list[Path]:
     return [ROOT / script] + sorted(ROOT / f"{m}.py" for m in seen if f"{m}.py" != script)
 
 
+def density(path: Path) -> tuple[int, float, float]:
+    """chars, mean line and the ≥100 share of a file, as the docstring above counts them."""
+    lines = [line for line in path.read_text().splitlines() if line.strip()]
+    chars = sum(len(line.strip()) for line in lines)
+    mean = sum(len(line) for line in lines) / len(lines)
+    long = sum(len(line) >= 100 for line in lines) / len(lines)
+    return chars, mean, long
+
+
 def outside_names(tree: ast.Module) -> set[str]:
-    names = {f"common.{n.attr}" for n in ast.walk(tree) if isinstance(n, ast.Attribute)
-             and isinstance(n.value, ast.Name) and n.value.id == "common"}  # fmt: skip
+    attributes = [n for n in ast.walk(tree) if isinstance(n, ast.Attribute)]
+    on_common = [a for a in attributes if isinstance(a.value, ast.Name) and a.value.id == "common"]
+    names = {f"common.{a.attr}" for a in on_common}
     for node in tree.body:
         if isinstance(node, ast.ImportFrom) and node.module in ("common", "rewards"):
             names |= {a.name for a in node.names}
@@ -82,7 +98,7 @@ def leaf_statements(statements):
 
 
 def loop_figures(path: Path) -> tuple[int, int, float]:
-    """The training loop's first line, its statement lines, and the share of them that are the algorithm."""
+    """The training loop's first line, its statement lines, and the algorithm's share of them."""
     source = path.read_text()
     lines = source.splitlines()
     main = next(
@@ -112,29 +128,50 @@ def loop_figures(path: Path) -> tuple[int, int, float]:
             other += len(span)
         else:
             algorithm += len(span)
-    return (
-        loop.lineno,
-        algorithm + other + 1,
-        algorithm / (algorithm + other + 1),
-    )  # + 1: the `for` line
+    statements = algorithm + other + 1  # + 1: the `for` line
+    return loop.lineno, statements, algorithm / statements
 
 
 def main():
-    print(
-        "| script | lines | loop starts at | loop lines | algorithm | names from project files | copy set |"
-    )
-    print("|---|---|---|---|---|---|---|")
+    columns = [
+        "script",
+        "lines",
+        "chars",
+        "mean line",
+        "≥100",
+        "loop starts at",
+        "loop lines",
+        "algorithm",
+        "names from project files",
+        "copy set",
+        "copy set chars",
+    ]
+    print("| " + " | ".join(columns) + " |")
+    print("|---" * len(columns) + "|")
     for script in SCRIPTS:
         path = ROOT / script
+        total = len(path.read_text().splitlines())
+        chars, mean, long = density(path)
         start, loop, share = loop_figures(path)
         names = len(outside_names(ast.parse(path.read_text())))
         files = copy_set(script)
         copied = sum(len(f.read_text().splitlines()) for f in files)
-        total = len(path.read_text().splitlines())
         listed = " + ".join(f.name for f in files)
-        print(
-            f"| {script} | {total} | {start} | {loop} | {share:.0%} | {names} | {copied} ({listed}) |"
-        )
+        copied_chars = sum(density(f)[0] for f in files)
+        row = [
+            script,
+            total,
+            f"{chars:,}",
+            f"{mean:.1f}",
+            f"{long:.1%}",
+            start,
+            loop,
+            f"{share:.0%}",
+            names,
+            f"{copied} ({listed})",
+            f"{copied_chars:,}",
+        ]
+        print("| " + " | ".join(map(str, row)) + " |")
     diff = subprocess.run(
         ["diff", ROOT / "rloo.py", ROOT / "grpo.py"], capture_output=True, text=True
     ).stdout

@@ -150,6 +150,9 @@ def test_a_function_returning_the_wrong_count_or_non_numbers_is_one_error_naming
     words = lambda completions, **kwargs: ["good"] * len(completions)
     with pytest.raises(RewardError, match="reward function words returned"):
         compute_rewards({"words": words}, torch.ones(1), ["a"], ["x"], [[]], {})
+    mixed = lambda completions, **kwargs: [None, "good"]  # a word after a None is caught too
+    with pytest.raises(RewardError, match="reward function mixed returned"):
+        compute_rewards({"mixed": mixed}, torch.ones(1), ["a", "b"], ["x", "y"], [[], []], {})
     infinite = lambda completions, **kwargs: [float("inf")] * len(completions)
     with pytest.raises(
         RewardError, match="reward function infinite returned .*expected finite numbers or None"

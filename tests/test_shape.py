@@ -8,6 +8,7 @@ from collections import defaultdict
 
 import pytest
 
+from benchmarks.code_size import copy_set, density
 from conftest import ROOT, run_script
 
 SCRIPTS = ["rloo.py", "grpo.py", "reinforce.py", "ppo.py", "sft.py", "reward_model.py"]
@@ -21,6 +22,18 @@ BUDGETS = {
     "common.py": 200,
     "rewards.py": 300,
 }
+# Size in characters, as benchmarks/code_size.py's `density` counts them: a baseline + 5%.
+CHAR_BUDGETS = {
+    "rloo.py": 42_700,
+    "reinforce.py": 43_450,
+    "grpo.py": 49_750,
+    "ppo.py": 54_250,
+    "sft.py": 32_850,
+    "reward_model.py": 29_500,
+}
+COPY_SET_CHARS = 64_000  # rloo.py + common.py + rewards.py: what a copier takes
+MEAN_LINE = 60  # the anchors' mean non-blank line: 46-52 characters
+LONG_LINES = 0.12  # the share of non-blank lines of 100+ characters; the anchors': 3-10%
 HEADER = re.compile(r"^\s*# ---- (.+) ----$")
 
 
@@ -84,13 +97,51 @@ def test_a_script_imports_only_common_and_rewards_from_the_project(script):
 
 
 def test_the_helpers_hold_no_plumbing_and_the_files_fit_their_budgets():
-    assert imports("common.py") == {
-        "torch",
-        "transformers",
-    }  # no accelerate, no datasets, no files, no signals
+    # common.py: no accelerate, no datasets, no files, no signals
+    assert imports("common.py") == {"torch", "transformers"}
     assert not imports("rewards.py") & {p.stem for p in ROOT.glob("*.py")}  # it stands alone
-    for name, budget in BUDGETS.items():
-        assert len((ROOT / name).read_text().splitlines()) <= budget, name
+    lines = {name: len((ROOT / name).read_text().splitlines()) for name in BUDGETS}
+    over = [
+        f"{name}: {n} lines, over {BUDGETS[name]}"
+        for name, n in lines.items()
+        if n > BUDGETS[name]
+    ]
+    assert not over, "; ".join(over)
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_a_script_fits_its_character_budget(script):
+    chars = density(ROOT / script)[0]
+    budget = CHAR_BUDGETS[script]
+    assert chars <= budget, f"{script}: {chars:,} characters, over its budget of {budget:,}"
+
+
+def test_the_rloo_copy_set_fits_its_character_budget():
+    files = copy_set("rloo.py")
+    chars = sum(density(path)[0] for path in files)
+    names = " + ".join(path.name for path in files)
+    assert chars <= COPY_SET_CHARS, f"{names}: {chars:,} characters, over {COPY_SET_CHARS:,}"
+
+
+@pytest.mark.parametrize("name", [*SCRIPTS, "common.py", "rewards.py"])
+def test_a_files_lines_are_as_short_as_the_anchors(name):
+    """One idea per line: a mean line of at most 60 characters, few lines of 100 or more."""
+    _, mean, long = density(ROOT / name)
+    assert mean <= MEAN_LINE, (
+        f"{name}: mean non-blank line {mean:.1f} characters, over {MEAN_LINE}"
+    )
+    assert long <= LONG_LINES, (
+        f"{name}: {long:.1%} of lines are 100+ characters, over {LONG_LINES:.0%}"
+    )
+
+
+@pytest.mark.parametrize("name", [*SCRIPTS, "common.py", "rewards.py"])
+def test_no_file_turns_the_formatter_off(name):
+    lines = (ROOT / name).read_text().splitlines()
+    skipped = [number for number, line in enumerate(lines, 1) if "fmt: skip" in line]
+    assert not skipped, (
+        f"{name}: `# fmt: skip` on lines {skipped}; write one idea per line instead"
+    )
 
 
 def files_to_copy(script: str) -> list[str]:
