@@ -87,6 +87,8 @@ QWEN_05B |= dict(
     num_key_value_heads=2, vocab_size=151936, attention_bias=True, rope_theta=1000000.0
 )
 SHAPES = {"llama135m": LLAMA_135M, "qwen0.5b": LLAMA_135M | QWEN_05B}
+# rloo.py's defaults, which trl_rloo trains with (tests/test_bench.py checks them)
+RLOO_SCHEDULE = dict(learning_rate=2e-4, lr_scheduler_type="cosine", warmup_ratio=0.03)
 
 
 def arg(default, help: str):
@@ -794,15 +796,6 @@ def main(args: Args):
             build_random_model(work_dir / config, SHAPES[config]),
         )
 
-    schedule = {}
-    if "trl_rloo" in algorithms:  # TRL trains with rloo.py's learning rate, schedule and warm-up
-        import rloo
-
-        defaults = rloo.Args()
-        schedule = dict(learning_rate=defaults.learning_rate, warmup_ratio=defaults.warmup_ratio)
-        schedule["lr_scheduler_type"] = getattr(
-            defaults.lr_scheduler_type, "value", defaults.lr_scheduler_type
-        )
     runs = []
     for repeat in range(args.repeats):  # one run of each, then the next
         for config in configs:
@@ -812,8 +805,8 @@ def main(args: Args):
                 run_dir = work_dir / f"{config}-{algorithm}-{precision}-{repeat}"
                 G = args.num_generations if algorithm in GROUPED else 1
                 spec = (
-                    asdict(args) | schedule
-                )  # the child reads its steps, batch, β and --phases there
+                    asdict(args) | RLOO_SCHEDULE
+                )  # the child reads its steps, batch, β, --phases
                 spec |= dict(
                     algorithm=algorithm, output_dir=str(run_dir), model=model, num_generations=G
                 )

@@ -177,3 +177,13 @@ def test_bad_input_prints_one_line_and_exits_2_before_anything_is_written(
     assert stopped.value.code == 2
     assert capsys.readouterr().err.strip().splitlines() == [f"error: {message}"]
     assert not (tmp_path / "work").exists()
+
+
+def test_trl_trains_with_rloos_default_learning_rate_schedule_and_warm_up():
+    import rloo
+
+    defaults = rloo.Args()
+    scheduler = defaults.lr_scheduler_type
+    schedule = dict(lr_scheduler_type=getattr(scheduler, "value", scheduler))
+    schedule |= dict(learning_rate=defaults.learning_rate, warmup_ratio=defaults.warmup_ratio)
+    assert bench.RLOO_SCHEDULE == schedule
