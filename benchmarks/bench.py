@@ -1,35 +1,12 @@
 """Benchmark: step time, throughput and peak memory of rloo.py, grpo.py, reinforce.py and ppo.py, and optionally of
-TRL's RLOOTrainer on the identical model and batch; with --phases, where a step's time goes. docs/benchmarks.md says
-what each figure is, and shows them.
+TRL's RLOOTrainer on the identical model and batch; with --phases, where a step's time goes and what bounds it.
+docs/benchmarks.md says what each figure is, how it is measured, and shows them.
 
-- Each (config, algorithm, repeat) is one training run in a child process: the script, unchanged, as `python
-  <algorithm>.py` runs it, with --logging_steps 1, no checkpoints and no evaluation (the train prompts are copied into
-  a one-split data file). Runs go repeat by repeat, so a background load hits every algorithm alike; the tables show
-  medians over repeats. The child uses no name of the script's: it hooks the libraries the scripts call.
-- Step time: the script's own `step_time` in metrics.jsonl, the first --warmup_steps dropped, the median of the rest.
-  CPU time per step: from one step's end to the next (the scripts log `step_time` through accelerate's `log`, which
-  the child wraps). Peak memory: on CPU, the child's own peak RSS (Linux's VmHWM: os.wait4's ru_maxrss counts the
-  parent's at the fork), also above its RSS after importing the libraries; on CUDA, torch.cuda.max_memory_allocated.
-- The same batch for all: 32 completions per step, 8 prompts × 4 completions (rloo, grpo, trl_rloo) or 32 prompts × 1
-  (reinforce, ppo); β = 0.05 everywhere (ppo: --kl_coef); every other flag is the script's default.
-- `trl_rloo`: TRL's RLOOTrainer in a child run by --trl_python (a separate environment: trl is never a dependency of
-  this project), configured like rloo.py (trl_run); its step time is from on_step_begin to on_step_end. Each child
-  has OMP_NUM_THREADS=--num_threads (default 1): PyTorch's thread per core collapses when a job takes a core.
-- --phases: each step's time by phase, next to what this machine could do each phase in, measured in the same run.
-  In the child, a call of transformers' `generate` is generation; a forward of a top-level transformers model outside
-  it (torch's global module hooks) is a reference forward if none of its parameters trains, else a policy forward;
-  `torch.autograd.backward` (which `loss.backward()` calls) is the backward; torch's global optimizer step hooks time
-  the optimizer; the rest is the step's time less its phases'. On a CPU every figure is CPU time (see `clock`).
-  The bounds, at the run's precision (bf16 under --bf16, else float32) on the children's threads: a pass of B
-  sequences of L tokens takes the larger of two times. One is its FLOPs at the matmul rate measured at the pass's own
-  shapes: 2·B·L·in·out per linear layer (`x @ w.T` timed at (B·L, in, out)), the output head at the kept positions
-  only, and 4·B·heads·head_dim·Σ(positions attended, causally) per layer for attention, at the linears' mean rate.
-  The other is its bytes read (weights and KV cache) at the bandwidth of a 256 MB copy. Generation is a prefill and
-  T − 1 one-token passes that attend to the cache; a backward is 2 forwards of each pass that kept a graph (3 with
-  gradient checkpointing); AdamW reads a parameter, its gradient and both moments and writes three: 28 bytes per
-  trained parameter at the bandwidth. The table shows medians over the measured steps.
-
-Run from the repository root:
+Each (config, algorithm, repeat) is one training run in a child process: the script, unchanged, as `python
+<algorithm>.py` runs it, with --logging_steps 1, no checkpoints and no evaluation. Runs go repeat by repeat, so a
+background load hits every algorithm alike; the tables show medians over repeats. The child uses no name of the
+script's: it hooks the libraries the scripts call (install_hooks). Every script gets 32 completions per step and
+β = 0.05; trl_rloo runs TRL in a separate environment (--trl_python), configured like rloo.py (trl_run).
 
     python benchmarks/bench.py                       # all four on the embedded model
     python benchmarks/bench.py --algorithms rloo,trl_rloo --repeats 3 --trl_python /path/to/trl-venv/bin/python
@@ -97,52 +74,22 @@ def arg(default, help: str):
 
 @dataclass
 class Args:
-    algorithms: str = arg(
-        "rloo,grpo,reinforce,ppo",
-        "comma-separated: rloo, grpo, reinforce, ppo, trl_rloo (TRL's RLOOTrainer, needs --trl_python)",
-    )
-    configs: str = arg(
-        "embedded",
-        "comma-separated: embedded (models/tiny-arith), llama135m, qwen0.5b (random: SHAPES)",
-    )
-    precisions: str = arg(
-        "fp32", "comma-separated: fp32, bf16 (the scripts' --bf16; TRL's bf16=True), each for all"
-    )
+    algorithms: str = arg("rloo,grpo,reinforce,ppo", "comma-separated, of ALGORITHMS")
+    configs: str = arg("embedded", "comma-separated: embedded, llama135m, qwen0.5b (SHAPES)")
+    precisions: str = arg("fp32", "comma-separated: fp32, bf16 (--bf16; TRL's bf16=True)")
     steps: int = arg(8, "training steps per run, warm-up included")
-    warmup_steps: int = arg(
-        2, "first steps of each run left out of the median (caches, first-call overheads)"
-    )
-    repeats: int = arg(
-        1, "runs per config and algorithm, interleaved; the table shows the median over runs"
-    )
+    warmup_steps: int = arg(2, "first steps of each run left out of the median")
+    repeats: int = arg(1, "runs per config and algorithm, interleaved; the table shows medians")
     completions_per_step: int = arg(32, "completions per step, for every algorithm")
-    num_generations: int = arg(
-        4, "completions per prompt for rloo, grpo and trl_rloo (reinforce and ppo: 1)"
-    )
+    num_generations: int = arg(4, "completions per prompt for rloo, grpo and trl_rloo")
     beta: float = arg(0.05, "KL coefficient for every algorithm (ppo: --kl_coef)")
-    max_completion_length: int = arg(
-        0, "max generated tokens per completion (0: the config's, 24 embedded, else 64)"
-    )
-    script_flags: str = arg(
-        "",
-        "extra flags for every algorithm script, with '=': --script_flags='--use_peft --bf16' (not for trl_rloo)",
-    )
-    num_threads: int = arg(
-        1, "OMP_NUM_THREADS in each child (0: leave unset, PyTorch's default of one per core)"
-    )
-    trl_python: str = arg(
-        sys.executable, "python of an environment with trl installed, for trl_rloo"
-    )
-    phases: bool = arg(
-        False,
-        "also each phase of a step (generation, forwards, backward, optimizer) and its bound",
-    )
-    work_dir: str = arg(
-        "outputs/bench", "where the runs, the random models and the prompt file go"
-    )
-    output_json: str = arg(
-        "outputs/bench/bench.json", "the figures for machines: settings, every run and the summary"
-    )
+    max_completion_length: int = arg(0, "0: the config's (CONFIGS)")
+    script_flags: str = arg("", "extra flags for every script: --script_flags='--use_peft --bf16'")
+    num_threads: int = arg(1, "OMP_NUM_THREADS in each child (0: PyTorch's one per core)")
+    trl_python: str = arg(sys.executable, "python of an environment with trl, for trl_rloo")
+    phases: bool = arg(False, "also each phase of a step and its bound")
+    work_dir: str = arg("outputs/bench", "where the runs, the random models and the prompts go")
+    output_json: str = arg("outputs/bench/bench.json", "settings, every run and the summary")
 
 
 class BadInput(Exception):
