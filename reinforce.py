@@ -1,36 +1,40 @@
-"""REINFORCE with a moving-average baseline, for language models (Ahmadian et al. 2024, "Back to Basics").
+"""REINFORCE with a baseline, for language models (Ahmadian et al. 2024, "Back to Basics").
 
-For every prompt x, sample G = num_generations completions y_1..y_G (G = 1 by default, the paper's REINFORCE) from the
-policy π_θ at temperature τ (--temperature) and score them with the reward r (a weighted sum of reward functions, or a
-reward model, clipped to --reward_clip_range when given). The whole completion is one action. Then:
+For every prompt x, sample G = num_generations completions y_1..y_G (1 by default: the whole
+completion is one action) from the policy π_θ at temperature τ, and score them with a reward r
+(reward functions' weighted sum, or a reward model), clipped to --reward_clip_range if given:
 
-    KL-shaped reward (the KL is a penalty inside the reward, computed on the sampled tokens, not differentiated)
+    KL-shaped reward (a penalty on the sampled tokens, inside the reward, not differentiated)
         R_i = r(x, y_i) − β · Σ_t kl_{i,t}
-        kl_{i,t} = log π_θ(y_t | x, y_<t) − log π_ref(y_t | x, y_<t)                     (k1, the default)
-        kl_{i,t} = exp(log π_ref − log π_θ) − (log π_ref − log π_θ) − 1                    (k3, --kl_estimator k3)
+        kl_{i,t} = log π_θ(y_t | x, y_<t) − log π_ref(y_t | x, y_<t)        (k1, the default)
+        kl_{i,t} = exp(log π_ref − log π_θ) − (log π_ref − log π_θ) − 1       (k3)
 
-    Baseline and advantage (Eq. 6–8)
-        --baseline none              A_i = R_i                                     plain REINFORCE (Eq. 6)
-        --baseline moving_average    A_i = R_i − b_MA,  b_MA = 1/S Σ_s R_s       (Eq. 7 with the b of Eq. 8; default)
-        --baseline reinforce_pp      A_i = (R_i − mean_B R) / (std_B R + 1e-4)   REINFORCE++ (Hu 2025): batch-whitened
-    b_MA is the mean of all S shaped rewards of the steps before this one (0 at the first): a running mean shared by all
-    prompts, not an EMA, that never includes R_i (so the gradient stays unbiased); checkpoints keep its sum and count.
+    Baseline and advantage, by --baseline (the paper's Eq. 6–8)
+        none              A_i = R_i                                  plain REINFORCE (Eq. 6)
+        moving_average    A_i = R_i − b_MA,  b_MA = 1/S Σ_s R_s      Eq. 7, Eq. 8's b (default)
+        reinforce_pp      A_i = (R_i − mean_B R) / (std_B R + 1e-4)  REINFORCE++ (Hu 2025)
+    b_MA: the mean of every R of the steps before (0 at the first), not an EMA; never holding R_i.
 
     Sequence-level clipped surrogate over the B = prompts_per_step · G completions
-        ρ_i = π_θ(y_i | x) / π_θ_old(y_i | x) = exp(Σ_t log π_θ(y_{i,t}) − Σ_t log π_θ_old(y_{i,t}))
-        L(θ) = −Σ_i w_i · min(ρ_i A_i, clip(ρ_i, 1 − ε, 1 + ε_high) A_i),      w_i = m_i · is_i / B
-    with m_i = 0 for a completion without an end token under --mask_truncated_completions (else 1), and is_i = 1 unless
-    vLLM samples: then is_i = π_θ_old(y_i | x) / π_vllm(y_i | x) (TRL's importance sampling), capped at C or 0 above C.
+        ρ_i = π_θ(y_i | x) / π_θ_old(y_i | x) = exp Σ_t (log π_θ(y_{i,t}) − log π_θ_old(y_{i,t}))
+        L(θ) = −Σ_i w_i · min(ρ_i A_i, clip(ρ_i, 1 − ε, 1 + ε_high) A_i),    w_i = m_i · is_i / B
+    with m_i = 0 for a completion without an end token under --mask_truncated_completions (else 1),
+    and is_i TRL's importance-sampling correction when vLLM samples instead of π_θ (else 1):
+        is_i = π_θ_old(y_i | x) / π_vllm(y_i | x), capped at C, or 0 above C
 
-With num_iterations = 1 (the default) the completions are used once: ρ ≡ 1, ∇L = −1/B Σ_i (R_i − b) ∇ log π_θ(y_i | x)
-(Eq. 7). Worked example (moving average, B = 4): rewards 1, 0, 1, 1 at step 1 have b = 0 and advantages 1, 0, 1, 1;
-rewards 0, 0, 1, 0 at step 2 have b = 3/4 and advantages −0.75, −0.75, +0.25, −0.75; at step 3, b = 4/8 = 0.5.
+With num_iterations = 1 (the default) the completions are used once: ρ ≡ 1 and
+∇L = −1/B Σ_i A_i ∇ log π_θ(y_i | x), REINFORCE with a baseline (Eq. 7). Worked example (B = 4,
+moving_average): rewards 1, 0, 1, 1 at step 1 have b = 0 and advantages 1, 0, 1, 1; rewards
+0, 0, 1, 0 at step 2 have b = 3/4 and advantages −0.75, −0.75, +0.25, −0.75; at step 3, b = 4/8.
 
-    python reinforce.py                         # the embedded tiny model, offline, about a minute on a CPU
-    accelerate launch --config_file configs/multi_gpu.yaml reinforce.py \\
-        --model_name_or_path Qwen/Qwen2.5-0.5B-Instruct --learning_rate 1e-6 ...
+A pass before any update gives log π_θ_old and log π_ref, so every advantage is known before the
+first backward pass. Under `accelerate launch` every process gathers the batch's R: one b for all.
 
-Copy reinforce.py with common.py (text ↔ tokens) and rewards.py (reward functions); vllm_colocate.py for --use_vllm.
+    python reinforce.py     # the embedded tiny model, offline, about a minute
+    accelerate launch --config_file configs/multi_gpu.yaml reinforce.py --model_name_or_path ...
+
+Copy reinforce.py with common.py (text ↔ tokens) and rewards.py (reward functions);
+vllm_colocate.py only for --use_vllm.
 """
 
 import contextlib
@@ -50,7 +54,7 @@ import transformers
 import yaml
 from accelerate import Accelerator, DistributedType
 from accelerate.tracking import get_available_trackers
-from accelerate.utils import gather_object, set_seed
+from accelerate.utils import broadcast_object_list, gather_object, set_seed
 from datasets import load_dataset
 from tqdm.auto import tqdm
 from transformers import AutoModelForCausalLM, HfArgumentParser, SchedulerType
@@ -62,164 +66,96 @@ HERE = Path(__file__).resolve().parent
 
 
 def arg(default, help: str):
-    kind = (
-        {"default_factory": lambda: list(default)}
-        if isinstance(default, list)
-        else {"default": default}
-    )
-    return field(**kind, metadata={"help": help})
+    """A flag's default and its line of --help; a list default is copied for each Args."""
+    if isinstance(default, list):
+        return field(default_factory=lambda: list(default), metadata={"help": help})
+    return field(default=default, metadata={"help": help})
 
 
 @dataclass
 class Args:
     # model and data
-    model_name_or_path: str = arg(
-        str(HERE / "models/tiny-arith"), "policy: a hub id or a folder (default: embedded)"
-    )
-    attn_implementation: str | None = arg(
-        None, "eager, sdpa, flash_attention_2, ... (default: transformers' choice)"
-    )
-    dataset_name: str = arg(
-        str(HERE / "data/arithmetic"), "a hub dataset, or a data folder or file; a 'prompt' column"
-    )
-    dataset_config: str | None = arg(None, "the configuration of a dataset that has several")
+    model_name_or_path: str = arg(str(HERE / "models/tiny-arith"), "policy: hub id or folder")
+    attn_implementation: str | None = arg(None, "eager, sdpa, ... (default: transformers')")
+    dataset_name: str = arg(str(HERE / "data/arithmetic"), "hub dataset, folder or file")
+    dataset_config: str | None = arg(None, "the dataset's configuration, if it has several")
     dataset_train_split: str = arg("train", "split to train on")
-    dataset_test_split: str = arg(
-        "test", "held-out split, scored with the run's rewards (skipped when absent)"
-    )
-    reward_funcs: list[str] = arg(
-        ["accuracy"], "reward functions: built-in names, file.py:function or pkg.module.fn"
-    )
+    dataset_test_split: str = arg("test", "held-out split to evaluate (skipped if absent)")
+    reward_funcs: list[str] = arg(["accuracy"], "names, file.py:function or pkg.module.fn")
     reward_weights: list[str] = arg([], "one weight per reward function (default 1.0 each)")
-    reward_model_path: str | None = arg(
-        None, "a sequence classifier with one label, added to the reward functions"
-    )
+    reward_model_path: str | None = arg(None, "a one-label sequence classifier, as a reward")
     # REINFORCE
-    num_generations: int = arg(
-        1, "completions per prompt (1: the paper's REINFORCE; more: more samples per prompt)"
-    )
-    baseline: Literal["none", "moving_average", "reinforce_pp"] = arg(
-        "moving_average", "b in A = R − b (see above)"
-    )
-    beta: float = arg(0.05, "KL coefficient β of the shaped reward; 0 loads no reference model")
-    kl_estimator: Literal["k1", "k3"] = arg(
-        "k1", "KL estimator in the reward (k3's gradient is not the KL's)"
-    )
-    num_iterations: int = arg(
-        1, "optimizer steps on each batch (> 1: the ratio and its clipping matter)"
-    )
+    num_generations: int = arg(1, "completions per prompt (1: the paper's REINFORCE)")
+    baseline: Literal["none", "moving_average", "reinforce_pp"] = arg("moving_average", "b of A_i")
+    beta: float = arg(0.05, "KL coefficient β; 0 loads no reference model")
+    kl_estimator: Literal["k1", "k3"] = arg("k1", "KL estimator in the reward")
+    num_iterations: int = arg(1, "optimizer steps on each batch")
     epsilon: float = arg(0.2, "lower clipping bound ε of the sequence ratio")
     epsilon_high: float | None = arg(None, "upper clipping bound (default: epsilon)")
-    reward_clip_range: list[float] | None = arg(
-        None, "clip the reward to [low, high] before the KL shaping, e.g. -5 5"
-    )
-    mask_truncated_completions: bool = arg(
-        False, "completions without an end token get no loss (b_MA counts them)"
-    )
+    reward_clip_range: list[float] | None = arg(None, "clip r to [low, high], then KL-shape")
+    mask_truncated_completions: bool = arg(False, "no loss for completions with no end token")
     # generation
     max_completion_length: int = arg(24, "tokens generated per completion at most")
-    temperature: float = arg(
-        1.0, "sampling temperature τ; the log-probs are those of softmax(logits / τ)"
-    )
+    temperature: float = arg(1.0, "sampling temperature τ, also that of the log-probs")
     top_p: float = arg(1.0, "nucleus sampling (1.0: off; < 1 samples off-policy)")
     top_k: int = arg(0, "top-k sampling (0: off; > 0 samples off-policy)")
-    chat_template_kwargs: dict | str | None = arg(
-        None, "chat template arguments, e.g. '{\"enable_thinking\": false}'"
-    )
-    use_vllm: bool = arg(
-        False, "sample with a colocated vLLM engine (vllm_colocate.py; needs a GPU)"
-    )
-    vllm_gpu_memory_utilization: float = arg(
-        0.3, "fraction of GPU memory the vLLM engine may take"
-    )
-    vllm_max_model_length: int | None = arg(None, "vLLM's context length (default: the model's)")
-    vllm_importance_sampling_correction: bool = arg(
-        True, "weight the loss by π_θ_old / π_vllm (TRL's correction)"
-    )
+    chat_template_kwargs: dict | str | None = arg(None, "the chat template's arguments, as JSON")
+    use_vllm: bool = arg(False, "sample with a colocated vLLM engine (needs a GPU)")
+    vllm_gpu_memory_utilization: float = arg(0.3, "GPU memory share of the vLLM engine")
+    vllm_max_model_length: int | None = arg(None, "vLLM's context length")
+    vllm_importance_sampling_correction: bool = arg(True, "weight the loss by is_i")
     vllm_importance_sampling_mode: Literal["sequence_mask", "sequence_truncate"] = arg(
-        "sequence_mask", "0 above C, or C"
+        "sequence_mask", "is_i: 0 above C, or C"
     )
-    vllm_importance_sampling_clip_max: float = arg(
-        3.0, "the cap C of the importance-sampling ratio"
-    )
+    vllm_importance_sampling_clip_max: float = arg(3.0, "C, the cap of is_i")
     # optimization
-    prompts_per_step: int = arg(
-        32, "prompts per step; the batch is prompts_per_step × num_generations completions"
-    )
-    micro_batch_size: int = arg(
-        0, "completions per forward and backward, gradients accumulated (0: the batch)"
-    )
+    prompts_per_step: int = arg(32, "prompts per step, each with num_generations completions")
+    micro_batch_size: int = arg(0, "completions per forward and backward (0: the batch)")
     max_steps: int = arg(100, "training steps, one batch each")
-    learning_rate: float = arg(
-        2e-4, "AdamW learning rate (the embedded model; ~1e-6 for a 0.5B model)"
-    )
+    learning_rate: float = arg(2e-4, "AdamW learning rate (~1e-6 for a 0.5B model)")
     lr_scheduler_type: SchedulerType = arg("cosine", "transformers' learning-rate schedule")
     warmup_ratio: float = arg(0.03, "fraction of the optimizer steps spent warming up")
     weight_decay: float = arg(0.0, "AdamW weight decay")
     max_grad_norm: float = arg(1.0, "gradient clipping norm (0: none)")
     seed: int = arg(0, "random seed (sampling, data order)")
-    disable_dropout: bool = arg(
-        True, "dropout off, so that sampling, π_θ_old and the loss see one policy"
-    )
+    disable_dropout: bool = arg(True, "dropout off: sampling and the loss see one policy")
     # logging, evaluation, checkpoints
-    output_dir: str = arg(
-        "outputs/reinforce", "where metrics.jsonl, the checkpoints and the final model go"
-    )
-    overwrite_output_dir: bool = arg(False, "start over in an output_dir that holds another run")
+    output_dir: str = arg("outputs/reinforce", "metrics.jsonl, checkpoints and the final model")
+    overwrite_output_dir: bool = arg(False, "start over in an output_dir with another run")
     logging_steps: int = arg(5, "log metrics every this many steps")
-    log_completions: bool = arg(False, "print a few completions and their rewards at each log")
+    log_completions: bool = arg(False, "print a few completions at each log")
     num_completions_to_print: int = arg(2, "how many completions --log_completions prints")
-    report_to: list[str] = arg(
-        ["none"], "trackers besides metrics.jsonl: tensorboard, wandb, trackio, all, ..."
-    )
-    eval_strategy: Literal["steps", "no"] = arg(
-        "steps", "steps: at the start, every eval_steps and at the end"
-    )
-    eval_steps: int = arg(50, "evaluate every this many steps (0: at the start and the end only)")
-    num_generations_eval: int = arg(4, "completions sampled per held-out prompt (and one greedy)")
-    per_device_eval_batch_size: int = arg(512, "completions per generate call of the evaluation")
-    save_steps: int = arg(
-        50, "save a checkpoint every this many steps (0: never; a stop always saves)"
-    )
+    report_to: list[str] = arg(["none"], "trackers besides metrics.jsonl: wandb, all, ...")
+    eval_strategy: Literal["steps", "no"] = arg("steps", "steps: at the start, end, eval_steps")
+    eval_steps: int = arg(50, "evaluate every this many steps (0: start and end only)")
+    num_generations_eval: int = arg(4, "samples per held-out prompt (and one greedy)")
+    per_device_eval_batch_size: int = arg(512, "completions per generate call of evaluation")
+    save_steps: int = arg(50, "checkpoint every this many steps (0: never; a stop saves)")
     save_total_limit: int | None = arg(None, "keep only the newest N checkpoints")
-    resume_from_checkpoint: str | None = arg(
-        None, "a checkpoint folder, or 'latest' in output_dir"
-    )
+    resume_from_checkpoint: str | None = arg(None, "a checkpoint, or 'latest' in output_dir")
     # efficiency
-    bf16: bool = arg(False, "bf16 autocast for the forward passes; master weights stay float32")
-    gradient_checkpointing: bool = arg(
-        False, "recompute activations in the backward pass to save memory"
-    )
-    use_peft: bool = arg(
-        False, "train a LoRA adapter; π_ref is then the policy with its adapter disabled"
-    )
+    bf16: bool = arg(False, "bf16 autocast; master weights stay float32")
+    gradient_checkpointing: bool = arg(False, "recompute activations in the backward pass")
+    use_peft: bool = arg(False, "train a LoRA adapter; π_ref: the policy without it")
     lora_r: int = arg(16, "LoRA rank")
     lora_alpha: int = arg(32, "LoRA alpha")
     lora_dropout: float = arg(0.05, "LoRA dropout")
-    lora_target_modules: list[str] = arg(["all-linear"], "modules LoRA adapts, or all-linear")
-    load_in_4bit: bool = arg(
-        False, "QLoRA: the frozen base in 4 bits (bitsandbytes); needs --use_peft"
-    )
+    lora_target_modules: list[str] = arg(["all-linear"], "modules LoRA adapts")
+    load_in_4bit: bool = arg(False, "QLoRA: the frozen base in 4 bits; needs --use_peft")
     bnb_4bit_quant_type: Literal["nf4", "fp4"] = arg("nf4", "4-bit data type")
 
 
 def check_args(args: Args):
-    """This script's flags in range, each said in one line; then the ones every RL script shares."""
-    args.epsilon_high = (
-        args.epsilon if args.epsilon_high is None else args.epsilon_high
-    )  # TRL's default: ε
-    require(
-        args.num_generations >= 1, f"--num_generations: must be ≥ 1, got {args.num_generations}"
-    )
-    batch_size, clip = args.prompts_per_step * args.num_generations, args.reward_clip_range
-    require(
-        args.baseline != "reinforce_pp" or batch_size > 1,
-        "--baseline: reinforce_pp needs 2 completions a step",
-    )
-    require(
-        clip is None or len(clip) == 2 and clip[0] <= clip[1],
-        f"--reward_clip_range: want low high, got {clip}",
-    )
+    """This script's flags in range; then the ones every RL script shares."""
+    if args.epsilon_high is None:  # TRL's default
+        args.epsilon_high = args.epsilon
+    G = args.num_generations
+    require(G >= 1, f"--num_generations: must be ≥ 1, got {G}")
+    whitenable = args.baseline != "reinforce_pp" or args.prompts_per_step * G > 1
+    require(whitenable, "--baseline: reinforce_pp needs 2 completions a step")
+    clip = args.reward_clip_range
+    ordered = clip is None or (len(clip) == 2 and clip[0] <= clip[1])
+    require(ordered, f"--reward_clip_range: want low high, got {clip}")
     check_shared_args(args)
 
 
@@ -255,65 +191,50 @@ def completion_logprobs(
 
 
 # ==== REINFORCE ====
-def per_token_kl(
-    logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: str
-) -> torch.Tensor:
-    """kl_t for each sampled token: k1 = log π − log π_ref (unbiased), k3 = exp(−k1) + k1 − 1 (unbiased, ≥ 0)."""
+def per_token_kl(logprobs, ref_logprobs, estimator: str) -> torch.Tensor:
+    """kl_t of each sampled token, unbiased: k1 = log π − log π_ref, or k3 = exp(−k1) + k1 − 1."""
     log_ratio = logprobs - ref_logprobs
-    return log_ratio if estimator == "k1" else torch.exp(-log_ratio) + log_ratio - 1
+    if estimator == "k1":
+        return log_ratio
+    return torch.exp(-log_ratio) + log_ratio - 1
 
 
-def reinforce_advantages(
-    rewards, batch_rewards, *, baseline: str, reward_sum: float, reward_count: int
-):
-    """A_i = R_i − b for this process's R (B,), b, and b_MA's sum and count with the whole batch's R (every process's)
-    added. b: 0 (none); reward_sum / reward_count, the mean R of the steps before (moving_average); the batch's mean R
-    (reinforce_pp, which then divides by its std + 1e-4). An unscorable R_i (NaN) stays out of them and gets A_i = 0."""
+def reinforce_advantages(rewards, batch_rewards, *, baseline: str, reward_sum, reward_count):
+    """A_i = R_i − b (B,) for this process's R, b, and b_MA's sum and count with the whole batch's
+    R (every process's) added. An unscorable R_i (NaN) stays out of them and gets A_i = 0."""
     scored = batch_rewards[~batch_rewards.isnan()]
-    b = {
-        "none": 0,
-        "moving_average": reward_sum / max(reward_count, 1),
-        "reinforce_pp": scored.mean().item(),
-    }[baseline]
-    std = scored.std() + 1e-4 if baseline == "reinforce_pp" else 1.0
-    moving_average = {
-        "reward_sum": reward_sum + scored.sum().item(),
-        "reward_count": reward_count + scored.numel(),
-    }
-    return ((rewards - b) / std).nan_to_num(0.0), b, moving_average
+    b = 0.0
+    std = 1.0
+    if baseline == "moving_average":  # the mean R of the steps before this one
+        b = reward_sum / max(reward_count, 1)
+    if baseline == "reinforce_pp":  # the batch's R whitened
+        b = scored.mean().item()
+        std = scored.std() + 1e-4
+    advantages = ((rewards - b) / std).nan_to_num(0.0)
+    reward_sum += scored.sum().item()
+    reward_count += scored.numel()
+    return advantages, b, {"reward_sum": reward_sum, "reward_count": reward_count}
 
 
 def importance_sampling_weights(
     old_logprobs, sampler_logprobs, completion_mask, *, mode: str, clip_max: float
 ):
-    """is_i = π_θ_old(y_i) / π_sampler(y_i), the exp of the completion's summed log-ratio (B, 1), capped at clip_max
-    (sequence_truncate) or zeroed above it (sequence_mask)."""
-    ratio = torch.exp(((old_logprobs - sampler_logprobs) * completion_mask).sum(1, keepdim=True))
-    return (
-        ratio.clamp(max=clip_max)
-        if mode.endswith("truncate")
-        else ratio.masked_fill(ratio > clip_max, 0.0)
-    )
+    """is_i = π_θ_old(y_i) / π_sampler(y_i) (B, 1), capped at clip_max or zeroed above it."""
+    log_ratio = ((old_logprobs - sampler_logprobs) * completion_mask).sum(1, keepdim=True)
+    ratio = torch.exp(log_ratio)
+    if mode == "sequence_truncate":
+        return ratio.clamp(max=clip_max)
+    return ratio.masked_fill(ratio > clip_max, 0.0)
 
 
-def policy_loss(
-    logprobs,
-    old_logprobs,
-    completion_mask,
-    advantages,
-    weights,
-    *,
-    epsilon: float,
-    epsilon_high: float,
+def reinforce_loss(
+    logprobs, old_logprobs, completion_mask, advantages, weights, *, epsilon, epsilon_high
 ):
-    """−Σ_i w_i min(ρ_i A_i, clip(ρ_i, 1−ε, 1+ε_high) A_i) over a micro-batch, ρ_i the sequence ratio, w_i (B_mb,) the
-    completions' weights in the loss. Returns the loss and ρ (B_mb,)."""
-    ratio = torch.exp(
-        ((logprobs - old_logprobs) * completion_mask).sum(1)
-    )  # ≡ 1 (but not its gradient) at first
-    surrogate = torch.min(
-        ratio * advantages, ratio.clamp(1 - epsilon, 1 + epsilon_high) * advantages
-    )
+    """−Σ_i w_i min(ρ_i A_i, clip(ρ_i, 1−ε, 1+ε_high) A_i) over a micro-batch; the loss and ρ."""
+    log_ratio = ((logprobs - old_logprobs) * completion_mask).sum(1)
+    ratio = torch.exp(log_ratio)  # ≡ 1 (but not its gradient) at the first update
+    clipped = ratio.clamp(1 - epsilon, 1 + epsilon_high)
+    surrogate = torch.min(ratio * advantages, clipped * advantages)
     return -(surrogate * weights).sum(), ratio
 
 
@@ -780,90 +701,74 @@ def main(args: Args):
         logging_step = step % args.logging_steps == 0 or step == args.max_steps
 
         # ==== 1. rollout: G completions per prompt, each ended at its first end token ====
-        # the step's prompts depend on the step alone (a fresh permutation each epoch): a resumed run sees the same
+        # the step alone picks its prompts (a fresh permutation each epoch): a resume sees the same
         epoch, position = divmod(step - 1, len(train_dataset) // args.prompts_per_step)
-        order = torch.randperm(
-            len(train_dataset), generator=torch.Generator().manual_seed(args.seed + epoch)
-        )
-        indices = order[position * args.prompts_per_step : (position + 1) * args.prompts_per_step][
-            my_prompts
-        ].tolist()
-        rows = train_dataset.select(indices)
-        texts = [
-            train_texts[i] for i in indices for _ in range(G)
-        ]  # each prompt's G completions contiguous
+        seeded = torch.Generator().manual_seed(args.seed + epoch)
+        order = torch.randperm(len(train_dataset), generator=seeded)
+        start = position * args.prompts_per_step
+        indices = order[start : start + args.prompts_per_step][my_prompts].tolist()
+        indices = [i for i in indices for _ in range(G)]  # a prompt's G completions contiguous
+        texts = [train_texts[i] for i in indices]
         if vllm is not None:
             rollout = vllm.generate(texts, device)
         else:
             with unwrapped_for_generation(accelerator, model) as policy:
                 rollout = common.generate(policy, tokenizer, texts, generation_config)
-        completion_mask, is_truncated = common.end_of_completion(
-            rollout["completion_ids"], end_ids
-        )  # (B, T), (B,)
-        completion_ids = rollout["completion_ids"].masked_fill(
-            completion_mask == 0, tokenizer.pad_token_id
-        )
-        input_ids = torch.cat([rollout["prompt_ids"], completion_ids], 1)
+        completion_ids = rollout["completion_ids"]
+        completion_mask, is_truncated = common.end_of_completion(completion_ids, end_ids)
+        completion_ids = completion_ids.masked_fill(completion_mask == 0, tokenizer.pad_token_id)
+        input_ids = torch.cat([rollout["prompt_ids"], completion_ids], 1)  # (B, P + T)
         attention_mask = torch.cat([rollout["prompt_mask"], completion_mask], 1)
         T = completion_ids.shape[1]
 
         # ==== 2. score: r(x, y_i), the weighted sum of the reward functions ====
-        completions, completion_id_lists = common.decode(
-            tokenizer, completion_ids, completion_mask
+        completions, id_lists = common.decode(tokenizer, completion_ids, completion_mask)
+        columns = train_dataset.select(indices).to_dict()
+        prompts = columns.pop("prompt")
+        rewards, rewards_per_func = compute_rewards(
+            reward_funcs, weights, prompts, completions, id_lists, columns
         )
-        prompts = [p for p in rows["prompt"] for _ in range(G)]
-        row_columns = {
-            c: [v for v in rows[c] for _ in range(G)] for c in rows.column_names if c != "prompt"
-        }
-        scores = compute_rewards(
-            reward_funcs, weights, prompts, completions, completion_id_lists, row_columns
-        )
-        rewards, rewards_per_func = (x.to(device) for x in scores)
+        rewards = rewards.to(device)  # (B,)
+        rewards_per_func = rewards_per_func.to(device)  # (B, number of functions)
 
         # ==== 3. log-probs before any update: π_θ_old (the policy that sampled) and π_ref ====
-        # One micro-batch (the default): this forward keeps its graph for the first update; several: no gradient
         micro_batches = torch.arange(local_batch_size, device=device).split(micro_batch_size)
-        one_pass = len(micro_batches) == 1
-        old_logprobs, ref_logprobs, entropy = torch.zeros(3, local_batch_size, T, device=device)
+        # One micro-batch (the default): this pass keeps its graph, and the first update uses it
+        keep_graph = len(micro_batches) == 1
+        old_logprobs = torch.zeros(local_batch_size, T, device=device)
+        ref_logprobs = torch.zeros(local_batch_size, T, device=device)
+        entropy = torch.zeros(local_batch_size, T, device=device)
         for mb in micro_batches:
-            with torch.set_grad_enabled(one_pass), accelerator.autocast():
+            ids, mask = input_ids[mb], attention_mask[mb]
+            with torch.set_grad_enabled(keep_graph), accelerator.autocast():
                 logprobs, token_entropy = completion_logprobs(
-                    model,
-                    input_ids[mb],
-                    attention_mask[mb],
-                    T,
-                    args.temperature,
-                    entropy=logging_step,
+                    model, ids, mask, T, args.temperature, entropy=logging_step
                 )
             old_logprobs[mb] = logprobs.detach()  # π_θ_old = π_θ before the update
-            entropy[mb] = token_entropy if logging_step else 0.0
+            if logging_step:
+                entropy[mb] = token_entropy
             if args.beta > 0:
-                ref_logprobs[mb] = reference_logprobs(input_ids[mb], attention_mask[mb], T)
+                ref_logprobs[mb] = reference_logprobs(ids, mask, T)
             else:  # no reference model: kl = 0
                 ref_logprobs[mb] = old_logprobs[mb]
+        first_update_logprobs = logprobs if keep_graph else None
 
-        # ==== 4. KL-shaped reward: R_i = r_i − β Σ_t kl_t, r_i first clipped to --reward_clip_range ====
-        kl = (
-            per_token_kl(old_logprobs, ref_logprobs, args.kl_estimator) * completion_mask
-        )  # (B, T)
-        shaped_rewards = rewards.clamp(
-            *args.reward_clip_range or [-math.inf, math.inf]
-        ) - args.beta * kl.sum(1)
+        # ==== 4. KL-shaped reward: R_i = r_i − β Σ_t kl_t, r_i clipped to --reward_clip_range ====
+        kl = per_token_kl(old_logprobs, ref_logprobs, args.kl_estimator) * completion_mask
+        clip_range = args.reward_clip_range or [-math.inf, math.inf]  # None: no clipping
+        shaped_rewards = rewards.clamp(*clip_range) - args.beta * kl.sum(1)
 
-        # ==== 5. advantages: A_i = R_i − b, b_MA the mean R of the steps before (or REINFORCE++'s whitening) ====
-        batch_rewards = accelerator.gather(
-            shaped_rewards
-        )  # the whole batch's R: the same b on every process
-        running = {
-            k: state.get(k, 0) for k in ("reward_sum", "reward_count")
-        }  # b_MA's, kept in trainer_state.json
-        advantages, b, running = reinforce_advantages(
-            shaped_rewards, batch_rewards, baseline=args.baseline, **running
+        # ==== 5. advantages: A_i = R_i − b, b_MA the mean R of the steps before ====
+        all_shaped_rewards = accelerator.gather(shaped_rewards)  # one b on every process
+        moving_average = {k: state.get(k, 0) for k in ("reward_sum", "reward_count")}
+        advantages, b, moving_average = reinforce_advantages(
+            shaped_rewards, all_shaped_rewards, baseline=args.baseline, **moving_average
         )
-        state |= running  # with this batch's R, for the steps after
+        state |= moving_average  # b_MA's, with this batch's R: saved in trainer_state.json
+        # w_i = m_i · is_i / B
         off_policy = args.vllm_importance_sampling_correction and "sampler_logprobs" in rollout
         is_weights = torch.ones(local_batch_size, 1, device=device)
-        if off_policy:
+        if off_policy:  # vLLM sampled, not π_θ
             is_weights = importance_sampling_weights(
                 old_logprobs,
                 rollout["sampler_logprobs"],
@@ -871,25 +776,32 @@ def main(args: Args):
                 mode=args.vllm_importance_sampling_mode,
                 clip_max=args.vllm_importance_sampling_clip_max,
             )
-        loss_weights = (
-            is_weights[:, 0] * ~(is_truncated & args.mask_truncated_completions) / local_batch_size
-        )
+        in_loss = torch.ones(local_batch_size, device=device)  # m_i
+        if args.mask_truncated_completions:
+            in_loss = (~is_truncated).float()
+        loss_weights = is_weights[:, 0] * in_loss / local_batch_size
 
-        # ==== 6. loss and update: num_iterations passes over the batch, micro-batches accumulated ====
-        # Each process's loss is the mean over its completions (w_i), and DDP's mean over processes the batch's.
+        # ==== 6. loss and update: num_iterations passes over the batch, in micro-batches ====
+        # each process's loss is its completions' mean; DDP's mean over processes is the batch's
         clip_low, clip_high, losses, grad_norms = [], [], [], []
-        for iteration in range(args.num_iterations):
+        for _ in range(args.num_iterations):
             loss_sum = 0.0
             for k, mb in enumerate(micro_batches):
-                # DDP all-reduces the accumulated gradients, and DeepSpeed steps, once per update: at the last
-                accelerator.sync_gradients = all_reduce = k == len(micro_batches) - 1
-                with contextlib.nullcontext() if all_reduce else accelerator.no_sync(model):
-                    if not (one_pass and iteration == 0):  # else phase 3's forward, graph and all
+                # DDP all-reduces the gradients, and DeepSpeed steps, at the last micro-batch
+                # alone. accelerate's accumulate() would count and rescale: the number is known
+                last = k == len(micro_batches) - 1
+                accelerator.sync_gradients = last
+                ids, mask = input_ids[mb], attention_mask[mb]
+                with contextlib.nullcontext() if last else accelerator.no_sync(model):
+                    if first_update_logprobs is not None:
+                        logprobs = first_update_logprobs  # phase 3's pass, graph and all
+                        first_update_logprobs = None
+                    else:
                         with accelerator.autocast():
-                            logprobs = completion_logprobs(
-                                model, input_ids[mb], attention_mask[mb], T, args.temperature
-                            )[0]
-                    loss, ratio = policy_loss(
+                            logprobs, _ = completion_logprobs(
+                                model, ids, mask, T, args.temperature
+                            )
+                    loss, ratio = reinforce_loss(
                         logprobs,
                         old_logprobs[mb],
                         completion_mask[mb],
@@ -900,21 +812,15 @@ def main(args: Args):
                     )
                     accelerator.backward(loss)
                 loss_sum += loss.item()
-                A = advantages[mb]
-                clip_low.append(((ratio < 1 - args.epsilon) & (A < 0)).float().mean().item())
-                clip_high.append(((ratio > 1 + args.epsilon_high) & (A > 0)).float().mean().item())
-            grad_norms.append(
-                float(
-                    accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm or math.inf)
-                )
-            )
-            if not (
-                math.isfinite(loss_sum) and math.isfinite(grad_norms[-1])
-            ):  # before the update: nothing saved
+                clipped_low = (ratio < 1 - args.epsilon) & (advantages[mb] < 0)
+                clipped_high = (ratio > 1 + args.epsilon_high) & (advantages[mb] > 0)
+                clip_low.append(clipped_low.float().mean().item())
+                clip_high.append(clipped_high.float().mean().item())
+            max_norm = args.max_grad_norm or math.inf  # 0: no clipping, as in transformers
+            grad_norms.append(float(accelerator.clip_grad_norm_(model.parameters(), max_norm)))
+            if not (math.isfinite(loss_sum) and math.isfinite(grad_norms[-1])):
                 progress.close()  # first: the error is then the log's last line
-                fail(
-                    f"step {step}: the loss or the gradient norm is not finite; the newest checkpoint is kept"
-                )
+                fail(f"step {step}: the loss or the gradient norm is not finite; no update saved")
             optimizer.step()
             scheduler.step()
             optimizer.zero_grad(set_to_none=True)
@@ -923,60 +829,41 @@ def main(args: Args):
         # ==== 7. log: statistics over the whole batch, from every process (TRL's names) ====
         state["num_tokens"] += accelerator.reduce(attention_mask.sum(), "sum").item()
         if logging_step:
-            lengths = completion_mask.sum(1).float()
-            gathered = [
-                accelerator.gather(torch.as_tensor(x, device=device))
-                for x in (
-                    rewards,
-                    rewards_per_func,
-                    lengths,
-                    is_truncated,
-                    is_weights,
-                    clip_low,
-                    clip_high,
-                )
-            ]
-            all_rewards, per_func, lengths, truncated, all_is_weights, low, high = gathered
-            token_sums = accelerator.reduce(
-                torch.stack([(x * completion_mask).sum() for x in (kl, entropy)]), "sum"
-            )
-            kl_mean, entropy_mean = (
-                token_sums / lengths.sum().clamp(min=1)
-            ).tolist()  # over the completion tokens
+            all_lengths = accelerator.gather(completion_mask.sum(1).float())
+            all_rewards = accelerator.gather(rewards)
+            per_func = accelerator.gather(rewards_per_func)
+            truncated = accelerator.gather(is_truncated).float()
+            low = accelerator.gather(torch.tensor(clip_low, device=device))
+            high = accelerator.gather(torch.tensor(clip_high, device=device))
+            tokens = all_lengths.sum().clamp(min=1)
+            kl_mean = accelerator.reduce((kl * completion_mask).sum(), "sum") / tokens
+            entropy_mean = accelerator.reduce((entropy * completion_mask).sum(), "sum") / tokens
             grouped = all_rewards.view(-1, G)
-            group_var = (
-                (grouped - grouped.nanmean(1, keepdim=True)).pow(2).nanmean(1)
-            )  # NaN: no scorable one
+            group_var = (grouped - grouped.nanmean(1, keepdim=True)).pow(2).nanmean(1)
+            zero_std = group_var.nan_to_num(0.0) <= 1e-12  # NaN: a group with none scorable
+            mean_loss = accelerator.reduce(torch.tensor(losses, device=device).mean(), "mean")
             metrics = {
                 "reward": all_rewards.nanmean().item(),
-                "reward_std": all_rewards[~all_rewards.isnan()].std().item(),
-                **(
-                    {"frac_reward_zero_std": (~(group_var > 1e-12)).float().mean().item()}
-                    if G > 1
-                    else {}
-                ),
-                **{
-                    f"rewards/{name}/mean": per_func[:, j].nanmean().item()
-                    for j, name in enumerate(reward_funcs)
-                },
-                "completions/mean_length": lengths.mean().item(),
-                "completions/clipped_ratio": truncated.float().mean().item(),
-                **({"kl": kl_mean} if args.beta > 0 else {}),
-                "entropy": entropy_mean,
-                "baseline": b,
-                "loss": accelerator.reduce(
-                    torch.tensor(losses, device=device).mean(), "mean"
-                ).item(),
-                "grad_norm": sum(grad_norms) / len(grad_norms),
-                "clip_ratio/low_mean": low.mean().item(),
-                "clip_ratio/high_mean": high.mean().item(),
-                "clip_ratio/region_mean": (low + high).mean().item(),
-                **(
-                    {"sampling/importance_sampling_ratio/mean": all_is_weights.mean().item()}
-                    if off_policy
-                    else {}
-                ),
+                "reward_std": all_rewards[all_rewards.isfinite()].std().item(),
             }
+            if G > 1:  # a group of one has no spread
+                metrics["frac_reward_zero_std"] = zero_std.float().mean().item()
+            for j, name in enumerate(reward_funcs):
+                metrics[f"rewards/{name}/mean"] = per_func[:, j].nanmean().item()
+            metrics["completions/mean_length"] = all_lengths.mean().item()
+            metrics["completions/clipped_ratio"] = truncated.mean().item()
+            if args.beta > 0:
+                metrics["kl"] = kl_mean.item()
+            metrics["entropy"] = entropy_mean.item()
+            metrics["baseline"] = b
+            metrics["loss"] = mean_loss.item()
+            metrics["grad_norm"] = sum(grad_norms) / len(grad_norms)
+            metrics["clip_ratio/low_mean"] = low.mean().item()
+            metrics["clip_ratio/high_mean"] = high.mean().item()
+            metrics["clip_ratio/region_mean"] = (low + high).mean().item()
+            if off_policy:
+                is_mean = accelerator.gather(is_weights).mean().item()
+                metrics["sampling/importance_sampling_ratio/mean"] = is_mean
 
         # ---- plumbing: log, evaluate, save, stop ----
         state["step"] = step

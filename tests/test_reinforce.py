@@ -13,7 +13,7 @@ from safetensors.torch import load_file
 
 import reinforce
 from conftest import ROOT, error_line, one_line_error, read_metrics, run_main, run_script
-from reinforce import per_token_kl, policy_loss, reinforce_advantages
+from reinforce import per_token_kl, reinforce_advantages, reinforce_loss
 
 
 def args(tmp_path, **overrides) -> reinforce.Args:
@@ -66,12 +66,12 @@ def test_the_moving_average_is_the_mean_of_every_earlier_reward_not_an_ema():
     _, _, running = advantages_of([2.0, float("nan"), 4.0], reward_sum=10.0, reward_count=4)
     assert running == {"reward_sum": 16.0, "reward_count": 6}
     advantages, b, running = advantages_of([1.0, 0.0], **running)  # b = 16/6, whatever the batch
-    assert b == pytest.approx(16 / 6) and advantages.tolist() == pytest.approx(
-        [1 - 16 / 6, -16 / 6]
-    )
+    assert b == pytest.approx(16 / 6)
+    assert advantages.tolist() == pytest.approx([1 - 16 / 6, -16 / 6])
     assert running == {"reward_sum": 17.0, "reward_count": 8}
     advantages, b, running = advantages_of([float("nan"), 3.0], **running)
-    assert b == pytest.approx(17 / 8) and advantages.tolist() == pytest.approx([0.0, 3 - 17 / 8])
+    assert b == pytest.approx(17 / 8)
+    assert advantages.tolist() == pytest.approx([0.0, 3 - 17 / 8])
     assert running["reward_count"] == 9
 
 
@@ -87,10 +87,10 @@ def test_reinforce_pp_whitens_over_the_whole_batch():
     # one process of several whitens its R with every process's: its rows of the one-process advantages
     batch = torch.tensor([1.0, 0.0, 1.0, 1.0, 0.0, 0.5])
     whole = advantages_of(batch.tolist(), "reinforce_pp")[0]
-    mine = reinforce_advantages(
+    first_process = reinforce_advantages(
         batch[:2], batch, baseline="reinforce_pp", reward_sum=0.0, reward_count=0
     )[0]
-    assert mine.tolist() == pytest.approx(whole[:2].tolist())
+    assert first_process.tolist() == pytest.approx(whole[:2].tolist())
 
 
 def test_without_a_baseline_the_gradient_is_reinforces():
@@ -100,7 +100,7 @@ def test_without_a_baseline_the_gradient_is_reinforces():
     assert b == 0 and advantages.tolist() == rewards.tolist()
     logprobs = torch.tensor([[-1.0, -2.0], [-0.5, -0.1], [-3.0, -0.2]], requires_grad=True)
     mask = torch.tensor([[1, 1], [1, 0], [1, 1]])
-    loss, ratio = policy_loss(
+    loss, ratio = reinforce_loss(
         logprobs,
         logprobs.detach(),
         mask,
@@ -115,11 +115,11 @@ def test_without_a_baseline_the_gradient_is_reinforces():
 
 
 def test_the_sequence_ratio_is_clipped():
-    logprobs = torch.tensor(
-        [[0.5], [-0.5]], requires_grad=True
-    )  # ρ = e^0.5 ≈ 1.65 (A = 1) and e^−0.5 ≈ 0.61 (A = −1)
-    advantages, weights = torch.tensor([1.0, -1.0]), torch.ones(2) / 2
-    loss, _ = policy_loss(
+    # ρ = e^0.5 ≈ 1.65 (A = 1) and e^−0.5 ≈ 0.61 (A = −1): both clipped
+    logprobs = torch.tensor([[0.5], [-0.5]], requires_grad=True)
+    advantages = torch.tensor([1.0, -1.0])
+    weights = torch.ones(2) / 2
+    loss, _ = reinforce_loss(
         logprobs,
         torch.zeros(2, 1),
         torch.ones(2, 1),
@@ -129,15 +129,15 @@ def test_the_sequence_ratio_is_clipped():
         epsilon_high=0.28,
     )
     loss.backward()
-    assert logprobs.grad.abs().sum().item() == 0.0 and loss.item() == pytest.approx(
-        -(1.28 - 0.8) / 2
-    )
+    assert logprobs.grad.abs().sum().item() == 0.0
+    assert loss.item() == pytest.approx(-(1.28 - 0.8) / 2)
 
 
 def test_the_kl_estimators_and_the_kl_shaped_reward():
     logprobs = torch.tensor([[math.log(0.5), math.log(0.5)]])
     ref_logprobs = torch.tensor([[math.log(0.25), math.log(0.5)]])
-    k1, k3 = per_token_kl(logprobs, ref_logprobs, "k1"), per_token_kl(logprobs, ref_logprobs, "k3")
+    k1 = per_token_kl(logprobs, ref_logprobs, "k1")
+    k3 = per_token_kl(logprobs, ref_logprobs, "k3")
     assert k1[0].tolist() == pytest.approx([math.log(2), 0.0])
     assert k3[0].tolist() == pytest.approx([0.5 + math.log(2) - 1, 0.0])
     shaped = 1.0 - 0.1 * k1.sum().item()  # R = r − β Σ_t kl_t, then the baseline
@@ -157,12 +157,10 @@ def test_the_logged_baseline_is_the_running_mean_of_the_earlier_rewards(tmp_path
         [0.0] + [sum(rewards[:k]) / k for k in (1, 2, 3)]
     )
     state = trainer_state(tmp_path / "out" / "checkpoint-4")
-    assert state["reward_count"] == 4 * 8 and state["reward_sum"] == pytest.approx(
-        8 * sum(rewards)
-    )
-    assert (
-        "kl" not in records[0] and "frac_reward_zero_std" not in records[0]
-    )  # no reference; groups of one
+    assert state["reward_count"] == 4 * 8
+    assert state["reward_sum"] == pytest.approx(8 * sum(rewards))
+    assert "kl" not in records[0]  # no reference model
+    assert "frac_reward_zero_std" not in records[0]  # groups of one
 
 
 def test_the_reward_is_clipped_before_the_kl_shaping(tmp_path):
@@ -195,15 +193,17 @@ def test_a_stopped_and_resumed_run_equals_the_uninterrupted_run(tmp_path):
         num_iterations=2,
         num_generations=2,
         prompts_per_step=4,
+        eval_strategy="steps",
+        num_generations_eval=1,
     )
-    reinforce.main(dataclasses.replace(full, eval_strategy="steps", num_generations_eval=1))
-    out, stopped = tmp_path / "out", tmp_path / "stopped"
+    reinforce.main(full)
+    out = tmp_path / "out"
+    stopped = tmp_path / "stopped"
     shutil.copytree(out / "checkpoint-2", stopped / "checkpoint-2")
-    shutil.copy(
-        out / "metrics.jsonl", stopped / "metrics.jsonl"
-    )  # the resumed run drops the lines after step 2
-    reinforce.main(dataclasses.replace(full, eval_strategy="steps", num_generations_eval=1, output_dir=str(stopped),
-                                       resume_from_checkpoint="latest"))  # fmt: skip
+    # the resumed run drops the lines after step 2
+    shutil.copy(out / "metrics.jsonl", stopped / "metrics.jsonl")
+    resumed = dataclasses.replace(full, output_dir=str(stopped), resume_from_checkpoint="latest")
+    reinforce.main(resumed)
     strip = lambda records: [{k: v for k, v in r.items() if k != "step_time"} for r in records]
     assert strip(read_metrics(stopped)) == strip(read_metrics(out))
     records = training(out)
@@ -235,9 +235,8 @@ def test_micro_batching_does_not_change_the_update(tmp_path, recorded_gradients,
     reinforce.main(dataclasses.replace(whole, output_dir=str(tmp_path / "a")))
     reinforce.main(dataclasses.replace(whole, micro_batch_size=2, output_dir=str(tmp_path / "b")))
     one_batch, micro_batches = recorded_gradients
-    assert one_batch.abs().max() > 0 and torch.allclose(
-        one_batch, micro_batches, rtol=1e-4, atol=1e-7
-    )
+    assert one_batch.abs().max() > 0
+    assert torch.allclose(one_batch, micro_batches, rtol=1e-4, atol=1e-7)
     (a,), (b,) = training(tmp_path / "a"), training(tmp_path / "b")
     assert a["kl"] != 0.0 and a["baseline"] != 0.0 and 0.0 <= a["frac_reward_zero_std"] <= 1.0
     for key in ("loss", "baseline", "kl"):
