@@ -1,48 +1,51 @@
-"""PPO: proximal policy optimization for language models, token by token, with a learned value model (Schulman et al.
-2017), as used for RLHF by Ziegler et al. 2019 and TRL's PPOTrainer ("Back to Basics", Ahmadian et al. 2024, §3).
+"""PPO: proximal policy optimization (Schulman et al. 2017) for language models, token by token,
+with a learned value model, as in RLHF (Ziegler et al. 2019) and TRL's PPOTrainer ("Back to
+Basics", Ahmadian et al. 2024, §3).
 
-Four models: the policy π_θ (trained); a frozen reference π_ref (the initial policy; with LoRA, the policy without its
-adapter); the reward r (reward functions, or a reward model); a value model V_ψ (trained). For every prompt x, sample
-one completion y = y_1..y_T from π_θ at temperature τ (--temperature) and score it; y_t is an action in the state
-s_t = (x, y_<t). Then:
+Four models: the policy π_θ (trained); a frozen reference π_ref (the initial policy; with LoRA,
+π_θ without its adapter); the reward r (reward functions, or a reward model); a value model V_ψ
+(trained). For every prompt x, sample one completion y = y_1..y_T from π_θ at temperature τ and
+score it; y_t is an action in the state s_t = (x, y_<t). Then:
 
     KL-shaped per-token reward (Ziegler et al. Eq. 2, spread over the tokens)
-        kl_t = log π_θ(y_t | s_t) − log π_ref(y_t | s_t)                                   (k1, the default)
-        kl_t = exp(log π_ref − log π_θ) − (log π_ref − log π_θ) − 1                           (k3, --kl_estimator k3)
-        r_t = −kl_coef · kl_t,   plus the score on the last real token (the stop token; TRL put it one past)
-        score(x, y) = r(x, y) − missing_eos_penalty when y does not end with --stop_token
+        kl_t = log π_θ(y_t | s_t) − log π_ref(y_t | s_t)               (k1, the default)
+        kl_t = exp(log π_ref − log π_θ) − (log π_ref − log π_θ) − 1      (k3)
+        r_t = −kl_coef · kl_t, plus the score on the last real token (TRL: one past it)
+        score(x, y) = r(x, y) − missing_eos_penalty if y does not end with --stop_token
 
-    Generalized advantage estimation (Schulman et al. 2016, Eq. 16), with V = 0 after the last real token
-        δ_t = r_t + γ V(s_{t+1}) − V(s_t),      A_t = Σ_l (γλ)^l δ_{t+l},      returns R_t = A_t + V(s_t)
-        then (--whiten_advantages) A ← (A − mean) / std over the real tokens of the whole batch
+    Generalized advantage estimation (Schulman et al. 2016, Eq. 16), V = 0 past the last token
+        δ_t = r_t + γ V(s_{t+1}) − V(s_t),    A_t = Σ_l (γλ)^l δ_{t+l},    R_t = A_t + V(s_t)
+        then (--whiten_advantages) A ← (A − mean) / std over the batch's real tokens
 
-    Clipped losses, token means over a mini-batch; num_ppo_epochs passes over num_mini_batches mini-batches
+    Clipped losses, token means over a mini-batch; num_ppo_epochs passes of num_mini_batches
         ρ_t = π_θ(y_t | s_t) / π_θ_old(y_t | s_t)
-        L_pg = max(−A_t ρ_t, −A_t clip(ρ_t, 1 − ε, 1 + ε))                      (PPO Eq. 7 as a loss, ε = cliprange)
-        L_vf = ½ max((V_ψ(s_t) − R_t)², (clip(V_ψ(s_t), V_old(s_t) ± cliprange_value) − R_t)²)
-        L = L_pg + vf_coef · L_vf                                                  (PPO Eq. 9, no entropy bonus)
+        L_pg = max(−A_t ρ_t, −A_t clip(ρ_t, 1 − ε, 1 + ε))        (PPO Eq. 7, ε = cliprange)
+        L_vf = ½ max((V_ψ(s_t) − R_t)², (clip(V_ψ(s_t), V_old(s_t) ± ε_v) − R_t)²)
+        L = L_pg + vf_coef · L_vf                   (PPO Eq. 9, ε_v = cliprange_value)
     with L_pg of y_t times TRL's importance-sampling weight when vLLM samples instead of π_θ:
-        w = π_θ_old / π_vllm of y (sequence_*) or of y_t (token_*), capped at C (*_truncate) or 0 above C (*_mask)
+        w = π_θ_old / π_vllm of y (sequence_*) or of y_t (token_*), capped at C or 0 above C
 
-    Adaptive KL controller (--adaptive_kl; Ziegler et al. §2.2), after each step, with KL = mean_i Σ_t kl_{i,t}
-        kl_coef ← kl_coef · (1 + clip(KL / kl_target − 1, −0.2, 0.2) · prompts_per_step / kl_horizon)
+    Adaptive KL controller (--adaptive_kl; Ziegler et al. §2.2), KL = mean_i Σ_t kl_{i,t}
+        kl_coef ← kl_coef · (1 + clip(KL / kl_target − 1, ±0.2) · prompts_per_step / kl_horizon)
 
-Worked example (γ = 1, λ = 0.95): three tokens with rewards 0, 0, 1 and values 0.5, 0.6, 0.7 give δ = 0.1, 0.1, 0.3,
-advantages 0.46575, 0.385, 0.3 and returns 0.96575, 0.985, 1.0. Back to Basics' Vanilla PG is `--lam 1 --num_ppo_epochs
-1 --whiten_advantages False`: the δ_t telescope to A_t = Σ_{l≥0} r_{t+l} − V(s_t), and one update per batch makes ρ ≡ 1.
+Worked example (γ = 1, λ = 0.95): three tokens with rewards 0, 0, 1 and values 0.5, 0.6, 0.7
+give δ = 0.1, 0.1, 0.3, advantages 0.46575, 0.385, 0.3 and returns 0.96575, 0.985, 1.0. Back to
+Basics' Vanilla PG is `--lam 1 --num_ppo_epochs 1 --whiten_advantages False`: the δ_t telescope
+to A_t = Σ_{l≥0} r_{t+l} − V(s_t), and one update per batch makes ρ ≡ 1.
 
-V_ψ is a sequence classifier with one label, its head read at every position: V(s_t) where the policy's logits for y_t
-are. It starts from --value_model_path, else the reward model (as the reference implementations do), else the policy's
-backbone with a new head at zero (V ≡ 0). It reads the policy's tokens: a reward model with another tokenizer only
-scores (through its own), and V_ψ starts from the policy. One AdamW updates both models (a parameter group each), each
-clipped on its own; checkpoints and the final model hold V_ψ in value_model/. GAE runs from the last token back and
-whitening spans the batch, so a pass without gradients gives every log π_θ_old, V_old and kl_t before the first loss.
-Under `accelerate launch` (DDP) the whitening statistics, token counts and the controller's KL are the whole batch's.
+V_ψ is a one-label sequence classifier, its head read where the policy's logits for y_t are. It
+starts from --value_model_path, else the reward model, else the policy with a new head at zero
+(V ≡ 0); a reward model with another tokenizer only scores. One AdamW updates both models, each
+clipped on its own; checkpoints and the final model hold V_ψ in value_model/. GAE runs from the
+last token back and whitening spans the batch, so a pass without gradients gives every
+log π_θ_old, V_old and kl_t before the first loss. Under `accelerate launch` (DDP) the
+whitening statistics, token counts and the controller's KL are the whole batch's.
 
-    python ppo.py                                           # the embedded tiny model, offline, about 20 s on a CPU
-    python ppo.py --reward_model_path outputs/reward_model --reward_funcs none      # reward_model.py's model alone
+    python ppo.py               # the embedded tiny model, offline, about 20 s on a CPU
+    python ppo.py --reward_model_path outputs/reward_model --reward_funcs none
 
-Copy ppo.py with common.py (text ↔ tokens) and rewards.py (reward functions); vllm_colocate.py only for --use_vllm.
+Copy ppo.py with common.py (text ↔ tokens) and rewards.py (reward functions); vllm_colocate.py
+only for --use_vllm.
 """
 
 import contextlib
@@ -54,7 +57,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import ClassVar, Literal
+from typing import Literal
 
 import torch
 import torch.utils.checkpoint
@@ -62,7 +65,7 @@ import transformers
 import yaml
 from accelerate import Accelerator, DistributedType
 from accelerate.tracking import get_available_trackers
-from accelerate.utils import gather_object, set_seed
+from accelerate.utils import broadcast_object_list, gather_object, set_seed
 from datasets import load_dataset
 from tqdm.auto import tqdm
 from transformers import (
@@ -79,203 +82,122 @@ HERE = Path(__file__).resolve().parent
 
 
 def arg(default, help: str):
-    kind = (
-        {"default_factory": lambda: list(default)}
-        if isinstance(default, list)
-        else {"default": default}
-    )
-    return field(**kind, metadata={"help": help})
+    """A flag's default and its line of --help; a list default is copied for each Args."""
+    if isinstance(default, list):
+        return field(default_factory=lambda: list(default), metadata={"help": help})
+    return field(default=default, metadata={"help": help})
 
 
 @dataclass
 class Args:
     # model and data
-    model_name_or_path: str = arg(
-        str(HERE / "models/tiny-arith"), "policy: a hub id or a folder (default: embedded)"
-    )
-    attn_implementation: str | None = arg(
-        None, "eager, sdpa, flash_attention_2, ... (default: transformers' choice)"
-    )
-    dataset_name: str = arg(
-        str(HERE / "data/arithmetic"), "a hub dataset, or a data folder or file; a 'prompt' column"
-    )
-    dataset_config: str | None = arg(None, "the configuration of a dataset that has several")
+    model_name_or_path: str = arg(str(HERE / "models/tiny-arith"), "policy: hub id or folder")
+    attn_implementation: str | None = arg(None, "eager, sdpa, ... (default: transformers')")
+    dataset_name: str = arg(str(HERE / "data/arithmetic"), "hub dataset, folder or file")
+    dataset_config: str | None = arg(None, "the dataset's configuration, if it has several")
     dataset_train_split: str = arg("train", "split to train on")
-    dataset_test_split: str = arg(
-        "test", "held-out split, scored with the run's rewards (skipped when absent)"
-    )
-    reward_funcs: list[str] = arg(
-        ["accuracy"], "reward functions: built-in names, file.py:function or pkg.module.fn"
-    )
+    dataset_test_split: str = arg("test", "held-out split to evaluate (skipped if absent)")
+    reward_funcs: list[str] = arg(["accuracy"], "names, file.py:function or pkg.module.fn")
     reward_weights: list[str] = arg([], "one weight per reward function (default 1.0 each)")
-    reward_model_path: str | None = arg(
-        None, "a sequence classifier with one label, added to the reward functions"
-    )
-    value_model_path: str | None = arg(
-        None, "the value model's start (default: the reward model, else the policy)"
-    )
+    reward_model_path: str | None = arg(None, "a one-label sequence classifier, as a reward")
+    value_model_path: str | None = arg(None, "V_ψ's start (default: the reward model, else π_θ)")
     # PPO
     num_ppo_epochs: int = arg(4, "passes over each batch of completions")
-    num_mini_batches: int = arg(
-        1, "optimizer steps per pass: the batch is split into this many mini-batches"
-    )
-    cliprange: float = arg(0.2, "clipping range ε of the per-token ratio ρ in the policy loss")
+    num_mini_batches: int = arg(1, "optimizer steps per pass, one per mini-batch")
+    cliprange: float = arg(0.2, "clipping range ε of the per-token ratio ρ")
     vf_coef: float = arg(0.1, "weight of the value loss in the loss")
-    cliprange_value: float = arg(
-        0.2, "clipping range of the value around the rollout's value in the value loss"
-    )
+    cliprange_value: float = arg(0.2, "clipping range of V_ψ around V_old in the value loss")
     gamma: float = arg(1.0, "discount γ")
     lam: float = arg(0.95, "GAE λ (1.0: the return to go minus the value)")
     whiten_advantages: bool = arg(True, "whiten the advantages over the batch's real tokens")
-    whiten_rewards: bool = arg(
-        False, "scale the per-token rewards to unit variance over the batch before GAE"
-    )
-    kl_coef: float = arg(
-        0.05, "KL coefficient of the per-token reward; 0 loads no reference model"
-    )
-    kl_estimator: Literal["k1", "k3"] = arg(
-        "k1", "KL estimator in the reward (k3's gradient is not the KL's)"
-    )
-    adaptive_kl: bool = arg(
-        False, "adapt kl_coef towards --kl_target (Ziegler et al. 2019); --kl_coef is its start"
-    )
+    whiten_rewards: bool = arg(False, "scale the per-token rewards to unit variance before GAE")
+    kl_coef: float = arg(0.05, "KL coefficient of the per-token reward; 0 loads no π_ref")
+    kl_estimator: Literal["k1", "k3"] = arg("k1", "KL estimator in the reward")
+    adaptive_kl: bool = arg(False, "adapt kl_coef towards --kl_target, from --kl_coef")
     kl_target: float = arg(6.0, "--adaptive_kl: the target KL of a completion, in nats")
     kl_horizon: int = arg(10000, "--adaptive_kl: the horizon, in completions")
-    stop_token: str = arg(
-        "eos",
-        "what ends a completion besides the checkpoint's end ids: 'eos', or one token's text",
-    )
-    missing_eos_penalty: float | None = arg(
-        None, "subtracted from the score of a completion without the stop token"
-    )
-    num_generations: ClassVar[int] = (
-        1  # one completion per prompt: each prompt is its own group of G = 1
-    )
+    stop_token: str = arg("eos", "'eos' (the checkpoint's end ids), or one token's text")
+    missing_eos_penalty: float | None = arg(None, "subtracted from the score without stop_token")
     # generation
     max_completion_length: int = arg(24, "tokens generated per completion at most")
-    temperature: float = arg(
-        1.0, "sampling temperature τ; the log-probs are those of softmax(logits / τ)"
-    )
+    temperature: float = arg(1.0, "sampling temperature τ, also that of the log-probs")
     top_p: float = arg(1.0, "nucleus sampling (1.0: off; < 1 samples off-policy)")
     top_k: int = arg(0, "top-k sampling (0: off; > 0 samples off-policy)")
-    chat_template_kwargs: dict | str | None = arg(
-        None, "chat template arguments, e.g. '{\"enable_thinking\": false}'"
-    )
-    use_vllm: bool = arg(
-        False, "sample with a colocated vLLM engine (vllm_colocate.py; needs a GPU)"
-    )
-    vllm_gpu_memory_utilization: float = arg(
-        0.3, "fraction of GPU memory the vLLM engine may take"
-    )
-    vllm_max_model_length: int | None = arg(None, "vLLM's context length (default: the model's)")
-    vllm_importance_sampling_correction: bool = arg(
-        True, "weight the policy loss by π_θ_old / π_vllm (TRL's)"
-    )
+    chat_template_kwargs: dict | str | None = arg(None, "the chat template's arguments, as JSON")
+    use_vllm: bool = arg(False, "sample with a colocated vLLM engine (needs a GPU)")
+    vllm_gpu_memory_utilization: float = arg(0.3, "GPU memory share of the vLLM engine")
+    vllm_max_model_length: int | None = arg(None, "vLLM's context length")
+    vllm_importance_sampling_correction: bool = arg(True, "weight the policy loss by w")
     vllm_importance_sampling_mode: Literal[
         "sequence_mask", "sequence_truncate", "token_mask", "token_truncate"
-    ] = arg("sequence_mask", "the ratio of the completion or of each token; 0 above C, or C")
-    vllm_importance_sampling_clip_max: float = arg(
-        3.0, "the cap C of the importance-sampling ratio"
-    )
+    ] = arg("sequence_mask", "w of y or of each y_t; 0 above C, or C")
+    vllm_importance_sampling_clip_max: float = arg(3.0, "C, the cap of w")
     # optimization
-    prompts_per_step: int = arg(
-        16, "prompts per step, one completion each: the step's batch of completions"
-    )
-    micro_batch_size: int = arg(
-        0, "completions per forward and backward, gradients accumulated (0: the mini-batch)"
-    )
+    prompts_per_step: int = arg(16, "prompts per step, one completion each")
+    micro_batch_size: int = arg(0, "completions per forward and backward (0: the mini-batch)")
     max_steps: int = arg(25, "training steps, one batch each")
-    learning_rate: float = arg(
-        1e-4, "AdamW learning rate of the policy and the value model (~3e-6 for a 0.5B model)"
-    )
+    learning_rate: float = arg(1e-4, "AdamW learning rate of both models (~3e-6 for 0.5B)")
     lr_scheduler_type: SchedulerType = arg("cosine", "transformers' learning-rate schedule")
     warmup_ratio: float = arg(0.03, "fraction of the optimizer steps spent warming up")
     weight_decay: float = arg(0.0, "AdamW weight decay")
-    max_grad_norm: float = arg(
-        1.0, "gradient clipping norm, of the policy and of the value model separately (0: none)"
-    )
+    max_grad_norm: float = arg(1.0, "gradient clipping norm of each model (0: none)")
     seed: int = arg(0, "random seed (sampling, data order, mini-batches)")
-    disable_dropout: bool = arg(
-        True, "dropout off in the policy and the value model, so the rollout and update agree"
-    )
+    disable_dropout: bool = arg(True, "dropout off: sampling and the loss see one policy")
     # logging, evaluation, checkpoints
-    output_dir: str = arg(
-        "outputs/ppo", "metrics.jsonl, the checkpoints, the final model and its value_model/"
-    )
-    overwrite_output_dir: bool = arg(False, "start over in an output_dir that holds another run")
+    output_dir: str = arg("outputs/ppo", "metrics.jsonl, checkpoints, the final model, V_ψ")
+    overwrite_output_dir: bool = arg(False, "start over in an output_dir with another run")
     logging_steps: int = arg(5, "log metrics every this many steps")
-    log_completions: bool = arg(False, "print a few completions and their rewards at each log")
+    log_completions: bool = arg(False, "print a few completions at each log")
     num_completions_to_print: int = arg(2, "how many completions --log_completions prints")
-    report_to: list[str] = arg(
-        ["none"], "trackers besides metrics.jsonl: tensorboard, wandb, trackio, all, ..."
-    )
-    eval_strategy: Literal["steps", "no"] = arg(
-        "steps", "steps: at the start, every eval_steps and at the end"
-    )
-    eval_steps: int = arg(50, "evaluate every this many steps (0: at the start and the end only)")
-    num_generations_eval: int = arg(4, "completions sampled per held-out prompt (and one greedy)")
-    per_device_eval_batch_size: int = arg(512, "completions per generate call of the evaluation")
-    save_steps: int = arg(
-        10, "save a checkpoint every this many steps (0: never; a stop always saves)"
-    )
+    report_to: list[str] = arg(["none"], "trackers besides metrics.jsonl: wandb, all, ...")
+    eval_strategy: Literal["steps", "no"] = arg("steps", "steps: at the start, end, eval_steps")
+    eval_steps: int = arg(50, "evaluate every this many steps (0: start and end only)")
+    num_generations_eval: int = arg(4, "samples per held-out prompt (and one greedy)")
+    per_device_eval_batch_size: int = arg(512, "completions per generate call of evaluation")
+    save_steps: int = arg(10, "checkpoint every this many steps (0: never; a stop saves)")
     save_total_limit: int | None = arg(None, "keep only the newest N checkpoints")
-    resume_from_checkpoint: str | None = arg(
-        None, "a checkpoint folder, or 'latest' in output_dir"
-    )
+    resume_from_checkpoint: str | None = arg(None, "a checkpoint, or 'latest' in output_dir")
     # efficiency
-    bf16: bool = arg(False, "bf16 autocast for the forward passes; master weights stay float32")
-    gradient_checkpointing: bool = arg(
-        False, "recompute activations in the backward pass to save memory"
-    )
-    use_peft: bool = arg(
-        False,
-        "train LoRA adapters (policy and value model); π_ref is the policy without its adapter",
-    )
+    bf16: bool = arg(False, "bf16 autocast; master weights stay float32")
+    gradient_checkpointing: bool = arg(False, "recompute activations in the backward pass")
+    use_peft: bool = arg(False, "train LoRA adapters of both models; π_ref: π_θ without it")
     lora_r: int = arg(16, "LoRA rank")
     lora_alpha: int = arg(32, "LoRA alpha")
     lora_dropout: float = arg(0.05, "LoRA dropout")
-    lora_target_modules: list[str] = arg(["all-linear"], "modules LoRA adapts, or all-linear")
-    load_in_4bit: bool = arg(
-        False, "QLoRA: not in ppo.py, whose value model trains beside the policy"
-    )
+    lora_target_modules: list[str] = arg(["all-linear"], "modules LoRA adapts")
+    load_in_4bit: bool = arg(False, "QLoRA: not in ppo.py, whose V_ψ trains too")
     bnb_4bit_quant_type: Literal["nf4", "fp4"] = arg("nf4", "4-bit data type")
 
 
 def check_args(args: Args):
     """The flags in range, each said in one line."""
     positive = (
-        "max_steps prompts_per_step learning_rate max_completion_length temperature logging_steps"
+        "max_steps prompts_per_step learning_rate max_completion_length temperature"
+        " logging_steps num_generations_eval per_device_eval_batch_size num_ppo_epochs"
+        " num_mini_batches cliprange cliprange_value kl_target kl_horizon"
     )
-    positive += " num_generations_eval per_device_eval_batch_size num_ppo_epochs num_mini_batches cliprange"
-    for name in (positive + " cliprange_value kl_target kl_horizon").split():
-        require(getattr(args, name) > 0, f"--{name}: must be positive, got {getattr(args, name)}")
-    for name in "kl_coef vf_coef micro_batch_size top_k eval_steps save_steps weight_decay max_grad_norm".split():
-        require(getattr(args, name) >= 0, f"--{name}: must be ≥ 0, got {getattr(args, name)}")
+    for name in positive.split():
+        value = getattr(args, name)
+        require(value > 0, f"--{name}: must be positive, got {value}")
+    non_negative = (
+        "kl_coef vf_coef micro_batch_size top_k eval_steps save_steps weight_decay max_grad_norm"
+    )
+    for name in non_negative.split():
+        value = getattr(args, name)
+        require(value >= 0, f"--{name}: must be ≥ 0, got {value}")
     for name in ("gamma", "lam", "warmup_ratio"):
-        require(
-            0 <= getattr(args, name) <= 1,
-            f"--{name}: must be in [0, 1], got {getattr(args, name)}",
-        )
+        value = getattr(args, name)
+        require(0 <= value <= 1, f"--{name}: must be in [0, 1], got {value}")
     require(0 < args.top_p <= 1, f"--top_p: must be in (0, 1], got {args.top_p}")
-    require(
-        0 <= args.seed < 2**32, f"--seed: must be in [0, 2**32), got {args.seed}"
-    )  # numpy's range
-    require(
-        args.save_total_limit is None or args.save_total_limit > 0,
-        "--save_total_limit: must be positive",
-    )
-    require(
-        not args.load_in_4bit,
-        "--load_in_4bit: ppo.py trains a value model beside the policy; not with QLoRA",
-    )
-    require(
-        not args.adaptive_kl or args.kl_coef > 0,
-        "--adaptive_kl: needs a positive --kl_coef to start from",
-    )
-    require(
-        args.dataset_train_split != args.dataset_test_split,
-        "--dataset_test_split: that is the training split",
-    )
+    require(0 <= args.seed < 2**32, f"--seed: must be in [0, 2**32), got {args.seed}")  # numpy's
+    limit = args.save_total_limit
+    require(limit is None or limit > 0, "--save_total_limit: must be positive")
+    quantized = "--load_in_4bit: ppo.py trains a value model beside the policy; not with QLoRA"
+    require(not args.load_in_4bit, quantized)
+    if args.adaptive_kl:
+        require(args.kl_coef > 0, "--adaptive_kl: needs a positive --kl_coef to start from")
+    test_split = args.dataset_test_split
+    require(args.dataset_train_split != test_split, "--dataset_test_split: the training split")
 
 
 # ---- the log-probs at the temperature, which every equation above reads ----
@@ -310,81 +232,73 @@ def completion_logprobs(
 
 
 # ==== PPO ====
-def per_token_kl(
-    logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: str
-) -> torch.Tensor:
-    """kl_t for each sampled token: k1 = log π − log π_ref (unbiased), k3 = exp(−k1) + k1 − 1 (unbiased, ≥ 0)."""
+def per_token_kl(logprobs, ref_logprobs, estimator: str) -> torch.Tensor:
+    """kl_t of each sampled token, unbiased: k1 = log π − log π_ref, or k3 = exp(−k1) + k1 − 1."""
     log_ratio = logprobs - ref_logprobs
-    return log_ratio if estimator == "k1" else torch.exp(-log_ratio) + log_ratio - 1
+    if estimator == "k1":
+        return log_ratio
+    return torch.exp(-log_ratio) + log_ratio - 1
 
 
 def stop_token_ids(tokenizer, stop_token: str, end_ids: list[int]) -> list[int]:
-    """--stop_token as token ids: 'eos' is every end id of the checkpoint; any other text must be one token."""
+    """--stop_token's ids: 'eos', the checkpoint's end ids; else one token's text."""
     if stop_token == "eos":
         return end_ids
     ids = tokenizer.encode(stop_token, add_special_tokens=False)
-    require(
-        len(ids) == 1,
-        f"--stop_token: {stop_token!r} is {len(ids)} tokens for this tokenizer, not one",
-    )
+    message = f"{stop_token!r} is {len(ids)} tokens for this tokenizer, not one"
+    require(len(ids) == 1, f"--stop_token: {message}")
     return ids
 
 
-def ends_with(
-    completion_ids: torch.Tensor, completion_mask: torch.Tensor, token_ids: list[int]
-) -> torch.Tensor:
-    """Whether each completion's last real token is one of `token_ids` (B,): not if it was truncated, or ended at
-    another end id."""
-    last = completion_ids.gather(1, completion_mask.sum(1, keepdim=True) - 1)[
-        :, 0
-    ]  # every completion has a token
+def ends_with(completion_ids, completion_mask, token_ids: list[int]) -> torch.Tensor:
+    """Whether each completion's last real token is one of `token_ids` (B,): not if truncated."""
+    last_position = completion_mask.sum(1, keepdim=True) - 1  # every completion has a token
+    last = completion_ids.gather(1, last_position)[:, 0]
     return torch.isin(last, torch.tensor(token_ids, device=last.device))
 
 
 def completion_values(value_model, input_ids, attention_mask, T: int) -> torch.Tensor:
-    """V(s_t) (B, T), float32, for the state before each of the last T tokens: the value head on the hidden state where
-    the policy's logits for that token are read. (The classifier's own output is the head at the last token only.)"""
-    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
-    output = value_model(
-        input_ids=input_ids,
-        attention_mask=attention_mask,
-        position_ids=position_ids,
-        output_hidden_states=True,
-    )
-    head = getattr(
-        value_model, "module", value_model
-    ).score  # DDP keeps the model in .module; peft forwards the name
-    return head(output.hidden_states[-1][:, -T - 1 : -1]).squeeze(-1).float()
+    """V(s_t) (B, T), float32, before each of the last T tokens: the head where the policy's
+    logits for the token are (the classifier's own output is the last token's)."""
+    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)  # as in generation
+    inputs = dict(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids)
+    hidden = value_model(**inputs, output_hidden_states=True).hidden_states[-1]
+    head = getattr(value_model, "module", value_model).score  # DDP: in .module; peft passes it on
+    return head(hidden[:, -T - 1 : -1]).squeeze(-1).float()
 
 
-def per_token_rewards(
-    scores: torch.Tensor, kl: torch.Tensor, completion_mask: torch.Tensor, kl_coef: float
-):
-    """r_t = −kl_coef · kl_t on every real token, plus the score on the last real token. (B,), (B, T) -> (B, T)"""
+def per_token_rewards(scores, kl, completion_mask, kl_coef: float) -> torch.Tensor:
+    """r_t = −kl_coef · kl_t on each real token, plus the score on the last. -> (B, T)"""
     rewards = -kl_coef * kl * completion_mask
     last = completion_mask.sum(1).long() - 1  # every completion has at least one token
     rewards[torch.arange(len(scores), device=scores.device), last] += scores
     return rewards
 
 
-def masked_whiten(
-    values: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True, all_sum=lambda total: total
-):
-    """(x − mean) / std over the real tokens (`mask`; std with Bessel's correction), 0 on padding; with shift_mean=False
-    the mean stays and only the scale changes. `all_sum` sums over the processes: the whole batch's statistics."""
-    n = all_sum(mask.sum())
-    mean = all_sum((values * mask).sum()) / n.clamp(min=1)
-    variance = all_sum((((values - mean) ** 2) * mask).sum()) / (n - 1).clamp(min=1)
+def masked_moments(values, mask, accelerator):
+    """Mean and variance (Bessel's) of the real tokens (`mask`) of every process."""
+    count = accelerator.reduce(mask.sum(), "sum")
+    mean = accelerator.reduce((values * mask).sum(), "sum") / count.clamp(min=1)
+    squares = accelerator.reduce(((values - mean) ** 2 * mask).sum(), "sum")
+    return mean, squares / (count - 1).clamp(min=1)
+
+
+def masked_whiten(values, mask, mean, variance, shift_mean=True) -> torch.Tensor:
+    """(x − mean) / std on the real tokens, 0 on padding; shift_mean=False keeps the mean."""
     whitened = (values - mean) * torch.rsqrt(variance + 1e-8)
-    return (whitened if shift_mean else whitened + mean) * mask
+    if not shift_mean:
+        whitened = whitened + mean
+    return whitened * mask
 
 
 def gae_advantages(rewards, values, completion_mask, *, gamma: float, lam: float):
-    """A_t = Σ_l (γλ)^l δ_{t+l}, δ_t = r_t + γ V_{t+1} − V_t, with r = V = 0 after the last real token. Returns the
-    advantages and the returns A + V, both (B, T) and 0 on padding."""
-    rewards, values = rewards * completion_mask, values * completion_mask
+    """A_t = Σ_l (γλ)^l δ_{t+l}, δ_t = r_t + γ V_{t+1} − V_t, with r = V = 0 on padding.
+    The advantages and the returns A + V, both (B, T)."""
+    rewards = rewards * completion_mask
+    values = values * completion_mask
     advantages = torch.zeros_like(rewards)
-    next_advantage = next_value = 0.0
+    next_advantage = 0.0
+    next_value = 0.0
     for t in reversed(range(rewards.shape[1])):
         delta = rewards[:, t] + gamma * next_value - values[:, t]
         next_advantage = delta + gamma * lam * next_advantage
@@ -397,52 +311,44 @@ def gae_advantages(rewards, values, completion_mask, *, gamma: float, lam: float
 def importance_sampling_weights(
     old_logprobs, sampler_logprobs, completion_mask, *, mode: str, clip_max: float
 ):
-    """π_θ_old / π_sampler of each completion (sequence_*: the exp of its summed log-ratio, (B, 1)) or of each token
-    (token_*: (B, T)), capped at clip_max (*_truncate) or zeroed above it (*_mask)."""
+    """w = π_θ_old / π_sampler of each completion (B, 1) or token (token_*: (B, T)), capped at
+    clip_max (*_truncate) or zeroed above it (*_mask)."""
     log_ratio = (old_logprobs - sampler_logprobs) * completion_mask
-    ratio = torch.exp(log_ratio.sum(1, keepdim=True) if mode.startswith("sequence") else log_ratio)
-    return (
-        ratio.clamp(max=clip_max)
-        if mode.endswith("truncate")
-        else ratio.masked_fill(ratio > clip_max, 0.0)
-    )
+    if mode.startswith("sequence"):
+        log_ratio = log_ratio.sum(1, keepdim=True)
+    ratio = torch.exp(log_ratio)
+    if mode.endswith("truncate"):
+        return ratio.clamp(max=clip_max)
+    return ratio.masked_fill(ratio > clip_max, 0.0)
 
 
-def policy_loss(
-    logprobs, old_logprobs, advantages, mask, weights, *, cliprange: float, num_tokens
-):
-    """Σ_t w_t max(−A_t ρ_t, −A_t clip(ρ_t, 1 ± ε)) / num_tokens over a micro-batch's real tokens (`mask`), w the
-    importance-sampling weights ((B_mb, 1) or (B_mb, T)); num_tokens counts the mini-batch's, so that accumulated
-    micro-batches give the mini-batch's mean. Returns the loss, ρ and where the clipped term is the larger (B_mb, T)."""
+def policy_loss(logprobs, old_logprobs, advantages, mask, weights, *, cliprange, num_tokens):
+    """Σ_t w_t max(−A_t ρ_t, −A_t clip(ρ_t, 1 ± ε)) / num_tokens on a micro-batch's real tokens
+    (num_tokens: the mini-batch's). The loss, ρ, and where the clipped term is larger."""
     ratio = torch.exp(logprobs - old_logprobs)
-    unclipped, clipped = (
-        -advantages * ratio,
-        -advantages * ratio.clamp(1 - cliprange, 1 + cliprange),
-    )
-    return (
-        (torch.max(unclipped, clipped) * weights * mask).sum() / num_tokens,
-        ratio,
-        clipped > unclipped,
-    )
+    unclipped = -advantages * ratio
+    clipped = -advantages * ratio.clamp(1 - cliprange, 1 + cliprange)
+    loss = (torch.max(unclipped, clipped) * weights * mask).sum() / num_tokens
+    return loss, ratio, clipped > unclipped
 
 
-def value_loss(values, old_values, returns, mask, *, cliprange_value: float, num_tokens):
-    """½ Σ_t max((V − R)², (clip(V, V_old ± ε_v) − R)²) / num_tokens over a micro-batch's real tokens. Returns the
-    loss and where the clipped term is the larger (B_mb, T)."""
+def value_loss(values, old_values, returns, mask, *, cliprange_value, num_tokens):
+    """½ Σ_t max((V − R)², (clip(V, V_old ± ε_v) − R)²) / num_tokens on the real tokens.
+    The loss, and where the clipped term is larger."""
     clipped_values = old_values + (values - old_values).clamp(-cliprange_value, cliprange_value)
-    unclipped, clipped = (values - returns) ** 2, (clipped_values - returns) ** 2
-    return 0.5 * (torch.max(unclipped, clipped) * mask).sum() / num_tokens, clipped > unclipped
+    unclipped = (values - returns) ** 2
+    clipped = (clipped_values - returns) ** 2
+    loss = 0.5 * (torch.max(unclipped, clipped) * mask).sum() / num_tokens
+    return loss, clipped > unclipped
 
 
-def adaptive_kl_coef(
-    kl_coef: float, kl: float, *, kl_target: float, kl_horizon: int, batch_size: int
-) -> float:
-    """Ziegler et al.'s proportional controller: kl_coef · (1 + clip(KL / target − 1, ±0.2) · B / horizon)."""
+def adaptive_kl_coef(kl_coef, kl, *, kl_target, kl_horizon, batch_size) -> float:
+    """Ziegler et al.'s: kl_coef · (1 + clip(KL / target − 1, ±0.2) · B / horizon)."""
     error = min(max(kl / kl_target - 1, -0.2), 0.2)
     return kl_coef * (1 + error * batch_size / kl_horizon)
 
 
-# the token means logged after each step, over every token of every pass; the last is E[ρ²], for val/ratio_var
+# token means over every pass, logged; the last is E[ρ²], for val/ratio_var
 TOKEN_STATS = (
     "policy/approxkl_avg",
     "policy/clipfrac_avg",
@@ -624,40 +530,43 @@ def unwrapped_for_generation(accelerator, model):
 
 # ---- ppo: the value model ----
 def load_value_model(accelerator, args, tokenizer):
-    """V_ψ, a sequence classifier with one label (its forward finds the last token by the pad id), to train: from
-    --value_model_path, else the reward model, else the policy's backbone with a new head at zero (V ≡ 0). A reward
-    model whose tokenizer is not the policy's cannot read the policy's tokens: V_ψ then starts from the policy."""
-    path = args.value_model_path or args.reward_model_path
-    flag = "--value_model_path" if args.value_model_path else "--reward_model_path"
+    """V_ψ to train: --value_model_path, else the reward model, else the policy with a new head
+    at zero (V ≡ 0). A reward model that cannot read the policy's tokens only scores."""
+    path = args.value_model_path
+    flag = "--value_model_path"
+    if not path:
+        path = args.reward_model_path
+        flag = "--reward_model_path"
     if path:
         with loading(flag, path):  # no such model, or no tokenizer in it
             vocabulary = transformers.AutoTokenizer.from_pretrained(path).get_vocab()
         if vocabulary != tokenizer.get_vocab():
-            require(
-                not args.value_model_path,
-                f"{flag}: {path} has another tokenizer than the policy's",
-            )
-            accelerator.print(
-                f"{flag}: {path} has another tokenizer than the policy's: V_ψ starts from the policy"
-            )
+            message = f"{flag}: {path} has another tokenizer than the policy's"
+            require(not args.value_model_path, message)
+            accelerator.print(f"{message}: V_ψ starts from the policy")
             path = None
-    start, one_label = (
-        path or args.model_name_or_path,
-        dict(num_labels=1, pad_token_id=tokenizer.pad_token_id),
-    )
+    new_head = not path
+    if new_head:  # the policy's backbone
+        path = args.model_name_or_path
+        flag = "--model_name_or_path"
     model = load_for_training(
-        args, start, AutoModelForSequenceClassification, "SEQ_CLS", flag=flag, **one_label
+        args,
+        path,
+        AutoModelForSequenceClassification,
+        task_type="SEQ_CLS",
+        flag=flag,
+        num_labels=1,
+        pad_token_id=tokenizer.pad_token_id,  # the classifier finds the last token by it
     )
-    with torch.no_grad():
-        for parameter in (
-            model.score.parameters() if path is None else ()
-        ):  # a new head: V ≡ 0 at the start
-            parameter.zero_()
+    if new_head:  # V ≡ 0 at the start
+        with torch.no_grad():
+            for parameter in model.score.parameters():
+                parameter.zero_()
     return model
 
 
 def load_weights(accelerator, model, folder: Path):
-    """The weights `save_model` wrote into `folder` (with --use_peft: the adapter), into the prepared `model`."""
+    """What `save_model` wrote into `folder` (--use_peft: the adapter), into the prepared model."""
     from peft import set_peft_model_state_dict
     from safetensors.torch import load_file, load_model
 
@@ -831,41 +740,23 @@ def main(args: Args):
     set_seed(args.seed, device_specific=True)  # seed + process index: each samples its own
     device = accelerator.device
 
-    # ---- plumbing: each process's share of the prompts, in whole groups ----
-    G = args.num_generations
+    # ---- ppo: each process's share of the prompts, and its mini-batches ----
+    engine = accelerator.distributed_type
+    one_optimizer = engine not in (DistributedType.DEEPSPEED, DistributedType.FSDP)
+    reason = "ppo.py trains two models with one optimizer, as one process or under DDP"
+    require(one_optimizer, f"accelerate launch: {engine.value}: {reason}")
     processes = accelerator.num_processes
     share = args.prompts_per_step % processes == 0
     require(share, f"--prompts_per_step: not a multiple of the {processes} processes")
-    local_prompts = args.prompts_per_step // processes
-    first_prompt = accelerator.process_index * local_prompts
-    my_prompts = slice(first_prompt, first_prompt + local_prompts)
-    # whole groups: a baseline needs no other process's rewards
-    local_batch_size = local_prompts * G
-    micro_batch_size = args.micro_batch_size or local_batch_size
-    divides = local_batch_size % micro_batch_size == 0
-    require(divides, f"--micro_batch_size: must divide {local_batch_size} completions")
-
-    # ---- ppo: mini-batches, and one optimizer over two models (one process or DDP) ----
-    engine = accelerator.distributed_type
-    require(
-        engine not in (DistributedType.DEEPSPEED, DistributedType.FSDP),
-        f"accelerate launch: {engine.value}: "
-        "ppo.py trains two models with one optimizer, as one process or under DDP",
-    )
-    require(
-        local_batch_size % args.num_mini_batches == 0,
-        f"--num_mini_batches: must divide {local_batch_size} completions",
-    )
+    local_batch_size = args.prompts_per_step // processes  # one completion per prompt
+    first_prompt = accelerator.process_index * local_batch_size
+    my_prompts = slice(first_prompt, first_prompt + local_batch_size)
+    divides = local_batch_size % args.num_mini_batches == 0
+    require(divides, f"--num_mini_batches: must divide {local_batch_size} completions")
     mini_batch_size = local_batch_size // args.num_mini_batches
-    micro_batch_size = args.micro_batch_size or mini_batch_size
-    require(
-        mini_batch_size % micro_batch_size == 0,
-        f"--micro_batch_size: must divide a mini-batch, {mini_batch_size}",
-    )
-    all_sum = lambda total: accelerator.reduce(
-        total, "sum"
-    )  # over every process's share of the batch
-    max_grad_norm = args.max_grad_norm or math.inf  # 0: no clipping, as in transformers' Trainer
+    micro_batch_size = args.micro_batch_size or mini_batch_size  # 0: the mini-batch
+    divides = mini_batch_size % micro_batch_size == 0
+    require(divides, f"--micro_batch_size: must divide a mini-batch, {mini_batch_size}")
 
     # ---- plumbing: the splits and their prompts ----
     with loading("--model_name_or_path", args.model_name_or_path):
@@ -888,61 +779,55 @@ def main(args: Args):
     check_columns(reward_funcs, train_dataset, args.dataset_train_split)
     check_columns(reward_funcs, eval_dataset, args.dataset_test_split)
 
-    # ---- ppo: the policy π_θ, the reference π_ref (kl_coef > 0; with LoRA: the policy without its adapter) ----
-    model, ref_model = load_for_training(args, args.model_name_or_path), None
-    check_context(
-        model, tokenizer, [*train_texts, *(eval_texts or [])], args.max_completion_length
-    )
-    if args.kl_coef > 0 and not args.use_peft:  # frozen: bf16 under --bf16
-        ref = dict(
-            dtype=torch.bfloat16 if args.bf16 else torch.float32,
+    # ---- ppo: π_θ, π_ref (kl_coef > 0; LoRA: π_θ, adapter off), the end ids, V_ψ ----
+    model = load_for_training(args, args.model_name_or_path)
+    check_context(model, tokenizer, train_texts + eval_texts, args.max_completion_length)
+    ref_model = None
+    if args.kl_coef > 0 and not args.use_peft:
+        ref_model = AutoModelForCausalLM.from_pretrained(
+            args.model_name_or_path,
+            dtype=torch.bfloat16 if args.bf16 else torch.float32,  # frozen: no float32 master
             attn_implementation=args.attn_implementation,
         )
-        ref_model = prepare_frozen(
-            accelerator, AutoModelForCausalLM.from_pretrained(args.model_name_or_path, **ref)
-        )
+        ref_model = prepare_frozen(accelerator, ref_model)
     generation_config = common.sampling_config(model, tokenizer, args)
+    # a completion ends at the checkpoint's end ids and at --stop_token
     stop_ids = stop_token_ids(tokenizer, args.stop_token, generation_config.eos_token_id)
-    end_ids = generation_config.eos_token_id = sorted({*generation_config.eos_token_id, *stop_ids})
+    end_ids = sorted({*generation_config.eos_token_id, *stop_ids})
+    generation_config.eos_token_id = end_ids
     value_model = load_value_model(accelerator, args, tokenizer)
 
     # ---- ppo: one AdamW, a parameter group per model, and the scheduler ----
     total_updates = args.max_steps * args.num_ppo_epochs * args.num_mini_batches
-    groups = [
-        {"params": [p for p in m.parameters() if p.requires_grad]} for m in (model, value_model)
-    ]
-    # fused: one kernel for every parameter, as transformers' adamw_torch_fused (4× faster on a CPU core at 135M)
+    policy_group = {"params": [p for p in model.parameters() if p.requires_grad]}
+    value_group = {"params": [p for p in value_model.parameters() if p.requires_grad]}
+    # fused: one kernel for every parameter, as transformers' adamw_torch_fused
     optimizer = torch.optim.AdamW(
-        groups, lr=args.learning_rate, weight_decay=args.weight_decay, fused=True
+        [policy_group, value_group], args.learning_rate, weight_decay=args.weight_decay, fused=True
     )
     warmup = int(args.warmup_ratio * total_updates)
-    scheduler = transformers.get_scheduler(
-        args.lr_scheduler_type, optimizer, warmup, total_updates
-    )
+    schedule = args.lr_scheduler_type
+    scheduler = transformers.get_scheduler(schedule, optimizer, warmup, total_updates)
     model, value_model, optimizer, scheduler = accelerator.prepare(
         model, value_model, optimizer, scheduler
     )
-    # autocast is entered below: no float32 copy of the outputs (no loop variable left holding a DDP wrapper)
+    # Under bf16, prepare wraps forward to return float32 outputs: a float32 copy of the logits.
+    # The log-probs and values upcast themselves, so this documented call removes the wrappers
+    # (one call per model: a loop variable would hold a DDP wrapper past end_training)
     accelerator.unwrap_model(model, keep_fp32_wrapper=False)
     accelerator.unwrap_model(value_model, keep_fp32_wrapper=False)
 
-    # ---- ppo: the value model in every checkpoint, beside accelerate's state: checkpoint-N/value_model ----
-    def save_value(_models, _weights, state_dir):
-        save_model(
-            accelerator,
-            args,
-            value_model,
-            tokenizer,
-            Path(state_dir).parent / "value_model",
-            state,
-        )
+    # ---- ppo: V_ψ in every checkpoint, in checkpoint-N/value_model ----
+    # accelerate's hooks: V_ψ beside the policy, whose weights state/ does not hold either
+    def save_value_model(models, model_weights, state_dir):
+        folder = Path(state_dir).parent / "value_model"
+        save_model(accelerator, args, value_model, tokenizer, folder, state)
 
-    accelerator.register_save_state_pre_hook(save_value)
-    accelerator.register_load_state_pre_hook(
-        lambda _models, state_dir: load_weights(
-            accelerator, value_model, Path(state_dir).parent / "value_model"
-        )
-    )
+    def load_value_model_weights(models, state_dir):
+        load_weights(accelerator, value_model, Path(state_dir).parent / "value_model")
+
+    accelerator.register_save_state_pre_hook(save_value_model)
+    accelerator.register_load_state_pre_hook(load_value_model_weights)
 
     # ---- plumbing: resume, the first evaluation, the loop's stop ----
     # the main process alone claims the folder; every process resumes
@@ -983,71 +868,58 @@ def main(args: Args):
         step_start = time.perf_counter()
         logging_step = step % args.logging_steps == 0 or step == args.max_steps
 
-        # ==== 1. rollout: one completion per prompt, ended at its first end token (or the stop token) ====
-        # the step's prompts depend on the step alone (a fresh permutation each epoch): a resumed run sees the same
+        # ==== 1. rollout: one completion per prompt, ended at its first end token ====
+        # the step alone picks its prompts (a fresh permutation each epoch): a resume sees the same
         epoch, position = divmod(step - 1, len(train_dataset) // args.prompts_per_step)
-        order = torch.randperm(
-            len(train_dataset), generator=torch.Generator().manual_seed(args.seed + epoch)
-        )
-        indices = order[position * args.prompts_per_step : (position + 1) * args.prompts_per_step][
-            my_prompts
-        ].tolist()
-        rows = train_dataset.select(indices)
+        seeded = torch.Generator().manual_seed(args.seed + epoch)
+        order = torch.randperm(len(train_dataset), generator=seeded)
+        start = position * args.prompts_per_step
+        indices = order[start : start + args.prompts_per_step][my_prompts].tolist()
         texts = [train_texts[i] for i in indices]
         if vllm is not None:
             rollout = vllm.generate(texts, device)
         else:
             with unwrapped_for_generation(accelerator, model) as policy:
                 rollout = common.generate(policy, tokenizer, texts, generation_config)
-        completion_mask, is_truncated = common.end_of_completion(
-            rollout["completion_ids"], end_ids
-        )  # (B, T), (B,)
-        completion_ids = rollout["completion_ids"].masked_fill(
-            completion_mask == 0, tokenizer.pad_token_id
-        )
-        input_ids = torch.cat([rollout["prompt_ids"], completion_ids], 1)
+        completion_ids = rollout["completion_ids"]
+        completion_mask, is_truncated = common.end_of_completion(completion_ids, end_ids)
+        completion_ids = completion_ids.masked_fill(completion_mask == 0, tokenizer.pad_token_id)
+        input_ids = torch.cat([rollout["prompt_ids"], completion_ids], 1)  # (B, P + T)
         attention_mask = torch.cat([rollout["prompt_mask"], completion_mask], 1)
         T = completion_ids.shape[1]
 
-        # ==== 2. score: r(x, y), the weighted sum of the reward functions, minus the missing-EOS penalty ====
-        completions, completion_id_lists = common.decode(
-            tokenizer, completion_ids, completion_mask
-        )
-        prompts, row_columns = (
-            list(rows["prompt"]),
-            {c: list(rows[c]) for c in rows.column_names if c != "prompt"},
-        )
+        # ==== 2. score: r(x, y), the reward functions' weighted sum, minus the EOS penalty ====
+        completions, id_lists = common.decode(tokenizer, completion_ids, completion_mask)
+        columns = train_dataset.select(indices).to_dict()
+        prompts = columns.pop("prompt")
         rewards, rewards_per_func = compute_rewards(
-            reward_funcs, weights, prompts, completions, completion_id_lists, row_columns
+            reward_funcs, weights, prompts, completions, id_lists, columns
         )
-        rewards, rewards_per_func = rewards.to(device), rewards_per_func.to(device)
-        stopped = ends_with(
-            completion_ids, completion_mask, stop_ids
-        )  # (B,): it ended with --stop_token
-        scores = rewards - (args.missing_eos_penalty or 0.0) * ~stopped
+        rewards = rewards.to(device)  # (B,)
+        rewards_per_func = rewards_per_func.to(device)  # (B, number of functions)
+        stopped = ends_with(completion_ids, completion_mask, stop_ids)  # (B,): at --stop_token
+        scores = rewards
+        if args.missing_eos_penalty is not None:
+            scores = rewards - args.missing_eos_penalty * (~stopped).float()
 
-        # ==== 3. before any update, without gradients: log π_θ_old, V_old(s_t), and kl_t to π_ref ====
-        old_logprobs, old_values, kl = torch.zeros(3, local_batch_size, T, device=device)
-        with torch.no_grad():
-            for mb in torch.arange(local_batch_size, device=device).split(micro_batch_size):
-                ids, attention = input_ids[mb], attention_mask[mb]
-                with accelerator.autocast():
-                    old_logprobs[mb] = completion_logprobs(
-                        model, ids, attention, T, args.temperature
-                    )[0]
-                    old_values[mb] = completion_values(value_model, ids, attention, T)
-                if args.kl_coef > 0:
-                    ref_logprobs = reference_logprobs(ids, attention, T)
-                    kl[mb] = (
-                        per_token_kl(old_logprobs[mb], ref_logprobs, args.kl_estimator)
-                        * completion_mask[mb]
-                    )
-        # vLLM sampled, not π_θ: importance-sampling weights w = π_θ_old / π_vllm (capped or masked at C); else 1
+        # ==== 3. before any update, without gradients: log π_θ_old, V_old(s_t), kl_t to π_ref ====
+        old_logprobs = torch.zeros(local_batch_size, T, device=device)
+        old_values = torch.zeros(local_batch_size, T, device=device)
+        kl = torch.zeros(local_batch_size, T, device=device)
+        for mb in torch.arange(local_batch_size, device=device).split(micro_batch_size):
+            ids, mask = input_ids[mb], attention_mask[mb]
+            with torch.no_grad(), accelerator.autocast():
+                logprobs, _ = completion_logprobs(model, ids, mask, T, args.temperature)
+                old_values[mb] = completion_values(value_model, ids, mask, T)
+            old_logprobs[mb] = logprobs
+            if args.kl_coef > 0:  # else no reference model: kl = 0
+                ref_logprobs = reference_logprobs(ids, mask, T)
+                token_kl = per_token_kl(old_logprobs[mb], ref_logprobs, args.kl_estimator)
+                kl[mb] = token_kl * completion_mask[mb]
+        # w: π_θ_old / π_vllm when vLLM sampled, else 1
         off_policy = args.vllm_importance_sampling_correction and "sampler_logprobs" in rollout
-        is_weights = torch.ones(
-            local_batch_size, 1, device=device
-        )  # (B, 1), or (B, T) in the token_* modes
-        if off_policy:
+        is_weights = torch.ones(local_batch_size, 1, device=device)  # (B, 1); token_*: (B, T)
+        if off_policy:  # vLLM sampled, not π_θ
             is_weights = importance_sampling_weights(
                 old_logprobs,
                 rollout["sampler_logprobs"],
@@ -1056,54 +928,47 @@ def main(args: Args):
                 clip_max=args.vllm_importance_sampling_clip_max,
             )
 
-        # ==== 4. KL-shaped per-token rewards → GAE advantages and returns → whitened over the whole batch ====
-        # An unscorable completion (no reward function applies: a NaN score) gets no loss and stays out of whitening.
+        # ==== 4. KL-shaped per-token rewards → GAE advantages and returns, whitened ====
+        # unscorable (a NaN score: no reward function applies): no loss, not in the whitening
         loss_mask = completion_mask * ~scores.isnan()[:, None]  # (B, T)
-        kl_coef = state.setdefault(
-            "kl_coef", args.kl_coef
-        )  # --adaptive_kl's, saved in each checkpoint's state
+        kl_coef = state.setdefault("kl_coef", args.kl_coef)  # --adaptive_kl's, checkpointed
         token_rewards = per_token_rewards(scores.nan_to_num(0.0), kl, completion_mask, kl_coef)
-        if args.whiten_rewards:
+        if args.whiten_rewards:  # scaled, not shifted
+            mean, variance = masked_moments(token_rewards, loss_mask, accelerator)
             token_rewards = masked_whiten(
-                token_rewards, loss_mask, shift_mean=False, all_sum=all_sum
+                token_rewards, loss_mask, mean, variance, shift_mean=False
             )
         advantages, returns = gae_advantages(
             token_rewards, old_values, completion_mask, gamma=args.gamma, lam=args.lam
         )
         if args.whiten_advantages:
-            advantages = masked_whiten(advantages, loss_mask, all_sum=all_sum)
+            mean, variance = masked_moments(advantages, loss_mask, accelerator)
+            advantages = masked_whiten(advantages, loss_mask, mean, variance)
 
-        # ==== 5. loss and update: num_ppo_epochs passes over fresh mini-batches, micro-batches accumulated ====
-        # The losses are token means over the mini-batch of every process together: DDP averages the processes'
-        # gradients, so each divides its token sum by the mini-batch's token count over the number of processes.
-        token_sums = torch.zeros(
-            len(TOKEN_STATS), device=device
-        )  # the logged token means' numerators
-        policy_losses, value_losses, grad_norms, vf_grad_norms = [], [], [], []
+        # ==== 5. loss and update: num_ppo_epochs passes over fresh mini-batches ====
+        # The losses are token means over a mini-batch of every process: DDP averages the
+        # processes' gradients, so each divides by the mini-batch's token count / processes.
+        token_sums = torch.zeros(len(TOKEN_STATS), device=device)  # the TOKEN_STATS' sums
+        policy_losses, value_losses, grad_norms, value_grad_norms = [], [], [], []
         for _ in range(args.num_ppo_epochs):
-            for mini in torch.randperm(local_batch_size, device=device).split(mini_batch_size):
-                num_tokens = all_sum(loss_mask[mini].sum()).clamp(min=1) / processes
-                micro_batches, pg_sum, vf_sum = mini.split(micro_batch_size), 0.0, 0.0
+            shuffled = torch.randperm(local_batch_size, device=device)
+            for mini_batch in shuffled.split(mini_batch_size):
+                tokens = accelerator.reduce(loss_mask[mini_batch].sum(), "sum")
+                num_tokens = tokens.clamp(min=1) / processes
+                micro_batches = mini_batch.split(micro_batch_size)
+                policy_loss_sum = 0.0
+                value_loss_sum = 0.0
                 for k, mb in enumerate(micro_batches):
-                    # DDP all-reduces the accumulated gradients once per update, at the last micro-batch
-                    hold = (
-                        accelerator.no_sync
-                        if k < len(micro_batches) - 1
-                        else contextlib.nullcontext
-                    )
-                    with hold(model), hold(value_model):
+                    # DDP all-reduces the accumulated gradients at the last micro-batch alone
+                    last = k == len(micro_batches) - 1
+                    no_sync = contextlib.nullcontext if last else accelerator.no_sync
+                    ids, mask = input_ids[mb], attention_mask[mb]
+                    with no_sync(model), no_sync(value_model):
                         with accelerator.autocast():
                             logprobs, token_entropy = completion_logprobs(
-                                model,
-                                input_ids[mb],
-                                attention_mask[mb],
-                                T,
-                                args.temperature,
-                                entropy=logging_step,
+                                model, ids, mask, T, args.temperature, entropy=logging_step
                             )
-                            values = completion_values(
-                                value_model, input_ids[mb], attention_mask[mb], T
-                            )
+                            values = completion_values(value_model, ids, mask, T)
                         pg_loss, ratio, pg_clipped = policy_loss(
                             logprobs,
                             old_logprobs[mb],
@@ -1122,34 +987,29 @@ def main(args: Args):
                             num_tokens=num_tokens,
                         )
                         accelerator.backward(pg_loss + args.vf_coef * vf_loss)
-                    pg_sum, vf_sum = pg_sum + pg_loss.item(), vf_sum + vf_loss.item()
+                    policy_loss_sum += pg_loss.item()
+                    value_loss_sum += vf_loss.item()
                     if logging_step:  # the TOKEN_STATS, summed over the real tokens
                         approxkl = 0.5 * (logprobs - old_logprobs[mb]) ** 2
                         stats = (approxkl, pg_clipped, token_entropy, vf_clipped, ratio, ratio**2)
-                        token_sums += torch.stack(
-                            [(x.detach().float() * loss_mask[mb]).sum() for x in stats]
-                        )
-                grad_norms.append(
-                    float(accelerator.clip_grad_norm_(model.parameters(), max_grad_norm))
-                )
-                vf_grad_norms.append(
-                    float(accelerator.clip_grad_norm_(value_model.parameters(), max_grad_norm))
-                )
-                if not all(
-                    map(math.isfinite, (pg_sum, vf_sum, grad_norms[-1], vf_grad_norms[-1]))
-                ):  # not applied
+                        sums = [(x.detach().float() * loss_mask[mb]).sum() for x in stats]
+                        token_sums += torch.stack(sums)
+                max_norm = args.max_grad_norm or math.inf  # 0: no clipping, as in transformers
+                grad_norms.append(float(accelerator.clip_grad_norm_(model.parameters(), max_norm)))
+                value_norm = accelerator.clip_grad_norm_(value_model.parameters(), max_norm)
+                value_grad_norms.append(float(value_norm))
+                checked = [policy_loss_sum, value_loss_sum, grad_norms[-1], value_grad_norms[-1]]
+                if not all(math.isfinite(x) for x in checked):
                     progress.close()  # first: the error is then the log's last line
-                    fail(
-                        f"step {step}: a loss or a gradient norm is not finite; the newest checkpoint is kept"
-                    )
+                    fail(f"step {step}: a loss or a gradient norm is not finite; no update saved")
                 optimizer.step()
                 scheduler.step()
                 optimizer.zero_grad(set_to_none=True)
-                policy_losses.append(pg_sum)
-                value_losses.append(vf_sum)
+                policy_losses.append(policy_loss_sum)
+                value_losses.append(value_loss_sum)
 
-        # ==== 6. the adaptive KL controller: kl_coef towards the target, from the batch's KL per completion ====
-        sequence_kl = accelerator.gather(kl.sum(1))  # (B,), every process's
+        # ==== 6. the adaptive KL controller: kl_coef towards the target, from the batch's KL ====
+        sequence_kl = accelerator.gather(kl.sum(1))  # (prompts_per_step,): every process's
         if args.adaptive_kl:
             state["kl_coef"] = adaptive_kl_coef(
                 kl_coef,
@@ -1162,68 +1022,43 @@ def main(args: Args):
         # ==== 7. log: TRL's PPO statistics over the whole batch, from every process ====
         state["num_tokens"] += accelerator.reduce(attention_mask.sum(), "sum").item()
         if logging_step:
-            lengths, entropy = (
-                completion_mask.sum(1).float(),
-                (-old_logprobs * completion_mask).sum(1),
-            )
-            is_mean = (is_weights * completion_mask).sum(
-                1
-            ) / lengths  # per completion, over its tokens in token_*
-            gathered = [
-                accelerator.gather(torch.as_tensor(x, device=device))
-                for x in (
-                    rewards,
-                    rewards_per_func,
-                    scores,
-                    stopped,
-                    lengths,
-                    is_truncated,
-                    entropy,
-                    is_mean,
-                )
-            ]
-            (
-                all_rewards,
-                per_func,
-                all_scores,
-                all_stopped,
-                lengths,
-                truncated,
-                entropy,
-                all_is_weights,
-            ) = gathered
-            count = all_sum(loss_mask.sum()).clamp(min=1) * args.num_ppo_epochs
-            token_means = dict(zip(TOKEN_STATS, (all_sum(token_sums) / count).tolist()))
-            token_means["val/ratio_var"] -= token_means["val/ratio"] ** 2  # E[ρ²] − E[ρ]²
-            mean_over_processes = lambda values: accelerator.reduce(
-                torch.tensor(values, device=device).mean(), "mean"
-            )
+            lengths = completion_mask.sum(1).float()
+            all_lengths = accelerator.gather(lengths)
+            all_rewards = accelerator.gather(rewards)
+            per_func = accelerator.gather(rewards_per_func)
+            all_scores = accelerator.gather(scores)
+            truncated = accelerator.gather(is_truncated).float()
+            num_stopped = accelerator.gather(stopped).sum()
+            entropy = accelerator.gather((-old_logprobs * completion_mask).sum(1))
+            tokens = accelerator.reduce(loss_mask.sum(), "sum").clamp(min=1)
+            token_means = accelerator.reduce(token_sums, "sum") / (tokens * args.num_ppo_epochs)
+            policy_loss_mean = torch.tensor(policy_losses, device=device).mean()
+            value_loss_mean = torch.tensor(value_losses, device=device).mean()
+            non_score_rewards = -kl_coef * sequence_kl
             metrics = {
                 "objective/kl": sequence_kl.mean().item(),
                 "objective/entropy": entropy.mean().item(),
-                "objective/non_score_reward": (-kl_coef * sequence_kl).mean().item(),
-                "objective/rlhf_reward": (all_scores - kl_coef * sequence_kl).nanmean().item(),
+                "objective/non_score_reward": non_score_rewards.mean().item(),
+                "objective/rlhf_reward": (all_scores + non_score_rewards).nanmean().item(),
                 "objective/scores": all_scores.nanmean().item(),
                 "objective/kl_coef": kl_coef,
-                **token_means,
-                "loss/policy_avg": mean_over_processes(policy_losses).item(),
-                "loss/value_avg": mean_over_processes(value_losses).item(),
-                "val/num_eos_tokens": all_stopped.sum().item(),
-                "reward": all_rewards.nanmean().item(),
-                **{
-                    f"rewards/{name}/mean": per_func[:, j].nanmean().item()
-                    for j, name in enumerate(reward_funcs)
-                },
-                "completions/mean_length": lengths.mean().item(),
-                "completions/clipped_ratio": truncated.float().mean().item(),
-                "grad_norm": sum(grad_norms) / len(grad_norms),
-                "val/grad_norm": sum(vf_grad_norms) / len(vf_grad_norms),
-                **(
-                    {"sampling/importance_sampling_ratio/mean": all_is_weights.mean().item()}
-                    if off_policy
-                    else {}
-                ),
             }
+            metrics |= dict(zip(TOKEN_STATS, token_means.tolist()))
+            metrics["val/ratio_var"] -= metrics["val/ratio"] ** 2  # E[ρ²] − E[ρ]²
+            metrics["loss/policy_avg"] = accelerator.reduce(policy_loss_mean, "mean").item()
+            metrics["loss/value_avg"] = accelerator.reduce(value_loss_mean, "mean").item()
+            metrics["val/num_eos_tokens"] = num_stopped.item()
+            metrics["reward"] = all_rewards.nanmean().item()
+            for j, name in enumerate(reward_funcs):
+                metrics[f"rewards/{name}/mean"] = per_func[:, j].nanmean().item()
+            metrics["completions/mean_length"] = all_lengths.mean().item()
+            metrics["completions/clipped_ratio"] = truncated.mean().item()
+            metrics["grad_norm"] = sum(grad_norms) / len(grad_norms)
+            metrics["val/grad_norm"] = sum(value_grad_norms) / len(value_grad_norms)
+            if off_policy:  # w of each completion: the mean over its tokens in the token_* modes
+                is_means = (is_weights * completion_mask).sum(1) / lengths
+                is_mean = accelerator.gather(is_means).mean().item()
+                metrics["sampling/importance_sampling_ratio/mean"] = is_mean
 
         # ---- plumbing: log, evaluate, save, stop ----
         state["step"] = step
@@ -1252,10 +1087,9 @@ def main(args: Args):
             signum = received_signals[0] if received_signals else signal.SIGTERM
             sys.exit(128 + signum)
 
-    # ---- ppo: the value model beside the final model, in output_dir/value_model ----
-    save_model(
-        accelerator, args, value_model, tokenizer, Path(args.output_dir) / "value_model", state
-    )
+    # ---- ppo: V_ψ beside the final model, in output_dir/value_model ----
+    value_folder = Path(args.output_dir) / "value_model"
+    save_model(accelerator, args, value_model, tokenizer, value_folder, state)
     value_model = None  # its DDP wrapper holds the process group too: see end_training below
 
     # ---- plumbing: the final model and evaluation ----
