@@ -1,34 +1,38 @@
-"""Reward model: a scalar score r_φ(x, y) trained on preference pairs with the Bradley–Terry loss (InstructGPT,
-Ouyang et al. 2022, Eq. 1), as TRL's RewardTrainer trains it:
+"""Reward model: a scalar score r_φ(x, y) trained on preference pairs with the Bradley–Terry loss
+(InstructGPT, Ouyang et al. 2022, Eq. 1), as TRL's RewardTrainer trains it:
 
-    L(φ) = mean over the pairs of  −log σ(r_φ(x, y_c) − r_φ(x, y_r) − m)  +  c · (r_φ(x, y_c) + r_φ(x, y_r))²
+    L(φ) = mean over the pairs of
+           −log σ(r_φ(x, y_c) − r_φ(x, y_r) − m)  +  c · (r_φ(x, y_c) + r_φ(x, y_r))²
 
-y_c is the chosen completion and y_r the rejected one. m is the row's `margin` when the data has that column (Llama 2,
-Touvron et al. 2023, Eq. 2), else 0; c is --center_rewards_coefficient (Eisenstein et al. 2023; off by default), which
-pulls the scores towards a zero mean. Worked example: scores r_c = 2, r_r = 0 give −log σ(2) = 0.127; with m = 2 the
-pair costs −log σ(0) = ln 2 = 0.693; and with c = 0.01 centering adds 0.01 · (2 + 0)² = 0.04. accuracy is the
-fraction of pairs scored r_c > r_r (a tie counts one half), margin the mean of r_c − r_r.
+y_c is the chosen completion and y_r the rejected one. m is the row's `margin` when the data has
+that column (Llama 2, Touvron et al. 2023, Eq. 2), else 0; c is --center_rewards_coefficient
+(Eisenstein et al. 2023; off by default), pulling the scores towards a zero mean. Worked example:
+scores r_c = 2, r_r = 0 give −log σ(2) = 0.127; with m = 2 the pair costs −log σ(0) = ln 2 = 0.693;
+and with c = 0.01 centering adds 0.01 · (2 + 0)² = 0.04. accuracy is the fraction of pairs scored
+r_c > r_r (a tie counts one half), margin the mean of r_c − r_r.
 
-The model is a sequence classifier with one label, built from any causal-LM checkpoint (its backbone, and a new scalar
-head `score`) or from a reward model, and read at the last token that is not padding (the tokenizer's pad id is written
-into its config). A pair is rendered as rewards.reward_model_function renders what it scores: prompt and completion
-through the chat template for conversations, joined for strings. The saved folder is what --reward_model_path of the
-RL scripts loads.
+The model, a sequence classifier with one label built from a causal LM (its backbone and a new
+scalar head `score`) or from a reward model, reads the last token that is not padding. A pair is
+rendered as rewards.reward_model_function renders what it scores (prompt and completion through
+the chat template, or joined strings), and the saved folder is what the RL scripts'
+--reward_model_path loads.
 
-The built-in pairs, data/arithmetic_preferences (tools/make_data.py), come from sft.py's noisy demonstrator: chosen is
-its worked right answer (`7 × 8 = 56 <answer>56</answer>`), rejected its guess off by ±1 or ±2 (`<answer>54</answer>`,
-half the pairs), another number (a quarter) or a broken format (a quarter). Form separates them, and form is what so
-small a model learns: a worked wrong answer would fool it. data/arithmetic_preferences_number holds pairs that only
-arithmetic separates (the same form, another number). Both train on the RL training problems and hold out the others.
+The built-in pairs, data/arithmetic_preferences (tools/make_data.py), come from sft.py's noisy
+demonstrator: chosen is its worked right answer (`7 × 8 = 56 <answer>56</answer>`), rejected its
+guess off by ±1 or ±2 (`<answer>54</answer>`, half the pairs), another number (a quarter) or a
+broken format (a quarter). So small a model learns the form that separates them: a worked wrong
+answer would fool it. data/arithmetic_preferences_number's pairs differ in the number alone. Their
+splits are the RL scripts' splits of the problems.
 
-    python reward_model.py                      # the embedded tiny model, offline, about 30 s on a CPU
+    python reward_model.py          # the embedded tiny model, about 30 s on a CPU
     python reward_model.py --dataset_name data/arithmetic_preferences_number --max_steps 400
-    accelerate launch --config_file configs/multi_gpu.yaml reward_model.py --model_name_or_path Qwen/Qwen2.5-0.5B \\
-        --dataset_name trl-lib/ultrafeedback_binarized --learning_rate 1e-5 --max_length 1024 --bf16
+    accelerate launch --config_file configs/multi_gpu.yaml reward_model.py \\
+        --model_name_or_path Qwen/Qwen2.5-0.5B --dataset_name trl-lib/ultrafeedback_binarized \\
+        --learning_rate 1e-5 --max_length 1024 --bf16
 
-Data: a hub dataset, a folder, or a json, jsonl, csv or parquet file with `chosen` and `rejected` columns, strings or
-conversations, an optional `prompt` column (without it, chosen and rejected hold the whole text or conversation), and
-an optional numeric `margin` column (a missing value, None, is 0).
+Data: `chosen` and `rejected` columns, strings or conversations, an optional `prompt` column (else
+chosen and rejected hold the whole text) and an optional numeric `margin` (None is 0), in a hub
+dataset, a folder, or a json, jsonl, csv or parquet file.
 
 Copy reward_model.py with common.py (text ↔ tokens) and rewards.py (the text a reward model reads).
 """
@@ -49,15 +53,10 @@ import transformers
 import yaml
 from accelerate import Accelerator, DistributedType
 from accelerate.tracking import get_available_trackers
-from accelerate.utils import gather_object, set_seed
+from accelerate.utils import broadcast_object_list, set_seed
 from datasets import load_dataset
 from tqdm.auto import tqdm
-from transformers import (
-    AutoModelForCausalLM,
-    AutoModelForSequenceClassification,
-    HfArgumentParser,
-    SchedulerType,
-)
+from transformers import AutoModelForCausalLM, HfArgumentParser, SchedulerType
 
 import common
 from rewards import reward_model_text
@@ -66,117 +65,81 @@ HERE = Path(__file__).resolve().parent
 
 
 def arg(default, help: str):
-    kind = (
-        {"default_factory": lambda: list(default)}
-        if isinstance(default, list)
-        else {"default": default}
-    )
-    return field(**kind, metadata={"help": help})
+    """A flag's default and its line of --help; a list default is copied for each Args."""
+    if isinstance(default, list):
+        return field(default_factory=lambda: list(default), metadata={"help": help})
+    return field(default=default, metadata={"help": help})
 
 
 @dataclass
 class Args:
     # model and data
-    model_name_or_path: str = arg(
-        str(HERE / "models/tiny-arith"), "a causal LM (a new scalar head) or a reward model"
-    )
-    attn_implementation: str | None = arg(
-        None, "eager, sdpa, flash_attention_2, ... (default: transformers' choice)"
-    )
-    dataset_name: str = arg(
-        str(HERE / "data/arithmetic_preferences"), "a hub dataset, or a data folder or file"
-    )
-    dataset_config: str | None = arg(None, "the configuration of a dataset that has several")
-    dataset_train_split: str = arg("train", "split to train on: 'chosen' and 'rejected' columns")
-    dataset_test_split: str = arg("test", "held-out split (skipped when absent)")
-    max_length: int = arg(
-        128, "pairs with a text longer than this many tokens are dropped (as TRL does)"
-    )
+    model_name_or_path: str = arg(str(HERE / "models/tiny-arith"), "a causal LM or reward model")
+    attn_implementation: str | None = arg(None, "eager, sdpa, ... (default: transformers')")
+    dataset_name: str = arg(str(HERE / "data/arithmetic_preferences"), "hub dataset, folder, file")
+    dataset_config: str | None = arg(None, "the dataset's configuration, if it has several")
+    dataset_train_split: str = arg("train", "split to train on")
+    dataset_test_split: str = arg("test", "held-out split to evaluate (skipped if absent)")
+    max_length: int = arg(128, "drop pairs with a longer text, as TRL does")
     # Bradley-Terry
-    center_rewards_coefficient: float | None = arg(
-        None, "weight c of the (r_c + r_r)² term (None: off)"
-    )
+    center_rewards_coefficient: float | None = arg(None, "c of the (r_c + r_r)² term (None: off)")
     # optimization
-    train_batch_size: int = arg(
-        32, "pairs per step, over all processes (each takes an equal share)"
-    )
+    train_batch_size: int = arg(32, "pairs per step, over all processes")
     max_steps: int = arg(100, "training steps, one batch each")
-    learning_rate: float = arg(
-        5e-4, "AdamW learning rate (the embedded model; ~1e-5 for a 0.5B model)"
-    )
+    learning_rate: float = arg(5e-4, "AdamW learning rate (~1e-5 for a 0.5B model)")
     lr_scheduler_type: SchedulerType = arg("cosine", "transformers' learning-rate schedule")
     warmup_ratio: float = arg(0.05, "fraction of the steps spent warming up")
     weight_decay: float = arg(0.0, "AdamW weight decay")
     max_grad_norm: float = arg(1.0, "gradient clipping norm (0: none)")
     seed: int = arg(0, "random seed (data order, the new head)")
-    disable_dropout: bool = arg(True, "dropout off (LoRA's too), as TRL's RewardTrainer does")
+    disable_dropout: bool = arg(True, "dropout off (LoRA's too), as in TRL")
     # logging, evaluation, checkpoints
-    output_dir: str = arg(
-        "outputs/reward_model", "where metrics.jsonl, the checkpoints and the final model go"
-    )
-    overwrite_output_dir: bool = arg(False, "start over in an output_dir that holds another run")
+    output_dir: str = arg("outputs/reward_model", "metrics.jsonl, checkpoints and the final model")
+    overwrite_output_dir: bool = arg(False, "start over in an output_dir with another run")
     logging_steps: int = arg(25, "log metrics every this many steps")
-    report_to: list[str] = arg(
-        ["none"], "trackers besides metrics.jsonl: tensorboard, wandb, trackio, all, ..."
-    )
-    eval_strategy: Literal["steps", "no"] = arg(
-        "steps", "steps: at the start, every eval_steps and at the end"
-    )
-    eval_steps: int = arg(50, "evaluate every this many steps (0: at the start and the end only)")
-    per_device_eval_batch_size: int = arg(256, "pairs per forward pass of the evaluation")
-    save_steps: int = arg(
-        50, "save a checkpoint every this many steps (0: never; a stop always saves)"
-    )
+    report_to: list[str] = arg(["none"], "trackers besides metrics.jsonl: wandb, all, ...")
+    eval_strategy: Literal["steps", "no"] = arg("steps", "steps: at the start, end, eval_steps")
+    eval_steps: int = arg(50, "evaluate every this many steps (0: start and end only)")
+    per_device_eval_batch_size: int = arg(256, "pairs per evaluation forward pass")
+    save_steps: int = arg(50, "checkpoint every this many steps (0: never; a stop saves)")
     save_total_limit: int | None = arg(None, "keep only the newest N checkpoints")
-    resume_from_checkpoint: str | None = arg(
-        None, "a checkpoint folder, or 'latest' in output_dir"
-    )
+    resume_from_checkpoint: str | None = arg(None, "a checkpoint, or 'latest' in output_dir")
     # efficiency
-    bf16: bool = arg(False, "bf16 autocast for the forward passes; master weights stay float32")
-    gradient_checkpointing: bool = arg(
-        False, "recompute activations in the backward pass to save memory"
-    )
-    use_peft: bool = arg(False, "train a LoRA adapter (and the whole head) instead of all weights")
+    bf16: bool = arg(False, "bf16 autocast; master weights stay float32")
+    gradient_checkpointing: bool = arg(False, "recompute activations in the backward pass")
+    use_peft: bool = arg(False, "train a LoRA adapter and the head, not all weights")
     lora_r: int = arg(16, "LoRA rank")
     lora_alpha: int = arg(32, "LoRA alpha")
     lora_dropout: float = arg(0.05, "LoRA dropout")
-    lora_target_modules: list[str] = arg(["all-linear"], "modules LoRA adapts, or all-linear")
-    save_merged_model: bool = arg(
-        False, "with --use_peft, also save the merged model (output_dir/merged)"
-    )
-    load_in_4bit: bool = arg(
-        False, "QLoRA: the frozen base in 4 bits (bitsandbytes); needs --use_peft"
-    )
+    lora_target_modules: list[str] = arg(["all-linear"], "modules LoRA adapts")
+    save_merged_model: bool = arg(False, "with --use_peft, also save output_dir/merged")
+    load_in_4bit: bool = arg(False, "QLoRA: the frozen base in 4 bits; needs --use_peft")
     bnb_4bit_quant_type: Literal["nf4", "fp4"] = arg("nf4", "4-bit data type")
 
 
 def check_args(args: Args):
-    """The flags in range, each said in one line."""
-    positive = "max_steps train_batch_size learning_rate max_length logging_steps per_device_eval_batch_size"
+    """The flags in range."""
+    positive = (
+        "max_steps train_batch_size learning_rate max_length logging_steps"
+        " per_device_eval_batch_size"
+    )
     for name in positive.split():
-        require(getattr(args, name) > 0, f"--{name}: must be positive, got {getattr(args, name)}")
+        value = getattr(args, name)
+        require(value > 0, f"--{name}: must be positive, got {value}")
     for name in "eval_steps save_steps weight_decay max_grad_norm".split():
-        require(getattr(args, name) >= 0, f"--{name}: must be ≥ 0, got {getattr(args, name)}")
+        value = getattr(args, name)
+        require(value >= 0, f"--{name}: must be ≥ 0, got {value}")
     c = args.center_rewards_coefficient
     require(c is None or c >= 0, f"--center_rewards_coefficient: must be ≥ 0, got {c}")
     require(
         0 <= args.warmup_ratio <= 1, f"--warmup_ratio: must be in [0, 1], got {args.warmup_ratio}"
     )
-    require(
-        0 <= args.seed < 2**32, f"--seed: must be in [0, 2**32), got {args.seed}"
-    )  # numpy's range
-    require(
-        args.save_total_limit is None or args.save_total_limit > 0,
-        "--save_total_limit: must be positive",
-    )
-    require(
-        args.use_peft or not args.load_in_4bit,
-        "--load_in_4bit: only a LoRA adapter trains on it: add --use_peft",
-    )
-    require(
-        args.dataset_train_split != args.dataset_test_split,
-        "--dataset_test_split: that is the training split",
-    )
+    require(0 <= args.seed < 2**32, f"--seed: must be in [0, 2**32), got {args.seed}")  # numpy's
+    limit = args.save_total_limit
+    require(limit is None or limit > 0, "--save_total_limit: must be positive")
+    require(args.use_peft or not args.load_in_4bit, "--load_in_4bit: it needs --use_peft")
+    test_split = args.dataset_test_split
+    require(args.dataset_train_split != test_split, "--dataset_test_split: the training split")
 
 
 # ==== Bradley-Terry ====
@@ -192,49 +155,47 @@ def bradley_terry_loss(
 
 def pair_accuracy(chosen_rewards, rejected_rewards) -> torch.Tensor:
     """1 for each pair scored r_c > r_r, 1/2 for a tie, else 0. (B,) -> (B,)"""
-    return (chosen_rewards > rejected_rewards).float() + 0.5 * (
-        chosen_rewards == rejected_rewards
-    ).float()
+    wins = (chosen_rewards > rejected_rewards).float()
+    ties = (chosen_rewards == rejected_rewards).float()
+    return wins + 0.5 * ties
 
 
 def tokenize_pairs(tokenizer, dataset, args, split: str) -> list[dict]:
-    """chosen_ids, rejected_ids and margin of each pair, as the reward model reads them (`reward_model_text`, then the
-    tokenizer with its special tokens, as rewards.reward_model_function scores); pairs over --max_length are dropped."""
+    """Each pair's chosen_ids, rejected_ids and margin, tokenized as rewards.reward_model_function
+    reads them; pairs over --max_length are dropped."""
+    columns = dataset.column_names
     for column in ("chosen", "rejected"):
-        require(
-            column in dataset.column_names,
-            f"--dataset_name: the {split} split has no {column!r} column",
-        )
-    prompts = dataset["prompt"] if "prompt" in dataset.column_names else [None] * len(dataset)
-    margins = dataset["margin"] if "margin" in dataset.column_names else [0.0] * len(dataset)
-    pairs = zip(prompts, dataset["chosen"], dataset["rejected"], margins)
+        require(column in columns, f"--dataset_name: the {split} split has no {column!r} column")
+    missing = [None] * len(dataset)
+    prompts = dataset["prompt"] if "prompt" in columns else missing
+    given_margins = dataset["margin"] if "margin" in columns else missing
+    texts = zip(prompts, dataset["chosen"], dataset["rejected"], given_margins)
     chosen, rejected, margins = [], [], []
-    for row, (prompt, good, bad, margin) in enumerate(pairs):
+    for row, (prompt, good, bad, margin) in enumerate(texts):
         with loading("--dataset_name", f"row {row} of the {split} split"):
             chosen.append(reward_model_text(tokenizer, prompt, good))
             rejected.append(reward_model_text(tokenizer, prompt, bad))
             margins.append(0.0 if margin is None else float(margin))
-    chosen, rejected = tokenizer(chosen).input_ids, tokenizer(rejected).input_ids
-    rows = [
-        {"chosen_ids": c, "rejected_ids": r, "margin": m}
-        for c, r, m in zip(chosen, rejected, margins)
-        if max(len(c), len(r)) <= args.max_length
-    ]
-    if len(rows) < len(chosen):
-        print(
-            f"the {split} split: dropped {len(chosen) - len(rows)} of {len(chosen)} pairs over --max_length"
-        )
+    chosen_ids = tokenizer(chosen).input_ids
+    rejected_ids = tokenizer(rejected).input_ids
+    rows = []
+    for good, bad, margin in zip(chosen_ids, rejected_ids, margins):
+        if max(len(good), len(bad)) <= args.max_length:
+            rows.append({"chosen_ids": good, "rejected_ids": bad, "margin": margin})
+    dropped = len(chosen_ids) - len(rows)
+    if dropped:
+        print(f"the {split} split: dropped {dropped} of {len(chosen_ids)} pairs over --max_length")
     return rows
 
 
-def pair_rewards(
-    model, rows: list[dict], pad_token_id: int, device
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """r_φ(x, y_c) and r_φ(x, y_r) (B,) each, float32: one forward pass over the 2B texts, padded on the right."""
+def pair_rewards(model, rows: list[dict], pad_token_id: int, device):
+    """r_φ(x, y_c) and r_φ(x, y_r) (B,) each, float32: one forward pass over the 2B texts,
+    right-padded."""
     sequences = [row["chosen_ids"] for row in rows] + [row["rejected_ids"] for row in rows]
-    L = max(map(len, sequences))
-    input_ids = torch.tensor([s + [pad_token_id] * (L - len(s)) for s in sequences], device=device)
-    lengths = torch.tensor([len(s) for s in sequences], device=device)
+    L = max(len(ids) for ids in sequences)
+    padded = [ids + [pad_token_id] * (L - len(ids)) for ids in sequences]
+    input_ids = torch.tensor(padded, device=device)
+    lengths = torch.tensor([len(ids) for ids in sequences], device=device)
     attention_mask = (torch.arange(L, device=device) < lengths[:, None]).long()
     rewards = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, 0].float()
     return rewards[: len(rows)], rewards[len(rows) :]
@@ -242,28 +203,26 @@ def pair_rewards(
 
 @torch.no_grad()
 def evaluate_pairs(accelerator, model, rows: list[dict], pad_token_id: int, args) -> dict:
-    """eval/loss, eval/accuracy and eval/margin over every held-out pair. Each process takes as many pairs as the
-    others, the last ones repeated and not counted: under ZeRO-3 or FSDP a forward is collective."""
+    """eval/loss, eval/accuracy and eval/margin over the held-out pairs. Each process takes as
+    many pairs (the last repeated, not counted): under ZeRO-3 a forward is collective."""
     if not rows:
         return {}
-    share = -(-len(rows) // accelerator.num_processes)
+    device = accelerator.device
+    share = math.ceil(len(rows) / accelerator.num_processes)
     indices = torch.arange(share) + accelerator.process_index * share
-    sums = torch.zeros(4, device=accelerator.device)  # loss, accuracy, margin, pairs
+    sums = torch.zeros(4, device=device)  # loss, accuracy, margin, pairs
     for batch in indices.split(args.per_device_eval_batch_size):
         batch_rows = [rows[i] for i in batch.clamp(max=len(rows) - 1)]
         with accelerator.autocast():
-            chosen, rejected = pair_rewards(model, batch_rows, pad_token_id, accelerator.device)
-        margins = torch.tensor([row["margin"] for row in batch_rows], device=accelerator.device)
-        loss = bradley_terry_loss(
+            chosen, rejected = pair_rewards(model, batch_rows, pad_token_id, device)
+        margins = torch.tensor([row["margin"] for row in batch_rows], device=device)
+        losses = bradley_terry_loss(
             chosen, rejected, margins, center_rewards_coefficient=args.center_rewards_coefficient
         )
-        counted = (batch < len(rows)).float().to(accelerator.device)
-        sums += torch.stack(
-            [
-                x @ counted
-                for x in (loss, pair_accuracy(chosen, rejected), chosen - rejected, counted)
-            ]
-        )
+        wins = pair_accuracy(chosen, rejected)
+        per_pair = torch.stack([losses, wins, chosen - rejected, torch.ones_like(losses)])
+        counted = (batch < len(rows)).float().to(device)  # a repeated pair: 0
+        sums += per_pair @ counted
     loss, accuracy, margin, pairs = accelerator.reduce(sums, "sum").tolist()
     return {
         "eval/loss": loss / pairs,
@@ -500,28 +459,16 @@ def log(accelerator, args, step: int, metrics: dict):
 def main(args: Args):
     # ---- plumbing: setup, a batch of rows a step ----
     check_args(args)
-    known = {
-        "none",
-        "all",
-        *map(str, get_available_trackers()),
-    }  # accelerate skips the others silently
-    require(
-        set(args.report_to) <= known,
-        f"--report_to {args.report_to}: expected some of {sorted(known)}",
-    )
-    precision, trackers = (
-        "bf16" if args.bf16 else "no",
-        None if args.report_to == ["none"] else args.report_to,
-    )
+    known = {"none", "all", *map(str, get_available_trackers())}  # accelerate skips the others
+    require(set(args.report_to) <= known, f"--report_to {args.report_to}: not in {sorted(known)}")
+    trackers = None if args.report_to == ["none"] else args.report_to
     accelerator = Accelerator(
-        mixed_precision=precision,
+        mixed_precision="bf16" if args.bf16 else "no",
         log_with=trackers,
         project_dir=args.output_dir,
-        step_scheduler_with_optimizer=False,
-    )  # the scheduler steps once per update, however many processes
-    if (
-        accelerator.state.deepspeed_plugin is not None
-    ):  # no DataLoader is prepared: DeepSpeed's sizes come from here
+        step_scheduler_with_optimizer=False,  # the default steps it once per process
+    )
+    if accelerator.state.deepspeed_plugin is not None:  # no DataLoader gives DeepSpeed its sizes
         accelerator.state.deepspeed_plugin.deepspeed_config.update(
             train_micro_batch_size_per_gpu=1,
             gradient_accumulation_steps=1,
@@ -529,170 +476,145 @@ def main(args: Args):
             gradient_clipping=args.max_grad_norm,
         )
     set_seed(args.seed)  # the same on every process: a new adapter or head starts alike
-    device, processes = accelerator.device, accelerator.num_processes
-    require(
-        args.train_batch_size % processes == 0,
-        f"--train_batch_size: not divisible by the {processes} processes",
-    )
+    device = accelerator.device
+    processes = accelerator.num_processes
+    share = args.train_batch_size % processes == 0
+    require(share, f"--train_batch_size: not a multiple of the {processes} processes")
     local_batch_size = args.train_batch_size // processes
-    my_rows = slice(
-        accelerator.process_index * local_batch_size,
-        (accelerator.process_index + 1) * local_batch_size,
-    )
+    first_row = accelerator.process_index * local_batch_size
+    my_rows = slice(first_row, first_row + local_batch_size)
 
-    # ---- reward model: data, the model ----
+    # ---- reward model: the splits, tokenized; the model; the evaluation ----
     with loading("--model_name_or_path", args.model_name_or_path):
         tokenizer = common.load_tokenizer(args.model_name_or_path)
-    train_dataset, eval_dataset = (
-        load_split(args, args.dataset_train_split),
-        load_split(args, args.dataset_test_split),
-    )
+    train_dataset = load_split(args, args.dataset_train_split)
+    eval_dataset = None
+    if args.eval_strategy == "steps":
+        eval_dataset = load_split(args, args.dataset_test_split)
     rows = tokenize_pairs(tokenizer, train_dataset, args, args.dataset_train_split)
-    require(
-        len(rows) >= args.train_batch_size, f"--train_batch_size: more than the {len(rows)} pairs"
-    )
-    eval_dataset = eval_dataset if args.eval_strategy == "steps" else None
-    eval_rows = (
-        tokenize_pairs(tokenizer, eval_dataset, args, args.dataset_test_split)
-        if eval_dataset
-        else []
-    )
-    # a sequence classifier with one label, whatever the checkpoint's config says (a causal LM's: 2)
-    model = load_for_training(
-        args, args.model_name_or_path, AutoModelForSequenceClassification, "SEQ_CLS", num_labels=1
-    )
-    model.config.pad_token_id = (
-        tokenizer.pad_token_id
-    )  # the head reads each text's last token that is not padding
-    evaluation = lambda: evaluate_pairs(
-        accelerator, model, eval_rows, tokenizer.pad_token_id, args
-    )
+    enough = len(rows) >= args.train_batch_size
+    require(enough, f"--train_batch_size: more than the {len(rows)} pairs")
+    eval_rows = []
+    if eval_dataset is not None:
+        eval_rows = tokenize_pairs(tokenizer, eval_dataset, args, args.dataset_test_split)
+    # a sequence classifier with one label, whatever the checkpoint says (a causal LM's: 2)
+    path = args.model_name_or_path
+    classifier = transformers.AutoModelForSequenceClassification
+    model = load_for_training(args, path, classifier, task_type="SEQ_CLS", num_labels=1)
+    # the head reads each text's last token that is not padding
+    model.config.pad_token_id = tokenizer.pad_token_id
+    pad_token_id = tokenizer.pad_token_id
+    evaluation = lambda: evaluate_pairs(accelerator, model, eval_rows, pad_token_id, args)
 
     # ---- plumbing: optimizer, scheduler, processes: one update a step ----
     trained = [p for p in model.parameters() if p.requires_grad]
-    # fused: one kernel for every parameter, as transformers' adamw_torch_fused (4× faster on a CPU core at 135M)
+    # fused: one kernel for every parameter, as transformers' adamw_torch_fused
     optimizer = torch.optim.AdamW(
-        trained, lr=args.learning_rate, weight_decay=args.weight_decay, fused=True
+        trained, args.learning_rate, weight_decay=args.weight_decay, fused=True
     )
     warmup = int(args.warmup_ratio * args.max_steps)
-    scheduler = transformers.get_scheduler(
-        args.lr_scheduler_type, optimizer, warmup, args.max_steps
-    )
+    schedule = args.lr_scheduler_type
+    scheduler = transformers.get_scheduler(schedule, optimizer, warmup, args.max_steps)
     model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
-    accelerator.unwrap_model(
-        model, keep_fp32_wrapper=False
-    )  # autocast is entered below: no float32 copy of logits
+    # Under bf16, prepare makes forward return float32 copies of the outputs; the losses upcast
+    # what they read, so this documented call removes that wrapper.
+    accelerator.unwrap_model(model, keep_fp32_wrapper=False)
 
     # ---- plumbing: resume, the first evaluation, the loop's stop: one update a step ----
-    checkpoint = gather_object([claim_output_dir(args) if accelerator.is_main_process else None])[
-        0
-    ]
-    state = (
-        load_checkpoint(accelerator, args, model, checkpoint)
-        if checkpoint
-        else {"step": 0, "num_tokens": 0}
-    )
+    # the main process alone claims the folder; every process resumes
+    claimed = [claim_output_dir(args) if accelerator.is_main_process else None]
+    checkpoint = broadcast_object_list(claimed)[0]
+    state = {"step": 0, "num_tokens": 0}
+    if checkpoint is not None:
+        state = load_checkpoint(accelerator, args, model, checkpoint)
     accelerator.init_trackers("huggingface", {k: str(v) for k, v in asdict(args).items()})
     first_eval = evaluation() if state["step"] == 0 else {}
     log(accelerator, args, 0, first_eval)
-    stop = []  # Ctrl-C, or SIGTERM from a scheduler: the loop ends after its step, with a checkpoint
-    handlers = {
-        s: signal.signal(s, lambda signum, _: stop.append(signum))
-        for s in (signal.SIGINT, signal.SIGTERM)
-    }
+    # Ctrl-C, or SIGTERM from a scheduler: the loop ends after its step, with a checkpoint
+    received_signals = []
+    on_signal = lambda signum, frame: received_signals.append(signum)
+    handlers = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     steps = range(state["step"] + 1, args.max_steps + 1)
-    progress = tqdm(
-        steps, initial=state["step"], total=args.max_steps, disable=not accelerator.is_main_process
-    )
+    hidden = not accelerator.is_main_process
+    progress = tqdm(steps, initial=state["step"], total=args.max_steps, disable=hidden)
 
     for step in progress:
         step_start = time.perf_counter()
         logging_step = step % args.logging_steps == 0 or step == args.max_steps
 
         # ==== 1. batch: this process's share of the step's pairs ====
-        # the step's pairs depend on the step alone (a fresh permutation each epoch): a resumed run sees the same
+        # the step alone picks its pairs (a fresh permutation each epoch): a resume sees the same
         epoch, position = divmod(step - 1, len(rows) // args.train_batch_size)
-        order = torch.randperm(
-            len(rows), generator=torch.Generator().manual_seed(args.seed + epoch)
-        )
-        indices = order[position * args.train_batch_size : (position + 1) * args.train_batch_size][
-            my_rows
-        ].tolist()
+        seeded = torch.Generator().manual_seed(args.seed + epoch)
+        order = torch.randperm(len(rows), generator=seeded)
+        start = position * args.train_batch_size
+        indices = order[start : start + args.train_batch_size][my_rows].tolist()
         pairs = [rows[i] for i in indices]
 
-        # ==== 2. scores: r_φ(x, y_c) and r_φ(x, y_r) ====
+        # ==== 2. scores: r_φ(x, y_c) and r_φ(x, y_r), (B,) each ====
         with accelerator.autocast():
-            chosen_rewards, rejected_rewards = pair_rewards(
-                model, pairs, tokenizer.pad_token_id, device
-            )  # (B,) each
+            chosen_rewards, rejected_rewards = pair_rewards(model, pairs, pad_token_id, device)
 
-        # ==== 3. loss: Bradley-Terry, the mean over this process's pairs (DDP's mean over processes: the batch's) ====
+        # ==== 3. loss: Bradley–Terry, the mean over the pairs ====
+        # each process's loss is its pairs' mean; DDP's mean over processes is the batch's
         margins = torch.tensor([pair["margin"] for pair in pairs], device=device)
-        loss = bradley_terry_loss(
+        pair_losses = bradley_terry_loss(
             chosen_rewards,
             rejected_rewards,
             margins,
             center_rewards_coefficient=args.center_rewards_coefficient,
-        ).mean()
+        )
+        loss = pair_losses.mean()
 
         # ==== 4. update ====
         accelerator.backward(loss)
-        grad_norm = float(
-            accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm or math.inf)
-        )
-        if not (
-            math.isfinite(loss.item()) and math.isfinite(grad_norm)
-        ):  # before the update: nothing saved
+        max_norm = args.max_grad_norm or math.inf  # 0: no clipping, as in transformers
+        grad_norm = float(accelerator.clip_grad_norm_(model.parameters(), max_norm))
+        if not (math.isfinite(loss.item()) and math.isfinite(grad_norm)):
             progress.close()  # first: the error is then the log's last line
-            fail(
-                f"step {step}: the loss or the gradient norm is not finite; the newest checkpoint is kept"
-            )
+            fail(f"step {step}: the loss or the gradient norm is not finite; no update saved")
         optimizer.step()
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
 
         # ==== 5. log: over the whole batch, from every process (TRL's names) ====
-        tokens = sum(len(pair["chosen_ids"]) + len(pair["rejected_ids"]) for pair in pairs)
-        state["num_tokens"] += accelerator.reduce(
-            torch.tensor(tokens, device=device), "sum"
-        ).item()
+        lengths = [len(pair["chosen_ids"]) + len(pair["rejected_ids"]) for pair in pairs]
+        tokens = torch.tensor(sum(lengths), device=device)
+        state["num_tokens"] += accelerator.reduce(tokens, "sum").item()
         if logging_step:
-            chosen, rejected = accelerator.gather(
-                (chosen_rewards.detach(), rejected_rewards.detach())
-            )
-            both = torch.cat([chosen, rejected])
+            all_chosen = accelerator.gather(chosen_rewards.detach())
+            all_rejected = accelerator.gather(rejected_rewards.detach())
+            all_rewards = torch.cat([all_chosen, all_rejected])
             metrics = {
                 "loss": accelerator.reduce(loss.detach(), "mean").item(),
-                "accuracy": pair_accuracy(chosen, rejected).mean().item(),
-                "margin": (chosen - rejected).mean().item(),
-                "min_reward": both.min().item(),
-                "mean_reward": both.mean().item(),
-                "max_reward": both.max().item(),
+                "accuracy": pair_accuracy(all_chosen, all_rejected).mean().item(),
+                "margin": (all_chosen - all_rejected).mean().item(),
+                "min_reward": all_rewards.min().item(),
+                "mean_reward": all_rewards.mean().item(),
+                "max_reward": all_rewards.max().item(),
                 "grad_norm": grad_norm,
             }
 
         # ---- plumbing: log, evaluate, save, stop: one update a step ----
         state["step"] = step
         if logging_step:
-            metrics |= {
-                "learning_rate": scheduler.get_last_lr()[0],
-                "num_tokens": state["num_tokens"],
-            }
-            log(accelerator, args, step, metrics | {"step_time": time.perf_counter() - step_start})
+            metrics["learning_rate"] = scheduler.get_last_lr()[0]
+            metrics["num_tokens"] = state["num_tokens"]
+            metrics["step_time"] = time.perf_counter() - step_start
+            log(accelerator, args, step, metrics)
             progress.set_postfix(loss=f"{metrics['loss']:.3f}")
         if args.eval_steps and step % args.eval_steps == 0 and step < args.max_steps:
             log(accelerator, args, step, evaluation())
-        stopping = (
-            accelerator.reduce(torch.tensor(float(bool(stop)), device=device), "sum").item() > 0
-        )
+        signalled = torch.tensor(float(len(received_signals)), device=device)
+        stopping = accelerator.reduce(signalled, "sum").item() > 0  # any process's signal
         if (args.save_steps and step % args.save_steps == 0) or stopping:
             folder = save_checkpoint(accelerator, args, model, tokenizer, state)
         if stopping:
-            accelerator.print(
-                f"interrupted at step {step}: saved {folder}; continue: --resume_from_checkpoint latest"
-            )
+            hint = "continue with --resume_from_checkpoint latest"
+            accelerator.print(f"interrupted at step {step}: saved {folder}; {hint}")
             accelerator.end_training()
-            sys.exit(128 + (stop[0] if stop else signal.SIGTERM))
+            signum = received_signals[0] if received_signals else signal.SIGTERM
+            sys.exit(128 + signum)
 
     # ---- plumbing: the final model and evaluation: one update a step ----
     for signum, handler in handlers.items():  # from here on, a signal stops at once
@@ -700,23 +622,19 @@ def main(args: Args):
     save_model(accelerator, args, model, tokenizer, Path(args.output_dir), state)
     last_eval = evaluation()
     log(accelerator, args, args.max_steps, last_eval)
-    changes = [
-        f"{key} {first_eval[key]:.3f} → {value:.3f}"
-        for key, value in last_eval.items()
-        if key in first_eval
-    ]
+    changes = []
+    for key, value in last_eval.items():
+        if key in first_eval:
+            changes.append(f"{key.removeprefix('eval/')} {first_eval[key]:.3f} → {value:.3f}")
     if changes:
-        accelerator.print("held-out " + ", ".join(changes).replace("eval/", ""))
-    if (
-        args.use_peft and args.save_merged_model and accelerator.is_main_process
-    ):  # a model that loads without peft
-        accelerator.unwrap_model(model).merge_and_unload().save_pretrained(
-            Path(args.output_dir) / "merged"
-        )
-        tokenizer.save_pretrained(Path(args.output_dir) / "merged")
-    # the DDP wrapper holds the process group: freed first, end_training stops gloo's workers with the GIL released
-    # (freed after, it stops them holding the GIL, which a worker may need: a hang). One process has no group.
-    if torch.distributed.is_initialized():
+        accelerator.print("held-out " + ", ".join(changes))
+    if args.use_peft and args.save_merged_model and accelerator.is_main_process:
+        merged = Path(args.output_dir) / "merged"  # a model that loads without peft
+        accelerator.unwrap_model(model).merge_and_unload().save_pretrained(merged)
+        tokenizer.save_pretrained(merged)
+    # The DDP wrapper holds the process group: freed first, end_training stops gloo's workers
+    # with the GIL released (freed after, it stops them holding the GIL a worker needs: a hang)
+    if torch.distributed.is_initialized():  # one process has no group
         model, optimizer, scheduler = accelerator.free_memory(model, optimizer, scheduler)
     accelerator.end_training()
     accelerator.print(f"saved the model to {args.output_dir}")

@@ -1,36 +1,41 @@
-"""SFT: supervised fine-tuning of a causal LM on prompt/completion pairs, the warm start the RL scripts begin from.
+"""SFT: supervised fine-tuning of a causal LM on prompt/completion pairs, the warm start the RL
+scripts begin from.
 
-The language-modelling objective (Radford et al. 2018, Eq. 1) on the completion alone, as in InstructGPT's SFT step
-(Ouyang et al. 2022, §3.5) and TRL's SFTTrainer (completion_only_loss):
+The language-modelling objective (Radford et al. 2018, Eq. 1) on the completion alone, as in
+InstructGPT's SFT step (Ouyang et al. 2022, §3.5) and TRL's SFTTrainer (completion_only_loss):
 
     L(θ) = − Σ_t m_t · log π_θ(y_t | x, y_<t)  /  Σ_t m_t
 
-over the tokens of the whole batch: m_t = 1 on the completion's tokens and its end token, 0 on the prompt's (and on
-padding), so a batch's loss is the mean over its completion tokens. The prompt x is rendered as the RL scripts render it
-(the chat template with the assistant's turn opened), and the completion y follows it, ended by the tokenizer's EOS: the
-sequences SFT trains on are the ones the RL scripts sample. Worked example: a completion of three tokens and EOS that
-π_θ gives probabilities 1/2, 1/4, 1 and 1/2 has L = (ln 2 + ln 4 + 0 + ln 2) / 4 = ln 2 ≈ 0.693, whatever π_θ makes
-of its prompt. mean_token_accuracy is the fraction of completion tokens that π_θ ranks first.
+over the tokens of the whole batch: m_t = 1 on the completion's tokens and its end token, 0 on the
+prompt's and on padding. The prompt x is rendered as the RL scripts render it (the chat template,
+the assistant's turn opened) and the completion y follows it, ended by the tokenizer's EOS: SFT
+trains on the sequences the RL scripts sample. Worked example: a completion of three tokens and EOS
+that π_θ gives probabilities 1/2, 1/4, 1 and 1/2 has L = (ln 2 + ln 4 + 0 + ln 2) / 4 = ln 2 ≈
+0.693, whatever π_θ makes of its prompt. mean_token_accuracy: the share of completion tokens that
+π_θ ranks first.
 
-The held-out split is scored twice: eval/loss and eval/mean_token_accuracy as above, and, where it has a `solution` or
-`ground_truth` column, completions sampled from its prompts (num_generations_eval each, and one greedy) scored with the
-accuracy and format rewards (eval/accuracy, eval/format), as the RL scripts score theirs.
+The held-out split is scored twice: eval/loss and eval/mean_token_accuracy as above, and, where it
+has a `solution` or `ground_truth` column, completions sampled from its prompts
+(num_generations_eval each, and one greedy) scored with the accuracy and format rewards
+(eval/accuracy, eval/format), as the RL scripts score theirs.
 
-The built-in data, data/arithmetic_sft, comes from a noisy demonstrator (tools/make_data.py): half of the time it
-guesses and is off by ±1 or ±2 (`<answer>54</answer>` for 7 × 8), otherwise it shows its work and is right
-(`7 × 8 = 56 <answer>56</answer>`). A model that imitates it knows the facts but often skips the work and guesses, so
-RL has something general to fix on prompts it never trains on. models/tiny-arith is this script's default run on an
-untrained model:
+The built-in data, data/arithmetic_sft (tools/make_data.py), comes from a noisy demonstrator: half
+of the time it guesses, off by ±1 or ±2 (`<answer>54</answer>` for 7 × 8), else it shows its work
+and is right (`7 × 8 = 56 <answer>56</answer>`). A model that imitates it knows the facts but often
+guesses, so RL has something general to fix on prompts it never trains on. models/tiny-arith is
+this script's default run on an untrained model:
 
-    python tools/make_tiny_model.py outputs/tiny-init      # models/tiny-arith's tokenizer, and random weights
-    python sft.py --model_name_or_path outputs/tiny-init --output_dir outputs/tiny-arith   # about 5 min on a CPU
-    accelerate launch --config_file configs/multi_gpu.yaml sft.py --model_name_or_path Qwen/Qwen2.5-0.5B \\
-        --dataset_name my_data --learning_rate 2e-5 --max_length 1024 --bf16
+    python tools/make_tiny_model.py outputs/tiny-init   # tiny-arith's tokenizer, random weights
+    python sft.py --model_name_or_path outputs/tiny-init --output_dir outputs/tiny-arith  # 5 min
+    accelerate launch --config_file configs/multi_gpu.yaml sft.py \\
+        --model_name_or_path Qwen/Qwen2.5-0.5B --dataset_name my_data --learning_rate 2e-5 \\
+        --max_length 1024 --bf16
 
-Data: a hub dataset, a folder, or a json, jsonl, csv or parquet file with `prompt` and `completion` columns, both
-strings or both conversational (a list of messages; the completion's last message is the assistant's answer).
+Data: `prompt` and `completion` columns, both strings or both conversations (the completion's last
+message is the assistant's answer), in a hub dataset, a folder, or a json, jsonl, csv or parquet
+file.
 
-Copy sft.py with common.py (text ↔ tokens) and rewards.py (the held-out accuracy and format rewards).
+Copy sft.py with common.py (text ↔ tokens) and rewards.py (the held-out rewards).
 """
 
 import contextlib
@@ -49,7 +54,7 @@ import transformers
 import yaml
 from accelerate import Accelerator, DistributedType
 from accelerate.tracking import get_available_trackers
-from accelerate.utils import gather_object, set_seed
+from accelerate.utils import broadcast_object_list, gather_object, set_seed
 from datasets import load_dataset
 from tqdm.auto import tqdm
 from transformers import AutoModelForCausalLM, HfArgumentParser, SchedulerType
@@ -61,136 +66,93 @@ HERE = Path(__file__).resolve().parent
 
 
 def arg(default, help: str):
-    kind = (
-        {"default_factory": lambda: list(default)}
-        if isinstance(default, list)
-        else {"default": default}
-    )
-    return field(**kind, metadata={"help": help})
+    """A flag's default and its line of --help; a list default is copied for each Args."""
+    if isinstance(default, list):
+        return field(default_factory=lambda: list(default), metadata={"help": help})
+    return field(default=default, metadata={"help": help})
 
 
 @dataclass
 class Args:
     # model and data
-    model_name_or_path: str = arg(
-        str(HERE / "models/tiny-arith"), "model to fine-tune: a hub id or a folder"
-    )
-    attn_implementation: str | None = arg(
-        None, "eager, sdpa, flash_attention_2, ... (default: transformers' choice)"
-    )
-    dataset_name: str = arg(
-        str(HERE / "data/arithmetic_sft"), "a hub dataset, or a data folder or file"
-    )
-    dataset_config: str | None = arg(None, "the configuration of a dataset that has several")
-    dataset_train_split: str = arg("train", "split to train on: 'prompt' and 'completion' columns")
-    dataset_test_split: str = arg("test", "held-out split (skipped when absent)")
+    model_name_or_path: str = arg(str(HERE / "models/tiny-arith"), "the model: hub id or folder")
+    attn_implementation: str | None = arg(None, "eager, sdpa, ... (default: transformers')")
+    dataset_name: str = arg(str(HERE / "data/arithmetic_sft"), "hub dataset, folder or file")
+    dataset_config: str | None = arg(None, "the dataset's configuration, if it has several")
+    dataset_train_split: str = arg("train", "split to train on")
+    dataset_test_split: str = arg("test", "held-out split to evaluate (skipped if absent)")
     max_length: int = arg(128, "tokens of prompt and completion kept, the first ones")
-    chat_template_kwargs: dict | str | None = arg(
-        None, "chat template arguments, e.g. '{\"enable_thinking\": false}'"
-    )
+    chat_template_kwargs: dict | str | None = arg(None, "the chat template's arguments, as JSON")
     # optimization
-    train_batch_size: int = arg(
-        64, "sequences per step, over all processes (each takes an equal share)"
-    )
+    train_batch_size: int = arg(64, "sequences per step, over all processes")
     max_steps: int = arg(1500, "training steps, one batch each")
-    learning_rate: float = arg(
-        3e-3, "AdamW learning rate (an untrained tiny model; ~2e-5 for a 0.5B model)"
-    )
+    learning_rate: float = arg(3e-3, "AdamW learning rate (~2e-5 for a 0.5B model)")
     lr_scheduler_type: SchedulerType = arg("cosine", "transformers' learning-rate schedule")
     warmup_ratio: float = arg(0.05, "fraction of the steps spent warming up")
     weight_decay: float = arg(0.0, "AdamW weight decay")
     max_grad_norm: float = arg(1.0, "gradient clipping norm (0: none)")
-    seed: int = arg(0, "random seed (data order, evaluation sampling, a LoRA adapter's start)")
+    seed: int = arg(0, "random seed (data order, evaluation samples, LoRA's start)")
     disable_dropout: bool = arg(True, "dropout off (LoRA's too)")
     # evaluation: sampling from the held-out prompts
-    eval_strategy: Literal["steps", "no"] = arg(
-        "steps", "steps: at the start, every eval_steps and at the end"
-    )
-    eval_steps: int = arg(500, "evaluate every this many steps (0: at the start and the end only)")
-    num_generations_eval: int = arg(4, "completions sampled per held-out prompt (and one greedy)")
-    per_device_eval_batch_size: int = arg(
-        512, "sequences per forward pass, or completions per generate call"
-    )
+    eval_strategy: Literal["steps", "no"] = arg("steps", "steps: at the start, end, eval_steps")
+    eval_steps: int = arg(500, "evaluate every this many steps (0: start and end only)")
+    num_generations_eval: int = arg(4, "samples per held-out prompt (and one greedy)")
+    per_device_eval_batch_size: int = arg(512, "sequences per forward, or per generate call")
     max_completion_length: int = arg(24, "tokens generated per completion at most")
     temperature: float = arg(1.0, "sampling temperature")
     top_p: float = arg(1.0, "nucleus sampling (1.0: off)")
     top_k: int = arg(0, "top-k sampling (0: off)")
     # logging, checkpoints
-    output_dir: str = arg(
-        "outputs/sft", "where metrics.jsonl, the checkpoints and the final model go"
-    )
-    overwrite_output_dir: bool = arg(False, "start over in an output_dir that holds another run")
+    output_dir: str = arg("outputs/sft", "metrics.jsonl, checkpoints and the final model")
+    overwrite_output_dir: bool = arg(False, "start over in an output_dir with another run")
     logging_steps: int = arg(25, "log metrics every this many steps")
-    report_to: list[str] = arg(
-        ["none"], "trackers besides metrics.jsonl: tensorboard, wandb, trackio, all, ..."
-    )
-    save_steps: int = arg(
-        500, "save a checkpoint every this many steps (0: never; a stop always saves)"
-    )
+    report_to: list[str] = arg(["none"], "trackers besides metrics.jsonl: wandb, all, ...")
+    save_steps: int = arg(500, "checkpoint every this many steps (0: never; a stop saves)")
     save_total_limit: int | None = arg(None, "keep only the newest N checkpoints")
-    resume_from_checkpoint: str | None = arg(
-        None, "a checkpoint folder, or 'latest' in output_dir"
-    )
+    resume_from_checkpoint: str | None = arg(None, "a checkpoint, or 'latest' in output_dir")
     # efficiency
-    bf16: bool = arg(False, "bf16 autocast for the forward passes; master weights stay float32")
-    gradient_checkpointing: bool = arg(
-        False, "recompute activations in the backward pass to save memory"
-    )
+    bf16: bool = arg(False, "bf16 autocast; master weights stay float32")
+    gradient_checkpointing: bool = arg(False, "recompute activations in the backward pass")
     use_peft: bool = arg(False, "train a LoRA adapter instead of all weights")
     lora_r: int = arg(16, "LoRA rank")
     lora_alpha: int = arg(32, "LoRA alpha")
     lora_dropout: float = arg(0.05, "LoRA dropout")
-    lora_target_modules: list[str] = arg(["all-linear"], "modules LoRA adapts, or all-linear")
-    save_merged_model: bool = arg(
-        False, "with --use_peft, also save the merged model (output_dir/merged)"
-    )
-    load_in_4bit: bool = arg(
-        False, "QLoRA: the frozen base in 4 bits (bitsandbytes); needs --use_peft"
-    )
+    lora_target_modules: list[str] = arg(["all-linear"], "modules LoRA adapts")
+    save_merged_model: bool = arg(False, "with --use_peft, also save output_dir/merged")
+    load_in_4bit: bool = arg(False, "QLoRA: the frozen base in 4 bits; needs --use_peft")
     bnb_4bit_quant_type: Literal["nf4", "fp4"] = arg("nf4", "4-bit data type")
 
 
 def check_args(args: Args):
-    """The flags in range, each said in one line."""
+    """The flags in range."""
     positive = (
         "max_steps train_batch_size learning_rate max_length logging_steps num_generations_eval"
+        " per_device_eval_batch_size max_completion_length temperature"
     )
-    for name in (
-        positive + " per_device_eval_batch_size max_completion_length temperature"
-    ).split():
-        require(getattr(args, name) > 0, f"--{name}: must be positive, got {getattr(args, name)}")
-    for name in "eval_steps save_steps weight_decay max_grad_norm top_k".split():
-        require(getattr(args, name) >= 0, f"--{name}: must be ≥ 0, got {getattr(args, name)}")
+    for name in positive.split():
+        value = getattr(args, name)
+        require(value > 0, f"--{name}: must be positive, got {value}")
+    for name in "top_k eval_steps save_steps weight_decay max_grad_norm".split():
+        value = getattr(args, name)
+        require(value >= 0, f"--{name}: must be ≥ 0, got {value}")
     require(0 < args.top_p <= 1, f"--top_p: must be in (0, 1], got {args.top_p}")
     require(
         0 <= args.warmup_ratio <= 1, f"--warmup_ratio: must be in [0, 1], got {args.warmup_ratio}"
     )
-    require(
-        0 <= args.seed < 2**32, f"--seed: must be in [0, 2**32), got {args.seed}"
-    )  # numpy's range
-    require(
-        args.save_total_limit is None or args.save_total_limit > 0,
-        "--save_total_limit: must be positive",
-    )
-    require(
-        args.use_peft or not args.load_in_4bit,
-        "--load_in_4bit: only a LoRA adapter trains on it: add --use_peft",
-    )
-    require(
-        args.dataset_train_split != args.dataset_test_split,
-        "--dataset_test_split: that is the training split",
-    )
+    require(0 <= args.seed < 2**32, f"--seed: must be in [0, 2**32), got {args.seed}")  # numpy's
+    limit = args.save_total_limit
+    require(limit is None or limit > 0, "--save_total_limit: must be positive")
+    require(args.use_peft or not args.load_in_4bit, "--load_in_4bit: it needs --use_peft")
+    test_split = args.dataset_test_split
+    require(args.dataset_train_split != test_split, "--dataset_test_split: the training split")
 
 
 # ==== SFT ====
 def tokenize(tokenizer, dataset, args, split: str) -> list[dict]:
-    """Each prompt/completion pair as `input_ids` (the prompt's tokens, the completion's and EOS, the first
-    --max_length of them) and `labels`: the same ids, with −100 (no loss) on the prompt's. The prompt is rendered by
-    `prompt_texts`, as the RL scripts render it; prompt and completion are tokenized apart, as a model samples them."""
-    require(
-        "completion" in dataset.column_names,
-        f"--dataset_name: the {split} split has no 'completion' column",
-    )
+    """Each pair's `input_ids` (prompt, completion, EOS) and `labels` (−100, no loss, on the
+    prompt), the first --max_length; prompt and completion tokenized apart, as sampled."""
+    has_completions = "completion" in dataset.column_names
+    require(has_completions, f"--dataset_name: the {split} split has no 'completion' column")
     completions = []
     for row, completion in enumerate(dataset["completion"]):
         with loading("--dataset_name", f"row {row} of the {split} split"):
@@ -200,76 +162,66 @@ def tokenize(tokenizer, dataset, args, split: str) -> list[dict]:
     rows = []
     for prompt, completion in zip(prompt_ids, completion_ids):
         completion = completion + [tokenizer.eos_token_id]
-        labels = [-100] * len(prompt) + completion
-        rows.append(
-            {
-                "input_ids": (prompt + completion)[: args.max_length],
-                "labels": labels[: args.max_length],
-            }
-        )
+        input_ids = (prompt + completion)[: args.max_length]
+        labels = ([-100] * len(prompt) + completion)[: args.max_length]
+        rows.append({"input_ids": input_ids, "labels": labels})
     return rows
 
 
 def token_ids(tokenizer, texts: list[str]) -> list[list[int]]:
-    """The token ids of each text, without special tokens (the chat template wrote them); each distinct text is
-    tokenized once (the built-in data repeats 390 prompts in 78,000 rows)."""
+    """Each text's ids, without special tokens (the chat template wrote them), each distinct text
+    once: the built-in data repeats 390 prompts in 78,000 rows."""
     distinct = list(dict.fromkeys(texts))
     ids = dict(zip(distinct, tokenizer(distinct, add_special_tokens=False).input_ids))
     return [ids[text] for text in texts]
 
 
-def collate(
-    rows: list[dict], pad_token_id: int, device
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """input_ids, attention_mask and labels (B, L), padded on the right (positions then count from 0 in each row)."""
+def collate(rows: list[dict], pad_token_id: int, device):
+    """input_ids, attention_mask and labels (B, L), padded on the right: positions count from 0."""
     L = max(len(row["input_ids"]) for row in rows)
-    pad = lambda key, value: [row[key] + [value] * (L - len(row[key])) for row in rows]
-    input_ids, labels = (
-        torch.tensor(pad("input_ids", pad_token_id)),
-        torch.tensor(pad("labels", -100)),
-    )
-    attention_mask = (
-        torch.arange(L) < torch.tensor([len(row["input_ids"]) for row in rows])[:, None]
-    ).long()
-    return input_ids.to(device), attention_mask.to(device), labels.to(device)
+
+    def padded(key: str, value: int) -> torch.Tensor:
+        ids = [row[key] + [value] * (L - len(row[key])) for row in rows]
+        return torch.tensor(ids, device=device)
+
+    lengths = torch.tensor([len(row["input_ids"]) for row in rows], device=device)
+    attention_mask = (torch.arange(L, device=device) < lengths[:, None]).long()
+    return padded("input_ids", pad_token_id), attention_mask, padded("labels", -100)
 
 
-def token_losses(
-    logits: torch.Tensor, labels: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """−m_t log π_θ(y_t | x, y_<t) at each position (B, L−1), float32: the logits at position t predict token t + 1;
-    m (B, L−1), 1 where that token is trained on (its label is not −100); and whether π_θ ranks it first (B, L−1)."""
-    logits, labels = logits[:, :-1].float(), labels[:, 1:]
+def token_losses(logits, labels):
+    """−m_t log π_θ(y_t | x, y_<t) (B, L−1) in float32, the logits at t predicting token t + 1;
+    m (B, L−1): 1 where the label is not −100; and whether π_θ ranks the token first (B, L−1)."""
+    logits = logits[:, :-1].float()
+    labels = labels[:, 1:]
     mask = labels != -100
-    nll = torch.nn.functional.cross_entropy(
-        logits.transpose(1, 2), labels.clamp(min=0), reduction="none"
-    )
-    return nll * mask, mask, (logits.argmax(-1) == labels) & mask
+    targets = labels.clamp(min=0)  # −100: no class, masked
+    nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), targets, reduction="none")
+    correct = (logits.argmax(-1) == labels) & mask
+    return nll * mask, mask, correct
 
 
 @torch.no_grad()
 def evaluate_loss(accelerator, model, rows: list[dict], pad_token_id: int, args) -> dict:
-    """eval/loss and eval/mean_token_accuracy over every completion token of the held-out rows. Each process takes as
-    many rows as the others, the last ones repeated and not counted: under ZeRO-3 or FSDP a forward is collective."""
+    """eval/loss and eval/mean_token_accuracy over the held-out completion tokens. Each process
+    takes as many rows (the last repeated, not counted): under ZeRO-3 a forward is collective."""
     if not rows:
         return {}
-    share = -(-len(rows) // accelerator.num_processes)
+    device = accelerator.device
+    share = math.ceil(len(rows) / accelerator.num_processes)
     indices = torch.arange(share) + accelerator.process_index * share
-    sums = torch.zeros(3, device=accelerator.device)  # −log-probs, tokens ranked first, tokens
+    sums = torch.zeros(3, device=device)  # −log-probs, tokens ranked first, tokens
     for batch in indices.split(args.per_device_eval_batch_size):
-        input_ids, attention_mask, labels = collate(
-            [rows[i] for i in batch.clamp(max=len(rows) - 1)], pad_token_id, accelerator.device
-        )
+        batch_rows = [rows[i] for i in batch.clamp(max=len(rows) - 1)]
+        input_ids, attention_mask, labels = collate(batch_rows, pad_token_id, device)
         labels[batch >= len(rows)] = -100  # a repeated row counts no token
         with accelerator.autocast():
             logits = model(input_ids=input_ids, attention_mask=attention_mask).logits
         nll, mask, correct = token_losses(logits, labels)
         sums += torch.stack([nll.sum(), correct.sum(), mask.sum()])
     nll, correct, tokens = accelerator.reduce(sums, "sum").tolist()
-    return {
-        "eval/loss": nll / max(tokens, 1),
-        "eval/mean_token_accuracy": correct / max(tokens, 1),
-    }
+    tokens = max(tokens, 1)  # --max_length may leave no completion token
+    return {"eval/loss": nll / tokens, "eval/mean_token_accuracy": correct / tokens}
 
 
 # ---- plumbing: the command line ----
@@ -570,28 +522,16 @@ def log(accelerator, args, step: int, metrics: dict):
 def main(args: Args):
     # ---- plumbing: setup, a batch of rows a step ----
     check_args(args)
-    known = {
-        "none",
-        "all",
-        *map(str, get_available_trackers()),
-    }  # accelerate skips the others silently
-    require(
-        set(args.report_to) <= known,
-        f"--report_to {args.report_to}: expected some of {sorted(known)}",
-    )
-    precision, trackers = (
-        "bf16" if args.bf16 else "no",
-        None if args.report_to == ["none"] else args.report_to,
-    )
+    known = {"none", "all", *map(str, get_available_trackers())}  # accelerate skips the others
+    require(set(args.report_to) <= known, f"--report_to {args.report_to}: not in {sorted(known)}")
+    trackers = None if args.report_to == ["none"] else args.report_to
     accelerator = Accelerator(
-        mixed_precision=precision,
+        mixed_precision="bf16" if args.bf16 else "no",
         log_with=trackers,
         project_dir=args.output_dir,
-        step_scheduler_with_optimizer=False,
-    )  # the scheduler steps once per update, however many processes
-    if (
-        accelerator.state.deepspeed_plugin is not None
-    ):  # no DataLoader is prepared: DeepSpeed's sizes come from here
+        step_scheduler_with_optimizer=False,  # the default steps it once per process
+    )
+    if accelerator.state.deepspeed_plugin is not None:  # no DataLoader gives DeepSpeed its sizes
         accelerator.state.deepspeed_plugin.deepspeed_config.update(
             train_micro_batch_size_per_gpu=1,
             gradient_accumulation_steps=1,
@@ -599,130 +539,106 @@ def main(args: Args):
             gradient_clipping=args.max_grad_norm,
         )
     set_seed(args.seed)  # the same on every process: a new adapter or head starts alike
-    device, processes = accelerator.device, accelerator.num_processes
-    require(
-        args.train_batch_size % processes == 0,
-        f"--train_batch_size: not divisible by the {processes} processes",
-    )
+    device = accelerator.device
+    processes = accelerator.num_processes
+    share = args.train_batch_size % processes == 0
+    require(share, f"--train_batch_size: not a multiple of the {processes} processes")
     local_batch_size = args.train_batch_size // processes
-    my_rows = slice(
-        accelerator.process_index * local_batch_size,
-        (accelerator.process_index + 1) * local_batch_size,
-    )
+    first_row = accelerator.process_index * local_batch_size
+    my_rows = slice(first_row, first_row + local_batch_size)
 
-    # ---- sft: data, the model ----
+    # ---- sft: the splits, tokenized; the model; the evaluation ----
     with loading("--model_name_or_path", args.model_name_or_path):
         tokenizer = common.load_tokenizer(args.model_name_or_path)
-    train_dataset, eval_dataset = (
-        load_split(args, args.dataset_train_split),
-        load_split(args, args.dataset_test_split),
-    )
-    eval_dataset = eval_dataset if args.eval_strategy == "steps" else None
+    train_dataset = load_split(args, args.dataset_train_split)
+    eval_dataset = None
+    if args.eval_strategy == "steps":
+        eval_dataset = load_split(args, args.dataset_test_split)
     rows = tokenize(tokenizer, train_dataset, args, args.dataset_train_split)
-    require(
-        len(rows) >= args.train_batch_size, f"--train_batch_size: more than the {len(rows)} rows"
-    )
-    eval_rows = (
-        tokenize(tokenizer, eval_dataset, args, args.dataset_test_split) if eval_dataset else []
-    )
-    answered = (
-        eval_dataset
-        if eval_dataset and {"solution", "ground_truth"} & set(eval_dataset.column_names)
-        else None
-    )
-    eval_texts = answered and prompt_texts(tokenizer, answered, args, args.dataset_test_split)
-    reward_funcs, weights = (
-        {"accuracy_reward": accuracy_reward, "format_reward": format_reward},
-        torch.tensor([1.0, 0]),
-    )
+    enough = len(rows) >= args.train_batch_size
+    require(enough, f"--train_batch_size: more than the {len(rows)} rows")
+    eval_rows = []
+    answered = None  # held-out rows with an answer: their sampled completions are scored
+    eval_texts = []
+    if eval_dataset is not None:
+        eval_rows = tokenize(tokenizer, eval_dataset, args, args.dataset_test_split)
+        if {"solution", "ground_truth"} & set(eval_dataset.column_names):
+            answered = eval_dataset
+            eval_texts = prompt_texts(tokenizer, eval_dataset, args, args.dataset_test_split)
+    reward_funcs = {"accuracy_reward": accuracy_reward, "format_reward": format_reward}
+    weights = torch.tensor([1.0, 0.0])  # eval/reward is eval/accuracy
     model = load_for_training(args, args.model_name_or_path)
     if eval_texts:  # the evaluation samples completions after the held-out prompts
         check_context(model, tokenizer, eval_texts, args.max_completion_length)
 
-    # ---- plumbing: optimizer, scheduler, processes: one update a step ----
-    trained = [p for p in model.parameters() if p.requires_grad]
-    # fused: one kernel for every parameter, as transformers' adamw_torch_fused (4× faster on a CPU core at 135M)
-    optimizer = torch.optim.AdamW(
-        trained, lr=args.learning_rate, weight_decay=args.weight_decay, fused=True
-    )
-    warmup = int(args.warmup_ratio * args.max_steps)
-    scheduler = transformers.get_scheduler(
-        args.lr_scheduler_type, optimizer, warmup, args.max_steps
-    )
-    model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
-    accelerator.unwrap_model(
-        model, keep_fp32_wrapper=False
-    )  # autocast is entered below: no float32 copy of logits
-
-    # ---- sft: the evaluation (eval/reward is eval/accuracy) ----
     def evaluation():
         loss = evaluate_loss(accelerator, model, eval_rows, tokenizer.pad_token_id, args)
-        return loss | evaluate(
+        scores = evaluate(
             accelerator, model, tokenizer, answered, eval_texts, reward_funcs, weights, args
         )
+        return loss | scores
+
+    # ---- plumbing: optimizer, scheduler, processes: one update a step ----
+    trained = [p for p in model.parameters() if p.requires_grad]
+    # fused: one kernel for every parameter, as transformers' adamw_torch_fused
+    optimizer = torch.optim.AdamW(
+        trained, args.learning_rate, weight_decay=args.weight_decay, fused=True
+    )
+    warmup = int(args.warmup_ratio * args.max_steps)
+    schedule = args.lr_scheduler_type
+    scheduler = transformers.get_scheduler(schedule, optimizer, warmup, args.max_steps)
+    model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
+    # Under bf16, prepare makes forward return float32 copies of the outputs; the losses upcast
+    # what they read, so this documented call removes that wrapper.
+    accelerator.unwrap_model(model, keep_fp32_wrapper=False)
 
     # ---- plumbing: resume, the first evaluation, the loop's stop: one update a step ----
-    checkpoint = gather_object([claim_output_dir(args) if accelerator.is_main_process else None])[
-        0
-    ]
-    state = (
-        load_checkpoint(accelerator, args, model, checkpoint)
-        if checkpoint
-        else {"step": 0, "num_tokens": 0}
-    )
+    # the main process alone claims the folder; every process resumes
+    claimed = [claim_output_dir(args) if accelerator.is_main_process else None]
+    checkpoint = broadcast_object_list(claimed)[0]
+    state = {"step": 0, "num_tokens": 0}
+    if checkpoint is not None:
+        state = load_checkpoint(accelerator, args, model, checkpoint)
     accelerator.init_trackers("huggingface", {k: str(v) for k, v in asdict(args).items()})
     first_eval = evaluation() if state["step"] == 0 else {}
     log(accelerator, args, 0, first_eval)
-    stop = []  # Ctrl-C, or SIGTERM from a scheduler: the loop ends after its step, with a checkpoint
-    handlers = {
-        s: signal.signal(s, lambda signum, _: stop.append(signum))
-        for s in (signal.SIGINT, signal.SIGTERM)
-    }
+    # Ctrl-C, or SIGTERM from a scheduler: the loop ends after its step, with a checkpoint
+    received_signals = []
+    on_signal = lambda signum, frame: received_signals.append(signum)
+    handlers = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     steps = range(state["step"] + 1, args.max_steps + 1)
-    progress = tqdm(
-        steps, initial=state["step"], total=args.max_steps, disable=not accelerator.is_main_process
-    )
+    hidden = not accelerator.is_main_process
+    progress = tqdm(steps, initial=state["step"], total=args.max_steps, disable=hidden)
 
     for step in progress:
         step_start = time.perf_counter()
         logging_step = step % args.logging_steps == 0 or step == args.max_steps
 
         # ==== 1. batch: this process's share of the step's rows ====
-        # the step's rows depend on the step alone (a fresh permutation each epoch): a resumed run sees the same
+        # the step alone picks its rows (a fresh permutation each epoch): a resume sees the same
         epoch, position = divmod(step - 1, len(rows) // args.train_batch_size)
-        order = torch.randperm(
-            len(rows), generator=torch.Generator().manual_seed(args.seed + epoch)
-        )
-        indices = order[position * args.train_batch_size : (position + 1) * args.train_batch_size][
-            my_rows
-        ].tolist()
-        input_ids, attention_mask, labels = collate(
-            [rows[i] for i in indices], tokenizer.pad_token_id, device
-        )
+        seeded = torch.Generator().manual_seed(args.seed + epoch)
+        order = torch.randperm(len(rows), generator=seeded)
+        start = position * args.train_batch_size
+        indices = order[start : start + args.train_batch_size][my_rows].tolist()
+        batch = [rows[i] for i in indices]
+        input_ids, attention_mask, labels = collate(batch, tokenizer.pad_token_id, device)
 
-        # ==== 2. loss: the mean of −log π_θ(y_t | x, y_<t) over the completion tokens of the whole batch ====
+        # ==== 2. loss: the mean of −log π_θ(y_t | x, y_<t) over the batch's completion tokens ====
         with accelerator.autocast():
             logits = model(input_ids=input_ids, attention_mask=attention_mask).logits  # (B, L, V)
-        nll, mask, correct = token_losses(logits, labels)
-        num_completion_tokens = accelerator.reduce(mask.sum(), "sum").clamp(
-            min=1
-        )  # over every process's rows
-        loss = (
-            nll.sum() / num_completion_tokens * processes
-        )  # DDP averages the processes' gradients: × processes
+        nll, mask, correct = token_losses(logits, labels)  # (B, L − 1) each
+        # every process's tokens; × processes as DDP averages the processes' gradients
+        num_completion_tokens = accelerator.reduce(mask.sum(), "sum").clamp(min=1)
+        loss = nll.sum() / num_completion_tokens * processes
 
         # ==== 3. update ====
         accelerator.backward(loss)
-        grad_norm = float(
-            accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm or math.inf)
-        )
-        if not (
-            math.isfinite(loss.item()) and math.isfinite(grad_norm)
-        ):  # before the update: nothing saved
+        max_norm = args.max_grad_norm or math.inf  # 0: no clipping, as in transformers
+        grad_norm = float(accelerator.clip_grad_norm_(model.parameters(), max_norm))
+        if not (math.isfinite(loss.item()) and math.isfinite(grad_norm)):
             progress.close()  # first: the error is then the log's last line
-            fail(
-                f"step {step}: the loss or the gradient norm is not finite; the newest checkpoint is kept"
-            )
+            fail(f"step {step}: the loss or the gradient norm is not finite; no update saved")
         optimizer.step()
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
@@ -732,37 +648,36 @@ def main(args: Args):
         if logging_step:
             with torch.no_grad():  # H = logsumexp(z) − Σ softmax(z) z at the completion tokens
                 z = logits[:, :-1][mask].float()
-                entropy = (z.logsumexp(-1) - (z.softmax(-1) * z).sum(-1)).sum()
-            sums = accelerator.reduce(
-                torch.stack([nll.sum().detach(), correct.sum(), entropy]), "sum"
-            )
-            names = ("loss", "mean_token_accuracy", "entropy")
-            metrics = dict(
-                zip(names, (sums / num_completion_tokens).tolist()), grad_norm=grad_norm
-            )
+                entropy = z.logsumexp(-1) - (z.softmax(-1) * z).sum(-1)
+            sums = torch.stack([nll.sum().detach(), correct.sum(), entropy.sum()])
+            means = accelerator.reduce(sums, "sum") / num_completion_tokens
+            metrics = {
+                "loss": means[0].item(),
+                "mean_token_accuracy": means[1].item(),
+                "entropy": means[2].item(),
+                "grad_norm": grad_norm,
+            }
 
         # ---- plumbing: log, evaluate, save, stop: one update a step ----
         state["step"] = step
         if logging_step:
-            metrics |= {
-                "learning_rate": scheduler.get_last_lr()[0],
-                "num_tokens": state["num_tokens"],
-            }
-            log(accelerator, args, step, metrics | {"step_time": time.perf_counter() - step_start})
+            metrics["learning_rate"] = scheduler.get_last_lr()[0]
+            metrics["num_tokens"] = state["num_tokens"]
+            metrics["step_time"] = time.perf_counter() - step_start
+            log(accelerator, args, step, metrics)
             progress.set_postfix(loss=f"{metrics['loss']:.3f}")
         if args.eval_steps and step % args.eval_steps == 0 and step < args.max_steps:
             log(accelerator, args, step, evaluation())
-        stopping = (
-            accelerator.reduce(torch.tensor(float(bool(stop)), device=device), "sum").item() > 0
-        )
+        signalled = torch.tensor(float(len(received_signals)), device=device)
+        stopping = accelerator.reduce(signalled, "sum").item() > 0  # any process's signal
         if (args.save_steps and step % args.save_steps == 0) or stopping:
             folder = save_checkpoint(accelerator, args, model, tokenizer, state)
         if stopping:
-            accelerator.print(
-                f"interrupted at step {step}: saved {folder}; continue: --resume_from_checkpoint latest"
-            )
+            hint = "continue with --resume_from_checkpoint latest"
+            accelerator.print(f"interrupted at step {step}: saved {folder}; {hint}")
             accelerator.end_training()
-            sys.exit(128 + (stop[0] if stop else signal.SIGTERM))
+            signum = received_signals[0] if received_signals else signal.SIGTERM
+            sys.exit(128 + signum)
 
     # ---- plumbing: the final model and evaluation: one update a step ----
     for signum, handler in handlers.items():  # from here on, a signal stops at once
@@ -770,23 +685,19 @@ def main(args: Args):
     save_model(accelerator, args, model, tokenizer, Path(args.output_dir), state)
     last_eval = evaluation()
     log(accelerator, args, args.max_steps, last_eval)
-    changes = [
-        f"{key} {first_eval[key]:.3f} → {value:.3f}"
-        for key, value in last_eval.items()
-        if key in first_eval
-    ]
+    changes = []
+    for key, value in last_eval.items():
+        if key in first_eval:
+            changes.append(f"{key.removeprefix('eval/')} {first_eval[key]:.3f} → {value:.3f}")
     if changes:
-        accelerator.print("held-out " + ", ".join(changes).replace("eval/", ""))
-    if (
-        args.use_peft and args.save_merged_model and accelerator.is_main_process
-    ):  # a model that loads without peft
-        accelerator.unwrap_model(model).merge_and_unload().save_pretrained(
-            Path(args.output_dir) / "merged"
-        )
-        tokenizer.save_pretrained(Path(args.output_dir) / "merged")
-    # the DDP wrapper holds the process group: freed first, end_training stops gloo's workers with the GIL released
-    # (freed after, it stops them holding the GIL, which a worker may need: a hang). One process has no group.
-    if torch.distributed.is_initialized():
+        accelerator.print("held-out " + ", ".join(changes))
+    if args.use_peft and args.save_merged_model and accelerator.is_main_process:
+        merged = Path(args.output_dir) / "merged"  # a model that loads without peft
+        accelerator.unwrap_model(model).merge_and_unload().save_pretrained(merged)
+        tokenizer.save_pretrained(merged)
+    # The DDP wrapper holds the process group: freed first, end_training stops gloo's workers
+    # with the GIL released (freed after, it stops them holding the GIL a worker needs: a hang)
+    if torch.distributed.is_initialized():  # one process has no group
         model, optimizer, scheduler = accelerator.free_memory(model, optimizer, scheduler)
     accelerator.end_training()
     accelerator.print(f"saved the model to {args.output_dir}")
