@@ -48,8 +48,14 @@ def small_data(tmp_path) -> str:
 
 def args(tmp_path, **overrides) -> reward_model.Args:
     """A run of a second or two: 3 steps of 8 pairs, no evaluation, no checkpoint."""
-    small = dict(max_steps=3, train_batch_size=8, logging_steps=1, eval_strategy="no", save_steps=0,
-                 dataset_name=small_data(tmp_path))  # fmt: skip
+    small = dict(
+        max_steps=3,
+        train_batch_size=8,
+        logging_steps=1,
+        eval_strategy="no",
+        save_steps=0,
+        dataset_name=small_data(tmp_path),
+    )
     return reward_model.Args(**{**small, "output_dir": str(tmp_path / "out"), **overrides})
 
 
@@ -93,8 +99,11 @@ def test_the_loss_and_its_gradient_on_a_batch():
 
 
 def test_the_shipped_pairs_prefer_the_right_answer_and_hold_out_the_test_problems():
-    truth = {row["prompt"][0]["content"]: row["ground_truth"] for split in ("train", "test")
-             for row in rows(f"arithmetic/{split}.jsonl")}  # fmt: skip
+    truth = {
+        row["prompt"][0]["content"]: row["ground_truth"]
+        for split in ("train", "test")
+        for row in rows(f"arithmetic/{split}.jsonl")
+    }
     prompts = {}
     for folder in ("arithmetic_preferences", "arithmetic_preferences_number"):
         for split in ("train", "test"):
@@ -179,8 +188,14 @@ def test_a_run_saves_a_model_that_rewards_py_scores_as_training_did(tmp_path):
 
 def test_string_pairs_without_a_prompt_with_margins_some_none(tmp_path, capsys):
     """A None margin is 0; a file has one split (no evaluation); a pair over --max_length is dropped, as TRL does."""
-    pairs = [{"chosen": f"{a} + 1 = {a + 1}", "rejected": f"{a} + 1 = {a + 2}", "margin": None if a % 2 else 0.5}
-             for a in range(16)]  # fmt: skip
+    pairs = [
+        {
+            "chosen": f"{a} + 1 = {a + 1}",
+            "rejected": f"{a} + 1 = {a + 2}",
+            "margin": None if a % 2 else 0.5,
+        }
+        for a in range(16)
+    ]
     pairs[0]["chosen"] = "1 + 1 = 2" * 60
     (tmp_path / "pairs.jsonl").write_text("".join(json.dumps(pair) + "\n" for pair in pairs))
     reward_model.main(
@@ -192,8 +207,15 @@ def test_string_pairs_without_a_prompt_with_margins_some_none(tmp_path, capsys):
 
 def test_a_bf16_checkpoint_trains_float32_weights_and_resume_gives_the_uninterrupted_run(tmp_path):
     model = str(make_bf16_checkpoint(tmp_path / "bf16"))
-    full = args(tmp_path, model_name_or_path=model, max_steps=4, save_steps=2, eval_strategy="steps", eval_steps=2,
-                center_rewards_coefficient=0.01)  # fmt: skip
+    full = args(
+        tmp_path,
+        model_name_or_path=model,
+        max_steps=4,
+        save_steps=2,
+        eval_strategy="steps",
+        eval_steps=2,
+        center_rewards_coefficient=0.01,
+    )
     reward_model.main(full)
     checkpoint = str(tmp_path / "out" / "checkpoint-2")
     reward_model.main(
@@ -243,8 +265,9 @@ def test_a_lora_reward_model_resumes_exactly_and_is_saved_merged_for_the_rl_scri
 
 def test_sigterm_in_the_loop_saves_a_checkpoint_and_exits_143(tmp_path):
     out = tmp_path / "out"
-    command = [sys.executable, str(ROOT / "reward_model.py"), "--dataset_name", small_data(tmp_path), "--max_steps",
-               "100000", "--train_batch_size", "8", "--eval_strategy", "no", "--output_dir", str(out)]  # fmt: skip
+    flags = ["--dataset_name", small_data(tmp_path), "--output_dir", str(out)]
+    flags += "--max_steps 100000 --train_batch_size 8 --eval_strategy no".split()
+    command = [sys.executable, str(ROOT / "reward_model.py"), *flags]
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 240
     while not (out / "metrics.jsonl").exists():
@@ -279,9 +302,11 @@ def test_sigterm_in_the_loop_saves_a_checkpoint_and_exits_143(tmp_path):
 def test_bad_input_is_one_line_with_exit_status_2_and_nothing_written(
     tmp_path, flags, line, capsys
 ):
-    files = {"{no_chosen}": '{"prompt": "1 + 1", "completion": "2"}\n',
-             "{bad_margin}": '{"chosen": "2", "rejected": "3", "margin": "large"}\n',
-             "{mixed}": '{"prompt": [{"role": "user", "content": "1"}], "chosen": "2", "rejected": "3"}\n'}  # fmt: skip
+    files = {
+        "{no_chosen}": '{"prompt": "1 + 1", "completion": "2"}\n',
+        "{bad_margin}": '{"chosen": "2", "rejected": "3", "margin": "large"}\n',
+        "{mixed}": '{"prompt": [{"role": "user", "content": "1"}], "chosen": "2", "rejected": "3"}\n',
+    }
     for name, text in files.items():
         (tmp_path / f"{name[1:-1]}.jsonl").write_text(text * 8)
     flags = [str(tmp_path / f"{f[1:-1]}.jsonl") if f in files else f for f in flags]

@@ -35,8 +35,15 @@ def small_data(tmp_path) -> str:
 
 def args(tmp_path, **overrides) -> sft.Args:
     """A run of a second or two: 2 steps of 8 sequences, no evaluation, no checkpoint."""
-    small = dict(max_steps=2, train_batch_size=8, logging_steps=1, eval_strategy="no", save_steps=0,
-                 num_generations_eval=1, dataset_name=small_data(tmp_path))  # fmt: skip
+    small = dict(
+        max_steps=2,
+        train_batch_size=8,
+        logging_steps=1,
+        eval_strategy="no",
+        save_steps=0,
+        num_generations_eval=1,
+        dataset_name=small_data(tmp_path),
+    )
     return sft.Args(**{**small, "output_dir": str(tmp_path / "out"), **overrides})
 
 
@@ -56,8 +63,12 @@ def load_tool(name: str):
 
 
 def test_the_prompt_is_masked_and_the_completion_ends_with_eos(tiny_tokenizer):
-    row = {"prompt": [{"role": "user", "content": "Compute 7 × 8. Answer in the form <answer>N</answer>."}],
-           "completion": [{"role": "assistant", "content": "7 × 8 = 56 <answer>56</answer>"}]}  # fmt: skip
+    row = {
+        "prompt": [
+            {"role": "user", "content": "Compute 7 × 8. Answer in the form <answer>N</answer>."}
+        ],
+        "completion": [{"role": "assistant", "content": "7 × 8 = 56 <answer>56</answer>"}],
+    }
     (tokenized,) = sft.tokenize(tiny_tokenizer, Dataset.from_list([row]), sft.Args(), "train")
     prompt = common.prompt_text(tiny_tokenizer, row["prompt"])  # as the RL scripts render it
     n = len(tiny_tokenizer(prompt, add_special_tokens=False).input_ids)
@@ -239,10 +250,16 @@ def test_lora_trains_an_adapter_without_dropout_and_saves_the_merged_model(tmp_p
 
 def test_a_stop_in_the_loop_saves_a_checkpoint_and_exits_130(tmp_path):
     out = tmp_path / "out"
-    command = [sys.executable, str(ROOT / "sft.py"), "--dataset_name", small_data(tmp_path), "--max_steps", "100000",
-               "--train_batch_size", "8", "--eval_strategy", "no", "--output_dir", str(out)]  # fmt: skip
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # fmt: skip
+    flags = ["--dataset_name", small_data(tmp_path), "--output_dir", str(out)]
+    flags += "--max_steps 100000 --train_batch_size 8 --eval_strategy no".split()
+    command = [sys.executable, str(ROOT / "sft.py"), *flags]
+    process = subprocess.Popen(
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     deadline = time.time() + 240
     while not (out / "metrics.jsonl").exists():
         assert process.poll() is None and time.time() < deadline, process.communicate()
@@ -280,8 +297,11 @@ def test_a_stop_in_the_loop_saves_a_checkpoint_and_exits_130(tmp_path):
 def test_bad_input_is_one_line_with_exit_status_2_and_nothing_written(
     tmp_path, flags, line, capsys
 ):
-    files = {"{no_completion}": '{"prompt": "1 + 1"}\n', "{no_prompt}": '{"question": "1", "completion": "2"}\n',
-             "{null_completion}": '{"prompt": "1 + 1", "completion": null}\n'}  # fmt: skip
+    files = {
+        "{no_completion}": '{"prompt": "1 + 1"}\n',
+        "{no_prompt}": '{"question": "1", "completion": "2"}\n',
+        "{null_completion}": '{"prompt": "1 + 1", "completion": null}\n',
+    }
     for name, text in files.items():
         (tmp_path / f"{name[1:-1]}.jsonl").write_text(text * 8)
     flags = [str(tmp_path / f"{f[1:-1]}.jsonl") if f in files else f for f in flags]
@@ -308,8 +328,9 @@ def test_an_untrained_model_from_tools_learns_the_task(tmp_path):
         for path in (tmp_path / "init", ROOT / "models/tiny-arith")
     )
     assert built == shipped  # the same vocabulary and merges
-    run_main(sft, "--model_name_or_path", tmp_path / "init", "--max_steps", "120", "--eval_steps", "0",
-             "--num_generations_eval", "1", "--output_dir", tmp_path / "out")  # fmt: skip
+    flags = "--max_steps 120 --eval_steps 0 --num_generations_eval 1".split()
+    folders = ["--model_name_or_path", tmp_path / "init", "--output_dir", tmp_path / "out"]
+    run_main(sft, *flags, *folders)
     evals = [r for r in read_metrics(tmp_path / "out") if "eval/loss" in r]
     first, last = evals[0], evals[-1]
     assert first["eval/loss"] > 4 and last["eval/loss"] < 1
