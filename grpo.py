@@ -1,42 +1,42 @@
-"""GRPO: group relative policy optimization (Shao et al. 2024, "DeepSeekMath"), with the Dr. GRPO and DAPO changes.
+"""GRPO: group relative policy optimization (Shao et al. 2024, "DeepSeekMath"), Dr. GRPO and DAPO.
 
-For every prompt x, sample G = num_generations completions y_1..y_G from the policy π_θ at temperature τ (--temperature)
-and score them with the reward r (a weighted sum of reward functions, or a reward model). Then:
+For every prompt x, sample G = num_generations completions y_1..y_G from the policy π_θ at
+temperature τ, and score them with a reward r (reward functions' weighted sum, or a reward model):
 
-    Group-relative advantage (DeepSeekMath §4.1.2, outcome supervision), the same for every token of y_i
-        A_i = (r_i − mean_j r_j) / (std + 1e-4)    std: of the group (--scale_rewards group), of the batch (batch), or 1
+    Group-relative advantage (DeepSeekMath §4.1.2), the same for every token of y_i
+        A_i = (r_i − mean_j r_j) / (std + 1e-4),    std: --scale_rewards group, batch or none (1)
 
-    Per-token clipped surrogate, with the KL as a loss term on the current policy (DeepSeekMath Eq. 3, k3 of Eq. 4)
+    Per-token clipped surrogate, with the KL as a loss term (DeepSeekMath Eq. 3, k3 of Eq. 4)
         ρ_{i,t} = π_θ(y_{i,t} | x, y_{i,<t}) / π_θ_old(y_{i,t} | x, y_{i,<t})
-        kl_{i,t} = exp(log π_ref − log π_θ) − (log π_ref − log π_θ) − 1      (its gradient in log π_θ: 1 − π_ref/π_θ)
+        kl_{i,t} = exp(log π_ref − log π_θ) − (log π_ref − log π_θ) − 1
         ℓ_{i,t} = −is_{i,t} · min(ρ_{i,t} A_i, clip(ρ_{i,t}, 1 − ε, 1 + ε_high) A_i) + β · kl_{i,t}
-        L(θ) = Σ_{i,t} w_{i,t} ℓ_{i,t},   with m the completion mask (0 on whole rows with --mask_truncated_completions)
-            --loss_type grpo      w_{i,t} = m_{i,t} / (|y_i| · N)   each sequence's token mean, over the N with a loss
-            --loss_type dr_grpo   w_{i,t} = m_{i,t} / (B · max_completion_length)        a constant normalizer
-            --loss_type dapo      w_{i,t} = m_{i,t} / Σ_{j,s} m_{j,s}   every token of the batch weighs the same
-            --loss_type bnpo      as dapo here (TRL divides by the tokens of each micro-batch instead)
-    with is_{i,t} = 1, or, when vLLM samples instead of π_θ, TRL's importance-sampling correction π_θ_old / π_vllm of
-    y_i (sequence_*) or of y_{i,t} (token_*), capped at C (*_truncate) or 0 above C (*_mask).
+        L(θ) = Σ_{i,t} w_{i,t} ℓ_{i,t},    w by --loss_type, m_{i,t} = m_i on y_i's tokens, else 0:
+            grpo        w_{i,t} = m_{i,t} / (|y_i| · N)    N: the completions with m_i = 1
+            dr_grpo     w_{i,t} = m_{i,t} / (B · max_completion_length)
+            dapo, bnpo  w_{i,t} = m_{i,t} / Σ_{j,s} m_{j,s}    (TRL's bnpo: by micro-batch)
+    with m_i = 0 for a completion without an end token under --mask_truncated_completions (else 1),
+    and is_i TRL's importance-sampling correction when vLLM samples instead of π_θ (else 1):
+        is_i = π_θ_old(y_i | x) / π_vllm(y_i | x), capped at C, or 0 above C (token_*: is_{i,t})
 
-Dr. GRPO (Liu et al. 2025, §3.1–3.2): the std favours easy and hard prompts and |y_i| favours long wrong answers, hence
---scale_rewards none --loss_type dr_grpo. DAPO (Yu et al. 2025): clip-higher (§3.1, --epsilon_high 0.28), dynamic
-sampling (§3.2, --dynamic_sampling: a group whose rewards are all equal has A = 0, so it gives way to newly sampled
-prompts), the token-level loss (§3.3, --loss_type dapo) and overlong filtering (§3.4, --mask_truncated_completions).
+Dr. GRPO (Liu et al. 2025, §3.1–3.2): the std favours easy and hard prompts, |y_i| long wrong
+answers: --scale_rewards none --loss_type dr_grpo. DAPO (Yu et al. 2025): clip-higher (§3.1,
+--epsilon_high 0.28), dynamic sampling (§3.2, --dynamic_sampling: groups of equal rewards, A = 0,
+give way to new prompts), the token-level loss (§3.3, dapo) and overlong filtering (§3.4, m_i).
 
-With num_iterations = 1 (the default) ρ ≡ 1 and ∇L = −Σ_{i,t} w_{i,t} A_i ∇ log π_θ(y_{i,t}) (+ the KL term). The logged
-`loss` and `policy_loss` (without β·kl) then sit near 0 when the lengths are alike, because each group's advantages sum
-to zero; `grad_norm` shows that the update is not. Worked example (G = 4, --scale_rewards none): rewards 10, 8, 4, 2
-have group mean 6 and advantages +4, +2, −2, −4, which RLOO's leave-one-out advantages scale by G/(G−1) = 4/3.
+With num_iterations = 1 (the default) ρ ≡ 1 and ∇L = −Σ_{i,t} w_{i,t} A_i ∇ log π_θ(y_{i,t}) + the
+KL term's. The logged `loss` and `policy_loss` (no β·kl) sit near 0 when lengths are alike, as each
+group's advantages sum to zero; `grad_norm` shows that the update does not. Worked example (G = 4,
+--scale_rewards none): rewards 10, 8, 4, 2 have group mean 6 and advantages +4, +2, −2, −4,
+which RLOO's leave-one-out advantages scale by G/(G−1) = 4/3.
 
-A_i depends on the rewards alone, and every normalizer is counted once over the whole batch, so micro-batches give
-exactly the one-batch gradient. Under `accelerate launch` each process samples whole groups of its share of the prompts;
-the rewards are gathered (A_i is the whole batch's), the normalizers counted over every process, and each process's
-loss is N times its share of the one sum, so that DDP's mean gradient is the one-process update.
+Every normalizer counts the whole batch, of every process: micro-batches and processes give the
+one-batch gradient (each process's loss is N times its share, as DDP averages the gradients).
 
-    python grpo.py                              # the embedded tiny model, offline, about two minutes on a CPU
-    accelerate launch --config_file configs/multi_gpu.yaml grpo.py --model_name_or_path Qwen/Qwen2.5-0.5B-Instruct ...
+    python grpo.py                         # the embedded tiny model, offline, about two minutes
+    accelerate launch --config_file configs/multi_gpu.yaml grpo.py --model_name_or_path ...
 
-Copy grpo.py with common.py (text ↔ tokens) and rewards.py (reward functions); vllm_colocate.py only for --use_vllm.
+Copy grpo.py with common.py (text ↔ tokens) and rewards.py (reward functions); vllm_colocate.py
+only for --use_vllm.
 """
 
 import contextlib
@@ -56,7 +56,7 @@ import transformers
 import yaml
 from accelerate import Accelerator, DistributedType
 from accelerate.tracking import get_available_trackers
-from accelerate.utils import gather_object, set_seed
+from accelerate.utils import broadcast_object_list, gather_object, set_seed
 from datasets import load_dataset
 from tqdm.auto import tqdm
 from transformers import AutoModelForCausalLM, HfArgumentParser, SchedulerType
@@ -65,168 +65,96 @@ import common
 from rewards import RewardError, check_columns, compute_rewards, load_reward_funcs, reward_weights
 
 HERE = Path(__file__).resolve().parent
+IS_MODES = Literal["sequence_mask", "sequence_truncate", "token_mask", "token_truncate"]
 
 
 def arg(default, help: str):
-    kind = (
-        {"default_factory": lambda: list(default)}
-        if isinstance(default, list)
-        else {"default": default}
-    )
-    return field(**kind, metadata={"help": help})
+    """A flag's default and its line of --help; a list default is copied for each Args."""
+    if isinstance(default, list):
+        return field(default_factory=lambda: list(default), metadata={"help": help})
+    return field(default=default, metadata={"help": help})
 
 
 @dataclass
 class Args:
     # model and data
-    model_name_or_path: str = arg(
-        str(HERE / "models/tiny-arith"), "policy: a hub id or a folder (default: embedded)"
-    )
-    attn_implementation: str | None = arg(
-        None, "eager, sdpa, flash_attention_2, ... (default: transformers' choice)"
-    )
-    dataset_name: str = arg(
-        str(HERE / "data/arithmetic"), "a hub dataset, or a data folder or file; a 'prompt' column"
-    )
-    dataset_config: str | None = arg(None, "the configuration of a dataset that has several")
+    model_name_or_path: str = arg(str(HERE / "models/tiny-arith"), "policy: hub id or folder")
+    attn_implementation: str | None = arg(None, "eager, sdpa, ... (default: transformers')")
+    dataset_name: str = arg(str(HERE / "data/arithmetic"), "hub dataset, folder or file")
+    dataset_config: str | None = arg(None, "the dataset's configuration, if it has several")
     dataset_train_split: str = arg("train", "split to train on")
-    dataset_test_split: str = arg(
-        "test", "held-out split, scored with the run's rewards (skipped when absent)"
-    )
-    reward_funcs: list[str] = arg(
-        ["accuracy"], "reward functions: built-in names, file.py:function or pkg.module.fn"
-    )
+    dataset_test_split: str = arg("test", "held-out split to evaluate (skipped if absent)")
+    reward_funcs: list[str] = arg(["accuracy"], "names, file.py:function or pkg.module.fn")
     reward_weights: list[str] = arg([], "one weight per reward function (default 1.0 each)")
-    reward_model_path: str | None = arg(
-        None, "a sequence classifier with one label, added to the reward functions"
-    )
+    reward_model_path: str | None = arg(None, "a one-label sequence classifier, as a reward")
     # GRPO
-    num_generations: int = arg(
-        8, "completions per prompt, G ≥ 2: the group whose mean is the baseline"
-    )
-    scale_rewards: Literal["group", "batch", "none"] = arg(
-        "group", "A / the std of the group or the batch, or none"
-    )
-    loss_type: Literal["grpo", "bnpo", "dr_grpo", "dapo"] = arg(
-        "dapo", "the loss's token weights (see above)"
-    )
-    beta: float = arg(
-        0.0, "coefficient β of the k3 KL term in the loss; 0 loads no reference model"
-    )
-    num_iterations: int = arg(
-        1, "optimizer steps on each batch (> 1: the ratio and its clipping matter)"
-    )
+    num_generations: int = arg(8, "completions per prompt, G ≥ 2: the group of the baseline")
+    scale_rewards: Literal["group", "batch", "none"] = arg("group", "whose std divides A (above)")
+    loss_type: Literal["grpo", "bnpo", "dr_grpo", "dapo"] = arg("dapo", "token weights w (above)")
+    beta: float = arg(0.0, "coefficient β of the k3 KL term; 0 loads no reference model")
+    num_iterations: int = arg(1, "optimizer steps on each batch")
     epsilon: float = arg(0.2, "lower clipping bound ε of the per-token ratio")
-    epsilon_high: float | None = arg(
-        None, "upper clipping bound (default: epsilon; DAPO's clip-higher: 0.28)"
-    )
-    mask_truncated_completions: bool = arg(
-        False, "completions without an end token get no loss (A still counts them)"
-    )
-    dynamic_sampling: bool = arg(
-        False, "DAPO: groups whose rewards are all equal give way to newly sampled prompts"
-    )
+    epsilon_high: float | None = arg(None, "upper clipping bound (default: epsilon)")
+    mask_truncated_completions: bool = arg(False, "no loss for completions with no end token")
+    dynamic_sampling: bool = arg(False, "DAPO: groups of equal rewards give way to new prompts")
     max_resample_rounds: int = arg(3, "--dynamic_sampling: extra sampling rounds per step at most")
     # generation
     max_completion_length: int = arg(24, "tokens generated per completion at most")
-    temperature: float = arg(
-        1.0, "sampling temperature τ; the log-probs are those of softmax(logits / τ)"
-    )
+    temperature: float = arg(1.0, "sampling temperature τ, also that of the log-probs")
     top_p: float = arg(1.0, "nucleus sampling (1.0: off; < 1 samples off-policy)")
     top_k: int = arg(0, "top-k sampling (0: off; > 0 samples off-policy)")
-    chat_template_kwargs: dict | str | None = arg(
-        None, "chat template arguments, e.g. '{\"enable_thinking\": false}'"
-    )
-    use_vllm: bool = arg(
-        False, "sample with a colocated vLLM engine (vllm_colocate.py; needs a GPU)"
-    )
-    vllm_gpu_memory_utilization: float = arg(
-        0.3, "fraction of GPU memory the vLLM engine may take"
-    )
-    vllm_max_model_length: int | None = arg(None, "vLLM's context length (default: the model's)")
-    vllm_importance_sampling_correction: bool = arg(
-        True, "weight the loss by π_θ_old / π_vllm (TRL's correction)"
-    )
-    vllm_importance_sampling_mode: Literal[
-        "sequence_mask", "sequence_truncate", "token_mask", "token_truncate"
-    ] = arg("sequence_mask", "per completion or per token; 0 above C, or C")
-    vllm_importance_sampling_clip_max: float = arg(
-        3.0, "the cap C of the importance-sampling ratio"
-    )
+    chat_template_kwargs: dict | str | None = arg(None, "the chat template's arguments, as JSON")
+    use_vllm: bool = arg(False, "sample with a colocated vLLM engine (needs a GPU)")
+    vllm_gpu_memory_utilization: float = arg(0.3, "GPU memory share of the vLLM engine")
+    vllm_max_model_length: int | None = arg(None, "vLLM's context length")
+    vllm_importance_sampling_correction: bool = arg(True, "weight the loss by is_i")
+    vllm_importance_sampling_mode: IS_MODES = arg("sequence_mask", "is_i or is_{i,t}, above")
+    vllm_importance_sampling_clip_max: float = arg(3.0, "C, the cap of is_i")
     # optimization
-    prompts_per_step: int = arg(
-        8, "prompts per step; the batch is prompts_per_step × num_generations completions"
-    )
-    micro_batch_size: int = arg(
-        0, "completions per forward and backward, gradients accumulated (0: the batch)"
-    )
+    prompts_per_step: int = arg(8, "prompts per step, each with num_generations completions")
+    micro_batch_size: int = arg(0, "completions per forward and backward (0: the batch)")
     max_steps: int = arg(100, "training steps, one batch each")
-    learning_rate: float = arg(
-        1e-4, "AdamW learning rate (the embedded model; ~1e-6 for a 0.5B model)"
-    )
+    learning_rate: float = arg(1e-4, "AdamW learning rate (~1e-6 for a 0.5B model)")
     lr_scheduler_type: SchedulerType = arg("cosine", "transformers' learning-rate schedule")
     warmup_ratio: float = arg(0.03, "fraction of the optimizer steps spent warming up")
     weight_decay: float = arg(0.0, "AdamW weight decay")
     max_grad_norm: float = arg(1.0, "gradient clipping norm (0: none)")
     seed: int = arg(0, "random seed (sampling, data order)")
-    disable_dropout: bool = arg(
-        True, "dropout off, so that sampling, π_θ_old and the loss see one policy"
-    )
+    disable_dropout: bool = arg(True, "dropout off: sampling and the loss see one policy")
     # logging, evaluation, checkpoints
-    output_dir: str = arg(
-        "outputs/grpo", "where metrics.jsonl, the checkpoints and the final model go"
-    )
-    overwrite_output_dir: bool = arg(False, "start over in an output_dir that holds another run")
+    output_dir: str = arg("outputs/grpo", "metrics.jsonl, checkpoints and the final model")
+    overwrite_output_dir: bool = arg(False, "start over in an output_dir with another run")
     logging_steps: int = arg(5, "log metrics every this many steps")
-    log_completions: bool = arg(False, "print a few completions and their rewards at each log")
+    log_completions: bool = arg(False, "print a few completions at each log")
     num_completions_to_print: int = arg(2, "how many completions --log_completions prints")
-    report_to: list[str] = arg(
-        ["none"], "trackers besides metrics.jsonl: tensorboard, wandb, trackio, all, ..."
-    )
-    eval_strategy: Literal["steps", "no"] = arg(
-        "steps", "steps: at the start, every eval_steps and at the end"
-    )
-    eval_steps: int = arg(50, "evaluate every this many steps (0: at the start and the end only)")
-    num_generations_eval: int = arg(4, "completions sampled per held-out prompt (and one greedy)")
-    per_device_eval_batch_size: int = arg(512, "completions per generate call of the evaluation")
-    save_steps: int = arg(
-        50, "save a checkpoint every this many steps (0: never; a stop always saves)"
-    )
+    report_to: list[str] = arg(["none"], "trackers besides metrics.jsonl: wandb, all, ...")
+    eval_strategy: Literal["steps", "no"] = arg("steps", "steps: at the start, end, eval_steps")
+    eval_steps: int = arg(50, "evaluate every this many steps (0: start and end only)")
+    num_generations_eval: int = arg(4, "samples per held-out prompt (and one greedy)")
+    per_device_eval_batch_size: int = arg(512, "completions per generate call of evaluation")
+    save_steps: int = arg(50, "checkpoint every this many steps (0: never; a stop saves)")
     save_total_limit: int | None = arg(None, "keep only the newest N checkpoints")
-    resume_from_checkpoint: str | None = arg(
-        None, "a checkpoint folder, or 'latest' in output_dir"
-    )
+    resume_from_checkpoint: str | None = arg(None, "a checkpoint, or 'latest' in output_dir")
     # efficiency
-    bf16: bool = arg(False, "bf16 autocast for the forward passes; master weights stay float32")
-    gradient_checkpointing: bool = arg(
-        False, "recompute activations in the backward pass to save memory"
-    )
-    use_peft: bool = arg(
-        False, "train a LoRA adapter; π_ref is then the policy with its adapter disabled"
-    )
+    bf16: bool = arg(False, "bf16 autocast; master weights stay float32")
+    gradient_checkpointing: bool = arg(False, "recompute activations in the backward pass")
+    use_peft: bool = arg(False, "train a LoRA adapter; π_ref: the policy without it")
     lora_r: int = arg(16, "LoRA rank")
     lora_alpha: int = arg(32, "LoRA alpha")
     lora_dropout: float = arg(0.05, "LoRA dropout")
-    lora_target_modules: list[str] = arg(["all-linear"], "modules LoRA adapts, or all-linear")
-    load_in_4bit: bool = arg(
-        False, "QLoRA: the frozen base in 4 bits (bitsandbytes); needs --use_peft"
-    )
+    lora_target_modules: list[str] = arg(["all-linear"], "modules LoRA adapts")
+    load_in_4bit: bool = arg(False, "QLoRA: the frozen base in 4 bits; needs --use_peft")
     bnb_4bit_quant_type: Literal["nf4", "fp4"] = arg("nf4", "4-bit data type")
 
 
 def check_args(args: Args):
-    """This script's flags in range, each said in one line; then the ones every RL script shares."""
-    args.epsilon_high = (
-        args.epsilon if args.epsilon_high is None else args.epsilon_high
-    )  # TRL's default: ε
-    require(
-        args.num_generations >= 2,
-        f"--num_generations: a group needs G ≥ 2, got {args.num_generations}",
-    )
-    require(
-        args.max_resample_rounds >= 0,
-        f"--max_resample_rounds: must be ≥ 0, got {args.max_resample_rounds}",
-    )
+    """This script's flags in range; then the ones every RL script shares."""
+    if args.epsilon_high is None:  # TRL's default
+        args.epsilon_high = args.epsilon
+    G = args.num_generations
+    require(G >= 2, f"--num_generations: the baseline needs G ≥ 2, got {G}")
+    rounds = args.max_resample_rounds
+    require(rounds >= 0, f"--max_resample_rounds: must be ≥ 0, got {rounds}")
     check_shared_args(args)
 
 
@@ -262,63 +190,53 @@ def completion_logprobs(
 
 
 # ==== GRPO ====
-def group_relative_advantages(
-    rewards: torch.Tensor, num_generations: int, scale_rewards: str
-) -> torch.Tensor:
-    """A_i = (r_i − mean of its group) / (std + 1e-4), the std of the group, of the batch, or none. (B,) -> (B,)
-    An unscorable completion (r_i = NaN: no reward function applies) is left out of the means and stds and gets A_i = 0,
-    as does every completion of a group with only one scorable (TRL's rule)."""
+def group_relative_advantages(rewards, num_generations: int, scale_rewards: str) -> torch.Tensor:
+    """A_i (B,). An unscorable completion (r_i = NaN: no reward function applies) stays out of the
+    means and stds, and gets A_i = 0, as does a group with one scorable (TRL's rule)."""
     grouped = rewards.view(-1, num_generations)
     advantages = grouped - grouped.nanmean(1, keepdim=True)
-    if scale_rewards == "group":  # the sample std (n − 1) of the scorable rewards, as TRL's nanstd
-        scorable = (~grouped.isnan()).sum(1, keepdim=True)
-        advantages = advantages / (
-            (advantages.pow(2).nansum(1, keepdim=True) / (scorable - 1)).sqrt() + 1e-4
-        )
+    if scale_rewards == "group":  # the sample std (n − 1) of the scorable, as TRL's nanstd
+        scorable = grouped.isfinite().sum(1, keepdim=True)
+        variance = advantages.pow(2).nansum(1, keepdim=True) / (scorable - 1)
+        advantages = advantages / (variance.sqrt() + 1e-4)
     elif scale_rewards == "batch":
-        advantages = advantages / (rewards[~rewards.isnan()].std() + 1e-4)
+        advantages = advantages / (rewards[rewards.isfinite()].std() + 1e-4)
     return advantages.flatten().nan_to_num(0.0)
 
 
-def per_token_kl(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
-    """k3 = exp(ref − logp) − (ref − logp) − 1 for each sampled token: unbiased, ≥ 0, gradient 1 − exp(ref − logp)."""
-    log_ratio = ref_logprobs - logprobs
-    return torch.exp(log_ratio) - log_ratio - 1
+def per_token_kl(logprobs, ref_logprobs) -> torch.Tensor:
+    """k3 = exp(−k1) + k1 − 1 of each sampled token, k1 = log π − log π_ref: unbiased and ≥ 0."""
+    log_ratio = logprobs - ref_logprobs
+    return torch.exp(-log_ratio) + log_ratio - 1
 
 
 def importance_sampling_weights(
     old_logprobs, sampler_logprobs, completion_mask, *, mode: str, clip_max: float
 ):
-    """is = π_θ_old / π_sampler of each completion (sequence_*: the exp of its summed log-ratio, (B, 1)) or of each
-    token (token_*: (B, T)), capped at clip_max (*_truncate) or zeroed above it (*_mask)."""
+    """is = π_θ_old / π_sampler of y_i (B, 1) or y_{i,t} (B, T), capped at clip_max or zeroed."""
     log_ratio = (old_logprobs - sampler_logprobs) * completion_mask
-    ratio = torch.exp(log_ratio.sum(1, keepdim=True) if mode.startswith("sequence") else log_ratio)
-    return (
-        ratio.clamp(max=clip_max)
-        if mode.endswith("truncate")
-        else ratio.masked_fill(ratio > clip_max, 0.0)
-    )
+    if mode.startswith("sequence"):
+        log_ratio = log_ratio.sum(1, keepdim=True)
+    ratio = torch.exp(log_ratio)
+    if mode.endswith("truncate"):
+        return ratio.clamp(max=clip_max)
+    return ratio.masked_fill(ratio > clip_max, 0.0)
 
 
-def loss_token_weights(
-    loss_mask, loss_type: str, max_completion_length: int, total=lambda count: count
-):
-    """w (B, T) of L = Σ_{i,t} w_{i,t} ℓ_{i,t}, normalized over the WHOLE batch, so that a micro-batch's loss is its
-    rows' share of the one sum; loss_mask (B, T) marks the tokens with a loss. Under several processes loss_mask holds
-    this process's rows, and total (accelerator.reduce) adds the other processes' counts to each normalizer."""
-    loss_mask = loss_mask.float()
-    if (
-        loss_type == "grpo"
-    ):  # each sequence's token mean, then the mean over the sequences that have a loss
-        lengths = loss_mask.sum(1, keepdim=True)
-        return loss_mask / lengths.clamp(min=1) / total((lengths > 0).sum()).clamp(min=1)
-    if (
-        loss_type == "dr_grpo"
-    ):  # a constant: every token weighs the same, whatever the lengths in this batch
-        return loss_mask / total(loss_mask.new_tensor(loss_mask.shape[0] * max_completion_length))
-    return loss_mask / total(loss_mask.sum()).clamp(
-        min=1
-    )  # dapo, bnpo: every token of the batch weighs the same
+def loss_normalizer(loss_mask, loss_type: str, max_completion_length: int) -> torch.Tensor:
+    """Sequences (grpo) or tokens (dapo) with a loss in the rows, or B · max_completion_length."""
+    if loss_type == "grpo":
+        return (loss_mask.sum(1) > 0).sum()
+    if loss_type == "dr_grpo":  # a constant, whatever the lengths
+        return loss_mask.new_tensor(loss_mask.shape[0] * max_completion_length)
+    return loss_mask.sum()
+
+
+def loss_token_weights(loss_mask, loss_type: str, normalizer) -> torch.Tensor:
+    """w (B, T): the loss mask over the whole batch's normalizer (grpo: each sequence's mean)."""
+    if loss_type == "grpo":  # each sequence's token mean
+        loss_mask = loss_mask / loss_mask.sum(1, keepdim=True).clamp(min=1)
+    return loss_mask / normalizer.clamp(min=1)
 
 
 def grpo_loss(
@@ -333,71 +251,55 @@ def grpo_loss(
     epsilon,
     epsilon_high,
 ):
-    """Σ_{i,t} w_{i,t} (−is_{i,t} min(ρ_{i,t} A_i, clip(ρ_{i,t}, 1−ε, 1+ε_high) A_i) + β kl_{i,t}) over a micro-batch,
-    is (B_mb, 1) or (B_mb, T) as TRL (not on the KL). Returns the loss, its policy part (no KL term) and ρ (B_mb, T)."""
-    ratio = torch.exp(logprobs - old_logprobs)  # ≡ 1 (but not its gradient) at first
-    A = advantages[:, None]
-    surrogate = torch.min(ratio * A, ratio.clamp(1 - epsilon, 1 + epsilon_high) * A)
+    """Σ_{i,t} w_{i,t} (−is_{i,t} min(ρ_{i,t} A_i, clip(ρ_{i,t}, 1−ε, 1+ε_high) A_i) + β kl_{i,t})
+    over a micro-batch, is (B, 1) or (B, T); the loss, its policy part (no KL) and ρ (B, T)."""
+    ratio = torch.exp(logprobs - old_logprobs)  # ≡ 1 (but not its gradient) at the first update
+    advantages = advantages[:, None]  # (B, 1): the same for every token
+    clipped = ratio.clamp(1 - epsilon, 1 + epsilon_high)
+    surrogate = torch.min(ratio * advantages, clipped * advantages)
     policy_loss = -(surrogate * is_weights * weights).sum()
     if beta == 0:
         return policy_loss, policy_loss, ratio
-    return (
-        policy_loss + beta * (per_token_kl(logprobs, ref_logprobs) * weights).sum(),
-        policy_loss,
-        ratio,
-    )
+    kl_loss = beta * (per_token_kl(logprobs, ref_logprobs) * weights).sum()
+    return policy_loss + kl_loss, policy_loss, ratio
 
 
-def zero_std_groups(rewards: torch.Tensor, num_generations: int) -> torch.Tensor:
-    """(B / G,) True for the groups whose scorable rewards are all equal (or fewer than two): A = 0, no signal."""
+def zero_std_groups(rewards, num_generations: int) -> torch.Tensor:
+    """(B / G,) True for a group whose scorable rewards are all equal (or under two): A = 0."""
     grouped = rewards.view(-1, num_generations)
-    return ~((grouped - grouped.nanmean(1, keepdim=True)).pow(2).nanmean(1) > 1e-12)
+    group_var = (grouped - grouped.nanmean(1, keepdim=True)).pow(2).nanmean(1)
+    return group_var.nan_to_num(0.0) <= 1e-12  # NaN: a group with none scorable
 
 
-def dynamic_sampling(
-    samples, num_prompts: int, num_generations: int, pad_token_id: int, all_done=lambda done: done
-):
-    """DAPO's dynamic sampling: rounds (the step's prompts, then newly drawn ones) are taken from `samples` until
-    num_prompts groups whose rewards differ are found or the rounds run out; equal-reward groups fill what is missing.
-    Returns the batch, in the rounds' order, and the fraction of the sampled groups whose rewards were all equal.
-    all_done(done) is True once every process is done: all sample the same rounds (ZeRO-3 generates collectively)."""
-    taken = []
-    for sample in samples:
-        taken.append(sample)
-        if all_done(
-            sum((~zero_std_groups(s["rewards"], num_generations)).sum().item() for s in taken)
-            >= num_prompts
-        ):
-            break
-    zero_std = zero_std_groups(torch.cat([sample["rewards"] for sample in taken]), num_generations)
-    groups = (
-        torch.cat([(~zero_std).nonzero(), zero_std.nonzero()])[:num_prompts, 0].sort().values
-    )  # differing first
-    rows = (
-        (groups[:, None] * num_generations + torch.arange(num_generations, device=groups.device))
-        .flatten()
-        .tolist()
-    )
+def join_rounds(key: str, values: list, rows: list[int], pad_token_id: int):
+    """A key's `rows` of the rounds; (B, L) tensors padded, the prompts on the left as sampled."""
+    if isinstance(values[0], list):
+        joined = [v for value in values for v in value]
+        return [joined[i] for i in rows]
+    if values[0].dim() == 1:
+        return torch.cat(values)[rows]
+    width = max(value.shape[1] for value in values)
+    fill = pad_token_id if key.endswith("_ids") else 0
+    padded = []
+    for value in values:
+        missing = width - value.shape[1]
+        sides = (missing, 0) if key.startswith("prompt") else (0, missing)
+        padded.append(torch.nn.functional.pad(value, sides, value=fill))
+    return torch.cat(padded)[rows]
 
-    def join(
-        key, values
-    ):  # the rounds as one batch; (B, L) tensors padded: prompts on the left, the rest on the right
-        if isinstance(values[0], list):
-            return [v for value in values for v in value]
-        width, fill = max(v.shape[-1] for v in values), pad_token_id if key.endswith("_ids") else 0
-        side = lambda v: (
-            (width - v.shape[-1], 0) if key.startswith("prompt") else (0, width - v.shape[-1])
-        )
-        return torch.cat(
-            [
-                torch.nn.functional.pad(v, side(v) if v.dim() == 2 else (0, 0), value=fill)
-                for v in values
-            ]
-        )
 
-    batch = {key: join(key, [sample[key] for sample in taken]) for key in taken[0]}
-    pick = lambda value: [value[i] for i in rows] if isinstance(value, list) else value[rows]
-    return {key: pick(value) for key, value in batch.items()}, zero_std.float().mean().item()
+def dynamic_sampling(rounds: list[dict], num_prompts: int, num_generations: int, pad_token_id):
+    """DAPO's dynamic sampling: num_prompts groups of the rounds, those whose rewards differ first,
+    in the rounds' order; and the fraction of the rounds' groups whose rewards were all equal."""
+    rewards = torch.cat([sample["rewards"] for sample in rounds])
+    zero_std = zero_std_groups(rewards, num_generations)
+    differing_first = torch.cat([(~zero_std).nonzero(), zero_std.nonzero()])[:, 0]
+    groups = differing_first[:num_prompts].sort().values
+    rows = [i * num_generations + k for i in groups.tolist() for k in range(num_generations)]
+    batch = {}
+    for key in rounds[0]:
+        batch[key] = join_rounds(key, [sample[key] for sample in rounds], rows, pad_token_id)
+    return batch, zero_std.float().mean()
 
 
 # ---- plumbing: the command line ----
@@ -823,7 +725,7 @@ def main(args: Args):
     # The log-probs upcast themselves, chunk by chunk, so this documented call removes the wrapper.
     accelerator.unwrap_model(model, keep_fp32_wrapper=False)
 
-    # ---- plumbing: resume, the first evaluation, the loop's stop ----
+    # ---- grpo: resume, the first evaluation, the loop's stop: plumbing, the loop below ----
     # the main process alone claims the folder; every process resumes
     claimed = [claim_output_dir(args) if accelerator.is_main_process else None]
     checkpoint = broadcast_object_list(claimed)[0]
@@ -858,146 +760,144 @@ def main(args: Args):
             logprobs, _ = completion_logprobs(ref_model or policy, ids, mask, T, args.temperature)
         return logprobs
 
+    # ---- grpo: phases 1 and 2 as one round, so that --dynamic_sampling can sample more ----
+    def rollout_and_score(step: int, round_index: int) -> dict:
+        # ==== 1. rollout: G completions per prompt, each ended at its first end token ====
+        # the step alone picks its prompts (a fresh permutation each epoch): a resume sees the same
+        epoch, position = divmod(step - 1, len(train_dataset) // args.prompts_per_step)
+        if round_index > 0:  # a permutation of its own (a tuple of ints hashes the same every run)
+            epoch = hash((step, round_index)) % 2**62
+            position = 0
+        seeded = torch.Generator().manual_seed(args.seed + epoch)
+        order = torch.randperm(len(train_dataset), generator=seeded)
+        start = position * args.prompts_per_step
+        indices = order[start : start + args.prompts_per_step][my_prompts].tolist()
+        indices = [i for i in indices for _ in range(G)]  # a prompt's G completions contiguous
+        texts = [train_texts[i] for i in indices]
+        if vllm is not None:
+            rollout = vllm.generate(texts, device)
+        else:
+            with unwrapped_for_generation(accelerator, model) as policy:
+                rollout = common.generate(policy, tokenizer, texts, generation_config)
+        completion_ids = rollout["completion_ids"]
+        completion_mask, is_truncated = common.end_of_completion(completion_ids, end_ids)
+        completion_ids = completion_ids.masked_fill(completion_mask == 0, tokenizer.pad_token_id)
+
+        # ==== 2. score: r(x, y_i), the weighted sum of the reward functions ====
+        completions, id_lists = common.decode(tokenizer, completion_ids, completion_mask)
+        columns = train_dataset.select(indices).to_dict()
+        prompts = columns.pop("prompt")
+        rewards, rewards_per_func = compute_rewards(
+            reward_funcs, weights, prompts, completions, id_lists, columns
+        )
+        rewards = rewards.to(device)  # (B,)
+        rewards_per_func = rewards_per_func.to(device)  # (B, number of functions)
+        return rollout | dict(
+            completion_ids=completion_ids,
+            completion_mask=completion_mask,
+            is_truncated=is_truncated,
+            texts=texts,
+            completions=completions,
+            rewards=rewards,
+            rewards_per_func=rewards_per_func,
+        )
+
     for step in progress:
         step_start = time.perf_counter()
         logging_step = step % args.logging_steps == 0 or step == args.max_steps
-
-        # ==== 1-2. rollout and score: G completions per prompt, each ended at its first end token; their rewards ====
-        def rollout_and_score(round_index: int, step=step) -> dict:
-            """Round 0: the step's prompts, which depend on the step alone (a fresh permutation each epoch), so that a
-            resumed run sees the same; --dynamic_sampling's further rounds: drawn at random, seeded by the round."""
-            epoch, position = divmod(step - 1, len(train_dataset) // args.prompts_per_step)
-            if round_index > 0:
-                epoch, position = hash((step, round_index)) % 2**62, 0
-            order = torch.randperm(
-                len(train_dataset), generator=torch.Generator().manual_seed(args.seed + epoch)
-            )
-            start = position * args.prompts_per_step
-            indices = order[start : start + args.prompts_per_step][my_prompts].tolist()
-            rows = train_dataset.select(indices)
-            texts = [
-                train_texts[i] for i in indices for _ in range(G)
-            ]  # each prompt's G completions contiguous
-            if vllm is not None:
-                rollout = vllm.generate(texts, device)
-            else:
-                with unwrapped_for_generation(accelerator, model) as policy:
-                    rollout = common.generate(policy, tokenizer, texts, generation_config)
-            completion_mask, is_truncated = common.end_of_completion(
-                rollout["completion_ids"], end_ids
-            )  # (B, T), (B,)
-            completion_ids = rollout["completion_ids"].masked_fill(
-                completion_mask == 0, tokenizer.pad_token_id
-            )
-            # r(x, y_i): the weighted sum of the reward functions
-            completions, completion_id_lists = common.decode(
-                tokenizer, completion_ids, completion_mask
-            )
-            prompts = [p for p in rows["prompt"] for _ in range(G)]
-            row_columns = {
-                c: [v for v in rows[c] for _ in range(G)]
-                for c in rows.column_names
-                if c != "prompt"
-            }
-            rewards, rewards_per_func = compute_rewards(
-                reward_funcs, weights, prompts, completions, completion_id_lists, row_columns
-            )
-            return rollout | dict(
-                completion_ids=completion_ids,
-                completion_mask=completion_mask,
-                is_truncated=is_truncated,
-                texts=texts,
-                completions=completions,
-                rewards=rewards.to(device),
-                rewards_per_func=rewards_per_func.to(device),
-            )
-
-        if not args.dynamic_sampling:
-            batch = rollout_and_score(0)
-        else:  # every process samples the same rounds (generation under ZeRO-3 or FSDP needs all of them)
-            all_done = lambda done: bool(
-                accelerator.gather(torch.tensor([float(done)], device=device)).all()
-            )
-            rounds = map(rollout_and_score, range(1 + args.max_resample_rounds))
-            batch, dropped_frac = dynamic_sampling(
-                rounds, local_prompts, G, tokenizer.pad_token_id, all_done
-            )
-            dropped_frac = accelerator.reduce(
-                torch.tensor(dropped_frac, device=device), "mean"
-            ).item()
-        texts, completions, rewards = batch["texts"], batch["completions"], batch["rewards"]
-        completion_mask, is_truncated = (
-            batch["completion_mask"],
-            batch["is_truncated"],
-        )  # (B, T), (B,)
-        input_ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], 1)
-        attention_mask = torch.cat([batch["prompt_mask"], completion_mask], 1)
-        T = completion_mask.shape[1]
+        rollout = rollout_and_score(step, round_index=0)  # phases 1 and 2, above
+        # DAPO's dynamic sampling: groups of equal rewards (A = 0) give way to new prompts' groups
+        if args.dynamic_sampling:
+            rounds = [rollout]
+            while len(rounds) <= args.max_resample_rounds:
+                sampled = torch.cat([sample["rewards"] for sample in rounds])
+                enough = (~zero_std_groups(sampled, G)).sum() >= local_prompts
+                # every process samples as many rounds: generating under ZeRO-3 or FSDP takes all
+                if accelerator.gather(enough.float()).all():
+                    break
+                rounds.append(rollout_and_score(step, round_index=len(rounds)))
+            pad_token_id = tokenizer.pad_token_id
+            rollout, dropped_frac = dynamic_sampling(rounds, local_prompts, G, pad_token_id)
+            dropped_frac = accelerator.reduce(dropped_frac, "mean").item()
+        texts = rollout["texts"]
+        completions = rollout["completions"]
+        rewards = rollout["rewards"]
+        rewards_per_func = rollout["rewards_per_func"]
+        completion_ids = rollout["completion_ids"]
+        completion_mask = rollout["completion_mask"]  # (B, T)
+        is_truncated = rollout["is_truncated"]  # (B,)
+        input_ids = torch.cat([rollout["prompt_ids"], completion_ids], 1)  # (B, P + T)
+        attention_mask = torch.cat([rollout["prompt_mask"], completion_mask], 1)
+        T = completion_ids.shape[1]
 
         # ==== 3. log-probs before any update: π_θ_old (the policy that sampled) and π_ref ====
-        # One micro-batch (the default): this forward keeps its graph for the first update; several: no gradient
         micro_batches = torch.arange(local_batch_size, device=device).split(micro_batch_size)
-        one_pass = len(micro_batches) == 1
-        old_logprobs, ref_logprobs, entropy = torch.zeros(3, local_batch_size, T, device=device)
+        # One micro-batch (the default): this pass keeps its graph, and the first update uses it
+        keep_graph = len(micro_batches) == 1
+        old_logprobs = torch.zeros(local_batch_size, T, device=device)
+        ref_logprobs = torch.zeros(local_batch_size, T, device=device)
+        entropy = torch.zeros(local_batch_size, T, device=device)
         for mb in micro_batches:
-            with torch.set_grad_enabled(one_pass), accelerator.autocast():
+            ids, mask = input_ids[mb], attention_mask[mb]
+            with torch.set_grad_enabled(keep_graph), accelerator.autocast():
                 logprobs, token_entropy = completion_logprobs(
-                    model,
-                    input_ids[mb],
-                    attention_mask[mb],
-                    T,
-                    args.temperature,
-                    entropy=logging_step,
+                    model, ids, mask, T, args.temperature, entropy=logging_step
                 )
             old_logprobs[mb] = logprobs.detach()  # π_θ_old = π_θ before the update
-            entropy[mb] = token_entropy if logging_step else 0.0
+            if logging_step:
+                entropy[mb] = token_entropy
             if args.beta > 0:
-                ref_logprobs[mb] = reference_logprobs(input_ids[mb], attention_mask[mb], T)
+                ref_logprobs[mb] = reference_logprobs(ids, mask, T)
             else:  # no reference model: kl = 0
                 ref_logprobs[mb] = old_logprobs[mb]
+        first_update_logprobs = logprobs if keep_graph else None
         kl = per_token_kl(old_logprobs, ref_logprobs) * completion_mask  # (B, T), logged
 
-        # ==== 4. advantages: group-relative, from the rewards alone (the KL is a loss term) ====
-        all_rewards = accelerator.gather(
-            rewards
-        )  # (B,) of every process, in the order of the one-process batch
-        my_rows = slice(my_prompts.start * G, my_prompts.stop * G)
-        advantages = group_relative_advantages(all_rewards, G, args.scale_rewards)[my_rows]
+        # ==== 4. advantages: group-relative, of the rewards alone (the KL is a loss term) ====
+        all_rewards = accelerator.gather(rewards)  # (B,) of every process, as in one process
+        local_rows = slice(my_prompts.start * G, my_prompts.stop * G)
+        advantages = group_relative_advantages(all_rewards, G, args.scale_rewards)[local_rows]
 
-        # ==== 5. token weights w_{i,t} (the loss_type's, over every process) and is, when vLLM sampled, not π_θ ====
-        loss_mask = (
-            completion_mask * ~(is_truncated & args.mask_truncated_completions)[:, None]
-        )  # overlong filtering
-        total = lambda count: accelerator.reduce(
-            count, "sum"
-        )  # DDP averages the gradients: N × this process's share
-        token_weights = processes * loss_token_weights(
-            loss_mask, args.loss_type, args.max_completion_length, total
-        )
-        off_policy = args.vllm_importance_sampling_correction and "sampler_logprobs" in batch
+        # ==== 5. weights: is_i when vLLM sampled, and w_{i,t}, normalized over every process ====
+        off_policy = args.vllm_importance_sampling_correction and "sampler_logprobs" in rollout
         is_weights = torch.ones(local_batch_size, 1, device=device)
-        if off_policy:
+        if off_policy:  # vLLM sampled, not π_θ
             is_weights = importance_sampling_weights(
                 old_logprobs,
-                batch["sampler_logprobs"],
+                rollout["sampler_logprobs"],
                 completion_mask,
                 mode=args.vllm_importance_sampling_mode,
                 clip_max=args.vllm_importance_sampling_clip_max,
             )
+        in_loss = torch.ones(local_batch_size, device=device)  # m_i
+        if args.mask_truncated_completions:
+            in_loss = (~is_truncated).float()
+        loss_mask = completion_mask * in_loss[:, None]  # m (B, T)
+        normalizer = loss_normalizer(loss_mask, args.loss_type, args.max_completion_length)
+        normalizer = accelerator.reduce(normalizer, "sum")  # counted in every process's rows
+        # DDP averages the processes' gradients: N × this process's share of the one sum
+        token_weights = processes * loss_token_weights(loss_mask, args.loss_type, normalizer)
 
-        # ==== 6. loss and update: num_iterations passes over the batch, micro-batches accumulated ====
+        # ==== 6. loss and update: num_iterations passes over the batch, in micro-batches ====
         clip_low, clip_high, losses, policy_losses, grad_norms = [], [], [], [], []
-        for iteration in range(args.num_iterations):
-            loss_sum, policy_loss_sum = 0.0, 0.0
+        for _ in range(args.num_iterations):
+            loss_sum = 0.0
+            policy_loss_sum = 0.0
             for k, mb in enumerate(micro_batches):
-                # DDP all-reduces the accumulated gradients, and DeepSpeed steps, once per update: at the last
-                accelerator.sync_gradients = all_reduce = k == len(micro_batches) - 1
-                with contextlib.nullcontext() if all_reduce else accelerator.no_sync(model):
-                    if not (one_pass and iteration == 0):  # else phase 3's forward, graph and all
+                # DDP all-reduces the gradients, and DeepSpeed steps, at the last micro-batch
+                # alone. accelerate's accumulate() would count and rescale: the number is known
+                last = k == len(micro_batches) - 1
+                accelerator.sync_gradients = last
+                ids, mask = input_ids[mb], attention_mask[mb]
+                with contextlib.nullcontext() if last else accelerator.no_sync(model):
+                    if first_update_logprobs is not None:
+                        logprobs = first_update_logprobs  # phase 3's pass, graph and all
+                        first_update_logprobs = None
+                    else:
                         with accelerator.autocast():
-                            logprobs = completion_logprobs(
-                                model, input_ids[mb], attention_mask[mb], T, args.temperature
-                            )[0]
+                            logprobs, _ = completion_logprobs(
+                                model, ids, mask, T, args.temperature
+                            )
                     loss, policy_loss, ratio = grpo_loss(
                         logprobs,
                         old_logprobs[mb],
@@ -1012,24 +912,16 @@ def main(args: Args):
                     accelerator.backward(loss)
                 loss_sum += loss.item()
                 policy_loss_sum += policy_loss.item()
-                A, mask = advantages[mb, None], completion_mask[mb]
-                mask = mask / mask.sum().clamp(
-                    min=1
-                )  # the clipped fractions are over the completion tokens
-                clip_low.append((((ratio < 1 - args.epsilon) & (A < 0)) * mask).sum().item())
-                clip_high.append((((ratio > 1 + args.epsilon_high) & (A > 0)) * mask).sum().item())
-            grad_norms.append(
-                float(
-                    accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm or math.inf)
-                )
-            )
-            if not (
-                math.isfinite(loss_sum) and math.isfinite(grad_norms[-1])
-            ):  # before the update: nothing saved
+                token_share = completion_mask[mb] / completion_mask[mb].sum().clamp(min=1)
+                clipped_low = (ratio < 1 - args.epsilon) & (advantages[mb, None] < 0)
+                clipped_high = (ratio > 1 + args.epsilon_high) & (advantages[mb, None] > 0)
+                clip_low.append((clipped_low * token_share).sum().item())
+                clip_high.append((clipped_high * token_share).sum().item())
+            max_norm = args.max_grad_norm or math.inf  # 0: no clipping, as in transformers
+            grad_norms.append(float(accelerator.clip_grad_norm_(model.parameters(), max_norm)))
+            if not (math.isfinite(loss_sum) and math.isfinite(grad_norms[-1])):
                 progress.close()  # first: the error is then the log's last line
-                fail(
-                    f"step {step}: the loss or the gradient norm is not finite; the newest checkpoint is kept"
-                )
+                fail(f"step {step}: the loss or the gradient norm is not finite; no update saved")
             optimizer.step()
             scheduler.step()
             optimizer.zero_grad(set_to_none=True)
@@ -1039,69 +931,51 @@ def main(args: Args):
         # ==== 7. log: statistics over the whole batch, from every process (TRL's names) ====
         state["num_tokens"] += accelerator.reduce(attention_mask.sum(), "sum").item()
         if logging_step:
-            lengths = completion_mask.sum(1).float()
-            gathered = [
-                accelerator.gather(torch.as_tensor(x, device=device))
-                for x in (
-                    batch["rewards_per_func"],
-                    lengths,
-                    is_truncated,
-                    clip_low,
-                    clip_high,
-                )
-            ]
-            per_func, lengths, truncated, low, high = gathered
-            token_sums = accelerator.reduce(
-                torch.stack([(x * completion_mask).sum() for x in (kl, entropy)]), "sum"
-            )
-            kl_mean, entropy_mean = (
-                token_sums / lengths.sum().clamp(min=1)
-            ).tolist()  # over the completion tokens
+            all_lengths = accelerator.gather(completion_mask.sum(1).float())
+            per_func = accelerator.gather(rewards_per_func)
+            truncated = accelerator.gather(is_truncated).float()
+            low = accelerator.gather(torch.tensor(clip_low, device=device))
+            high = accelerator.gather(torch.tensor(clip_high, device=device))
+            tokens = all_lengths.sum().clamp(min=1)
+            kl_mean = accelerator.reduce((kl * completion_mask).sum(), "sum") / tokens
+            entropy_mean = accelerator.reduce((entropy * completion_mask).sum(), "sum") / tokens
+            zero_std = zero_std_groups(all_rewards, G)
+            mean_loss = accelerator.reduce(torch.tensor(losses, device=device).mean(), "mean")
+            policy_loss = torch.tensor(policy_losses, device=device).mean()
             metrics = {
                 "reward": all_rewards.nanmean().item(),
-                "reward_std": all_rewards[~all_rewards.isnan()].std().item(),
-                "frac_reward_zero_std": zero_std_groups(all_rewards, G).float().mean().item(),
-                **{
-                    f"rewards/{name}/mean": per_func[:, j].nanmean().item()
-                    for j, name in enumerate(reward_funcs)
-                },
-                "completions/mean_length": lengths.mean().item(),
-                "completions/clipped_ratio": truncated.float().mean().item(),
-                **({"kl": kl_mean} if args.beta > 0 else {}),
-                "entropy": entropy_mean,
-                "loss": accelerator.reduce(
-                    torch.tensor(losses, device=device).mean(), "mean"
-                ).item(),
-                "policy_loss": accelerator.reduce(
-                    torch.tensor(policy_losses, device=device).mean(), "mean"
-                ).item(),
-                "grad_norm": sum(grad_norms) / len(grad_norms),
-                "clip_ratio/low_mean": low.mean().item(),
-                "clip_ratio/low_min": low.min().item(),
-                "clip_ratio/high_mean": high.mean().item(),
-                "clip_ratio/high_max": high.max().item(),
-                "clip_ratio/region_mean": (low + high).mean().item(),
-                **(
-                    {"dynamic_sampling/dropped_frac": dropped_frac}
-                    if args.dynamic_sampling
-                    else {}
-                ),
+                "reward_std": all_rewards[all_rewards.isfinite()].std().item(),
+                "frac_reward_zero_std": zero_std.float().mean().item(),
             }
-            if off_policy:  # |log π_θ_old − log π_vllm| of the completion tokens, and is (per completion or token)
-                mask = completion_mask.bool()
-                gap = torch.tensor(
-                    gather_object((old_logprobs - batch["sampler_logprobs"]).abs()[mask].tolist())
-                )
-                mine = is_weights.flatten() if is_weights.shape[1] == 1 else is_weights[mask]
-                is_all = torch.tensor(gather_object(mine.tolist()))
-                metrics |= {
-                    f"sampling/sampling_logp_difference/{k}": getattr(gap, k)().item()
-                    for k in ("mean", "max")
-                }
-                metrics |= {
-                    f"sampling/importance_sampling_ratio/{k}": getattr(is_all, k)().item()
-                    for k in ("min", "mean", "max")
-                }
+            for j, name in enumerate(reward_funcs):
+                metrics[f"rewards/{name}/mean"] = per_func[:, j].nanmean().item()
+            metrics["completions/mean_length"] = all_lengths.mean().item()
+            metrics["completions/clipped_ratio"] = truncated.mean().item()
+            if args.beta > 0:
+                metrics["kl"] = kl_mean.item()
+            metrics["entropy"] = entropy_mean.item()
+            metrics["loss"] = mean_loss.item()
+            metrics["policy_loss"] = accelerator.reduce(policy_loss, "mean").item()
+            metrics["grad_norm"] = sum(grad_norms) / len(grad_norms)
+            metrics["clip_ratio/low_mean"] = low.mean().item()
+            metrics["clip_ratio/low_min"] = low.min().item()
+            metrics["clip_ratio/high_mean"] = high.mean().item()
+            metrics["clip_ratio/high_max"] = high.max().item()
+            metrics["clip_ratio/region_mean"] = (low + high).mean().item()
+            if args.dynamic_sampling:
+                metrics["dynamic_sampling/dropped_frac"] = dropped_frac
+            if off_policy:  # |log π_θ_old − log π_vllm| of the completion tokens, and is
+                gap = (old_logprobs - rollout["sampler_logprobs"]).abs()[completion_mask.bool()]
+                is_values = is_weights.flatten()  # sequence_*: one per completion
+                if is_weights.shape[1] > 1:  # token_*: one per completion token
+                    is_values = is_weights[completion_mask.bool()]
+                all_gaps = torch.tensor(gather_object(gap.tolist()))
+                all_is = torch.tensor(gather_object(is_values.tolist()))
+                metrics["sampling/sampling_logp_difference/mean"] = all_gaps.mean().item()
+                metrics["sampling/sampling_logp_difference/max"] = all_gaps.max().item()
+                metrics["sampling/importance_sampling_ratio/min"] = all_is.min().item()
+                metrics["sampling/importance_sampling_ratio/mean"] = all_is.mean().item()
+                metrics["sampling/importance_sampling_ratio/max"] = all_is.max().item()
 
         # ---- plumbing: log, evaluate, save, stop ----
         state["step"] = step

@@ -19,8 +19,10 @@ from grpo import (
     group_relative_advantages,
     grpo_loss,
     importance_sampling_weights,
+    loss_normalizer,
     loss_token_weights,
     per_token_kl,
+    zero_std_groups,
 )
 from rewards import compute_rewards
 from rloo import leave_one_out_advantages
@@ -39,6 +41,12 @@ def args(tmp_path, **overrides) -> grpo.Args:
         save_steps=0,
     )
     return grpo.Args(**{**small, "output_dir": str(tmp_path / "out"), **overrides})
+
+
+def whole_batch_weights(mask, loss_type: str, max_completion_length: int) -> torch.Tensor:
+    """w of one process that holds the whole batch: its own count is the normalizer."""
+    normalizer = loss_normalizer(mask, loss_type, max_completion_length)
+    return loss_token_weights(mask, loss_type, normalizer)
 
 
 def training(output_dir) -> list[dict]:
@@ -120,7 +128,7 @@ def test_advantages_and_every_loss_type_equal_trls_on_identical_inputs():
     advantages = torch.tensor(trl["advantages/group"])
     for beta in (0.0, 0.04):
         for loss_type in LOSS_TYPES:
-            weights = loss_token_weights(mask, loss_type, max_completion_length=6)
+            weights = whole_batch_weights(mask, loss_type, max_completion_length=6)
             loss, _, _ = grpo_loss(
                 new,
                 old,
@@ -159,7 +167,7 @@ def test_each_loss_type_on_a_hand_example(loss_type, expected):
     logprobs = torch.tensor(
         [[-1.0, -2.0, -0.5, -9.0], [-0.3, -9.0, -9.0, -9.0]], requires_grad=True
     )
-    weights = loss_token_weights(TOY_MASK, loss_type, max_completion_length=4)
+    weights = whole_batch_weights(TOY_MASK, loss_type, max_completion_length=4)
     loss, policy_loss, ratio = grpo_loss(
         logprobs,
         logprobs.detach(),
@@ -181,41 +189,31 @@ def test_each_loss_type_on_a_hand_example(loss_type, expected):
 def test_the_grpo_normalizer_counts_only_sequences_with_a_loss():
     """With --mask_truncated_completions a masked row leaves grpo's denominator; dr_grpo's constant keeps it."""
     mask = torch.tensor([[1, 1, 1, 0], [0, 0, 0, 0], [1, 1, 0, 0]])
-    assert loss_token_weights(mask, "grpo", 4).sum(1).tolist() == pytest.approx([0.5, 0.0, 0.5])
-    assert loss_token_weights(mask, "dapo", 4)[0, 0].item() == pytest.approx(1 / 5)
-    assert loss_token_weights(mask, "dr_grpo", 4)[0, 0].item() == pytest.approx(1 / 12)
-    assert (
-        loss_token_weights(torch.zeros(2, 3), "dapo", 3).sum().item() == 0.0
-    )  # nothing to learn from: no NaN
+    assert whole_batch_weights(mask, "grpo", 4).sum(1).tolist() == pytest.approx([0.5, 0.0, 0.5])
+    assert whole_batch_weights(mask, "dapo", 4)[0, 0].item() == pytest.approx(1 / 5)
+    assert whole_batch_weights(mask, "dr_grpo", 4)[0, 0].item() == pytest.approx(1 / 12)
+    # nothing to learn from: no NaN
+    assert whole_batch_weights(torch.zeros(2, 3), "dapo", 3).sum().item() == 0.0
 
 
 @pytest.mark.parametrize("loss_type", LOSS_TYPES)
 def test_each_process_gets_its_rows_of_the_whole_batch_weights(loss_type):
-    """Each process holds some rows, and `total` adds every process's count to its own: the shards' weights are the
-    one-process weights of their rows, also when the processes hold different numbers of tokens (6 and 7 here; the
-    script multiplies each process's weights by N, as DDP averages the N gradients). Each process normalizing by its own
+    """Each process holds some rows, and the script sums every process's count into the normalizer
+    (accelerator.reduce): the shards' weights are the one-process weights of their rows, also when
+    the processes hold different numbers of tokens (6 and 7 here; the script multiplies each
+    process's weights by N, as DDP averages the N gradients). Each process normalizing by its own
     count, then averaged, would not be the one-process loss (but for dr_grpo's constant)."""
     mask = torch.tensor(
         [[1, 1, 1, 0], [0, 0, 0, 0], [1, 1, 0, 0], [1, 1, 1, 1], [1, 0, 0, 0], [1, 1, 0, 0]]
     )
     shards = (mask[:3], mask[3:])
-
-    def count(shard):  # what one process contributes to the normalizer
-        counts = []
-        loss_token_weights(shard, loss_type, 4, lambda c: counts.append(c) or c)
-        return counts[0]
-
-    sharded = [
-        loss_token_weights(shard, loss_type, 4, lambda c, other=other: c + count(other))
-        for shard, other in zip(shards, shards[::-1])
-    ]
-    assert torch.allclose(torch.cat(sharded), loss_token_weights(mask, loss_type, 4))
-    own_counts = torch.cat([loss_token_weights(shard, loss_type, 4) for shard in shards]) / len(
-        shards
-    )
-    assert torch.allclose(own_counts, loss_token_weights(mask, loss_type, 4)) == (
-        loss_type == "dr_grpo"
-    )
+    summed = sum(loss_normalizer(shard, loss_type, 4) for shard in shards)
+    sharded = [loss_token_weights(shard, loss_type, summed) for shard in shards]
+    whole = whole_batch_weights(mask, loss_type, 4)
+    assert torch.allclose(torch.cat(sharded), whole)
+    own_counts = [whole_batch_weights(shard, loss_type, 4) for shard in shards]
+    averaged = torch.cat(own_counts) / len(shards)
+    assert torch.allclose(averaged, whole) == (loss_type == "dr_grpo")
 
 
 @pytest.mark.parametrize("loss_type", LOSS_TYPES)
@@ -231,17 +229,23 @@ def test_micro_batches_sum_to_the_whole_batch_loss_and_gradient(loss_type):
     old, ref = base + 0.3 * torch.randn(B, T), base + 0.3 * torch.randn(B, T)
     is_weights = torch.rand(B, T) + 0.5
     advantages = group_relative_advantages(torch.rand(B), 4, "group")
-    weights = loss_token_weights(
-        completion_mask * ~is_truncated[:, None], loss_type, max_completion_length=T
-    )
+    loss_mask = completion_mask * ~is_truncated[:, None]
+    weights = whole_batch_weights(loss_mask, loss_type, max_completion_length=T)
 
     def loss_and_grad(micro_batch_size):
         logprobs, total = base.clone().requires_grad_(), 0.0
         for mb in torch.arange(B).split(micro_batch_size):
             loss, _, _ = grpo_loss(
-                logprobs[mb], old[mb], ref[mb], advantages[mb], weights[mb], is_weights[mb],
-                beta=0.04, epsilon=0.2, epsilon_high=0.28,
-            )  # fmt: skip
+                logprobs[mb],
+                old[mb],
+                ref[mb],
+                advantages[mb],
+                weights[mb],
+                is_weights[mb],
+                beta=0.04,
+                epsilon=0.2,
+                epsilon_high=0.28,
+            )
             loss.backward()
             total += loss.item()
         return total, logprobs.grad
@@ -270,11 +274,18 @@ def test_k3_values_and_gradient():
 def test_the_kl_term_weighs_beta_and_is_not_importance_weighted():
     logprobs = torch.tensor([[math.log(0.5), 0.0]], requires_grad=True)
     ref_logprobs = torch.tensor([[math.log(0.25), 0.0]])
-    weights = loss_token_weights(torch.tensor([[1, 0]]), "dapo", 2)
+    weights = whole_batch_weights(torch.tensor([[1, 0]]), "dapo", 2)
     loss, policy_loss, _ = grpo_loss(
-        logprobs, logprobs.detach(), ref_logprobs, torch.tensor([0.0]), weights, torch.tensor([[3.0]]),
-        beta=0.04, epsilon=0.2, epsilon_high=0.2,
-    )  # fmt: skip
+        logprobs,
+        logprobs.detach(),
+        ref_logprobs,
+        torch.tensor([0.0]),
+        weights,
+        torch.tensor([[3.0]]),
+        beta=0.04,
+        epsilon=0.2,
+        epsilon_high=0.2,
+    )
     assert policy_loss.item() == 0.0 and loss.item() == pytest.approx(
         0.04 * (0.5 + math.log(2) - 1)
     )
@@ -289,9 +300,16 @@ def test_clip_higher_lets_positive_advantage_tokens_grow_further():
     for epsilon_high, expected_loss, expected_grad in ((0.2, -1.2, 0.0), (0.28, -1.25, -1.25)):
         logprobs = torch.tensor([[math.log(1.25)]], requires_grad=True)
         loss, _, _ = grpo_loss(
-            logprobs, old, old, torch.tensor([1.0]), torch.ones(1, 1), 1.0,
-            beta=0.0, epsilon=0.2, epsilon_high=epsilon_high,
-        )  # fmt: skip
+            logprobs,
+            old,
+            old,
+            torch.tensor([1.0]),
+            torch.ones(1, 1),
+            1.0,
+            beta=0.0,
+            epsilon=0.2,
+            epsilon_high=epsilon_high,
+        )
         loss.backward()
         assert loss.item() == pytest.approx(
             expected_loss
@@ -303,9 +321,16 @@ def test_the_lower_clip_holds_and_negative_advantages_are_never_clipped_above():
     for epsilon_high in (0.2, 0.28):
         logprobs = torch.tensor([[math.log(0.75)], [math.log(1.25)]], requires_grad=True)
         loss, _, _ = grpo_loss(
-            logprobs, old, old, torch.tensor([-1.0, -1.0]), torch.ones(2, 1), 1.0,
-            beta=0.0, epsilon=0.2, epsilon_high=epsilon_high,
-        )  # fmt: skip
+            logprobs,
+            old,
+            old,
+            torch.tensor([-1.0, -1.0]),
+            torch.ones(2, 1),
+            1.0,
+            beta=0.0,
+            epsilon=0.2,
+            epsilon_high=epsilon_high,
+        )
         loss.backward()
         # ρ = 0.75 < 1 − ε with A < 0: clipped at 0.8, no gradient; ρ = 1.25 with A < 0: the unclipped (worse) term
         assert logprobs.grad[:, 0].tolist() == pytest.approx(
@@ -363,14 +388,13 @@ def test_dynamic_sampling_drops_groups_whose_rewards_are_all_equal_and_samples_m
         fake_round(
             [1, 0, 1, 1, 0, 1, 0, 0], prompt_width=5, completion_width=4, tag="b"
         ),  # groups b0, b2 differ
-        fake_round([1, 0, 1, 0, 1, 0, 1, 0], prompt_width=3, completion_width=2, tag="c"),
     ]
-    sampled = []
-    samples = (sampled.append(r) or rounds[r] for r in range(3))
+    # grpo.py samples rounds until 4 groups' rewards differ (A ≠ 0): these two, and no third
+    differing = [(~zero_std_groups(r["rewards"], 2)).sum().item() for r in rounds]
+    assert differing == [2, 2]
     batch, dropped_frac = dynamic_sampling(
-        samples, num_prompts=4, num_generations=2, pad_token_id=0
+        rounds, num_prompts=4, num_generations=2, pad_token_id=0
     )
-    assert sampled == [0, 1]  # four groups whose rewards differ after one more round: no third
     assert batch["texts"] == ["a1", "a1", "a3", "a3", "b0", "b0", "b2", "b2"]
     assert batch["rewards"].tolist() == [0, 1, 1, 0, 1, 0, 0, 1]
     assert dropped_frac == 4 / 8
@@ -387,7 +411,7 @@ def test_dynamic_sampling_drops_groups_whose_rewards_are_all_equal_and_samples_m
 def test_dynamic_sampling_fills_up_with_equal_reward_groups_when_the_rounds_run_out():
     only = fake_round([1, 1, 0, 1, 0, 0, 1, 1], prompt_width=3, completion_width=2, tag="a")
     batch, dropped_frac = dynamic_sampling(
-        iter([only]), num_prompts=4, num_generations=2, pad_token_id=0
+        [only], num_prompts=4, num_generations=2, pad_token_id=0
     )
     assert batch["texts"] == only["texts"] and dropped_frac == 3 / 4
 
@@ -398,11 +422,28 @@ def test_a_run_logs_trls_metrics_with_the_kl_term_and_dynamic_sampling(tmp_path)
     grpo.main(args(tmp_path, beta=0.04, dynamic_sampling=True, max_resample_rounds=2, **rewards))
     train = training(tmp_path / "out")
     assert [r["step"] for r in train] == [1, 2]
-    for key in ("reward", "reward_std", "frac_reward_zero_std", "rewards/accuracy_reward/mean",
-                "rewards/format_reward/mean", "completions/mean_length", "completions/clipped_ratio", "kl", "entropy",
-                "loss", "policy_loss", "grad_norm", "clip_ratio/low_mean", "clip_ratio/low_min", "clip_ratio/high_mean",
-                "clip_ratio/high_max", "clip_ratio/region_mean", "dynamic_sampling/dropped_frac", "learning_rate",
-                "num_tokens"):  # fmt: skip
+    for key in (
+        "reward",
+        "reward_std",
+        "frac_reward_zero_std",
+        "rewards/accuracy_reward/mean",
+        "rewards/format_reward/mean",
+        "completions/mean_length",
+        "completions/clipped_ratio",
+        "kl",
+        "entropy",
+        "loss",
+        "policy_loss",
+        "grad_norm",
+        "clip_ratio/low_mean",
+        "clip_ratio/low_min",
+        "clip_ratio/high_mean",
+        "clip_ratio/high_max",
+        "clip_ratio/region_mean",
+        "dynamic_sampling/dropped_frac",
+        "learning_rate",
+        "num_tokens",
+    ):
         assert all(key in r for r in train), key
     assert (
         train[0]["kl"] == pytest.approx(0.0, abs=1e-6) and train[1]["kl"] > 0
@@ -508,7 +549,7 @@ def test_bf16_samples_from_the_policy_itself_with_no_correction(tmp_path):
 @pytest.mark.parametrize(
     "flags, line",
     [
-        (["--num_generations", "1"], "--num_generations: a group needs G ≥ 2, got 1"),
+        (["--num_generations", "1"], "--num_generations: the baseline needs G ≥ 2, got 1"),
         (["--scale_rewards", "std"], "--scale_rewards/--scale-rewards: invalid choice: 'std'"),
         (["--loss_type", "sequence"], "--loss_type/--loss-type: invalid choice: 'sequence'"),
         (["--beta", "-0.1"], "--beta: must be ≥ 0, got -0.1"),
