@@ -13,11 +13,13 @@ script's: it hooks the libraries the scripts call (install_hooks). Every script 
 """
 
 import collections
+import itertools
 import json
 import math
 import os
 import platform
 import re
+import runpy
 import shutil
 import statistics
 import subprocess
@@ -27,6 +29,12 @@ import timeit
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+import accelerate
+import torch
+import transformers
+from datasets import load_dataset
+from torch.nn.modules import module as torch_module  # its global forward hooks
+from torch.optim import optimizer as torch_optimizer  # its global step hooks
 from transformers import HfArgumentParser
 
 HERE = Path(__file__).resolve().parent
@@ -35,35 +43,18 @@ sys.path.insert(0, str(ROOT))  # the scripts, common.py and rewards.py
 EMBEDDED = str(ROOT / "models" / "tiny-arith")
 PROMPTS = ROOT / "data" / "arithmetic" / "train.jsonl"
 ALGORITHMS = ("rloo", "grpo", "reinforce", "ppo", "trl_rloo")  # trl_rloo: TRL's RLOOTrainer
-GROUPED = {
-    "rloo",
-    "grpo",
-    "trl_rloo",
-}  # prompts × num_generations; the others sample one completion per prompt
+GROUPED = {"rloo", "grpo", "trl_rloo"}  # prompts × num_generations; the others: 1 per prompt
 CONFIGS = {"embedded": 24, "llama135m": 64, "qwen0.5b": 64}  # config → max_completion_length
 PRECISIONS = ("fp32", "bf16")  # bf16: the scripts' --bf16, TRL's bf16=True
 PHASES = ("generation", "policy forward", "reference forward", "backward", "optimizer")  # --phases
 # the architecture of a popular ~135M chat model (SmolLM2-135M-Instruct's config), randomly initialized
-LLAMA_135M = dict(
-    hidden_size=576,
-    intermediate_size=1536,
-    num_hidden_layers=30,
-    num_attention_heads=9,
-    num_key_value_heads=3,
-    vocab_size=49152,
-    tie_word_embeddings=True,
-    max_position_embeddings=2048,
-    rms_norm_eps=1e-5,
-    rope_theta=100000.0,
-)
+LLAMA_135M = dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, rope_theta=1e5)
+LLAMA_135M |= dict(num_attention_heads=9, num_key_value_heads=3, vocab_size=49152)
+LLAMA_135M |= dict(tie_word_embeddings=True, max_position_embeddings=2048, rms_norm_eps=1e-5)
 # Qwen2.5-0.5B's shape (its 151,936-row embedding; the tokenizer has 49,152 entries, as Qwen's has fewer than its rows)
-QWEN_05B = dict(
-    hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14
-)
-QWEN_05B |= dict(
-    num_key_value_heads=2, vocab_size=151936, attention_bias=True, rope_theta=1000000.0
-)
-SHAPES = {"llama135m": LLAMA_135M, "qwen0.5b": LLAMA_135M | QWEN_05B}
+QWEN_05B = dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, rope_theta=1e6)
+QWEN_05B |= dict(num_attention_heads=14, num_key_value_heads=2, vocab_size=151936)
+SHAPES = {"llama135m": LLAMA_135M, "qwen0.5b": LLAMA_135M | QWEN_05B | dict(attention_bias=True)}
 # rloo.py's defaults, which trl_rloo trains with (tests/test_bench.py checks them)
 RLOO_SCHEDULE = dict(learning_rate=2e-4, lr_scheduler_type="cosine", warmup_ratio=0.03)
 
@@ -106,15 +97,12 @@ def fail(message: str):
     sys.exit(2)
 
 
-def flag_message(message: str) -> str:
-    """argparse's "argument --max_steps/--max-steps: invalid int value: 'x'" as "--max_steps: invalid int ..."."""
-    return re.sub(r"^argument (--[^/:]+)(/[^:]*)?: ", r"\1: ", message)
-
-
 def parse_args(args_class, argv: list[str] | None = None):
     """`args_class` (bench.py's or compare.py's flags) from the command line; a bad flag is one line."""
     parser = HfArgumentParser(args_class, allow_abbrev=False)
-    parser.error = lambda message: fail(flag_message(message))
+    # argparse's "argument --steps/--steps: invalid int value: 'x'" as "--steps: invalid int value: 'x'"
+    flag = lambda message: re.sub(r"^argument (--[^/:]+)(/[^:]*)?: ", r"\1: ", message)
+    parser.error = lambda message: fail(flag(message))
     return args_class(**vars(parser.parse_args(argv)))
 
 
@@ -123,51 +111,44 @@ def split_list(text: str, kind=str) -> list:
 
 
 def read_metrics(run_dir) -> list[dict]:
-    return [
-        json.loads(line) for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()
-    ]
+    lines = (Path(run_dir) / "metrics.jsonl").read_text().splitlines()
+    return [json.loads(line) for line in lines]
 
 
-# ----------------------------------------------------------------------------------------------------------------------
-# Children: one training run each. `child` runs in the child process, after the parent set its threads and environment.
-# ----------------------------------------------------------------------------------------------------------------------
+# ---- children: one training run each, in a process with the threads and environment the parent set ----
 def peak_rss_mb() -> float:
-    """This process's own peak resident set size: Linux's VmHWM (getrusage counts the parent's too, from the fork)."""
+    """This process's own peak resident set size, VmHWM (getrusage counts the parent's too, from the fork)."""
     lines = Path("/proc/self/status").read_text().splitlines()
-    return [int(line.split()[1]) for line in lines if line.startswith("VmHWM:")][
-        0
-    ] / 1024  # in KiB
+    kib = [int(line.split()[1]) for line in lines if line.startswith("VmHWM:")][0]
+    return kib / 1024
 
 
 def child(spec_json: str):
-    """Install the hooks, run the script (or TRL), write bench_child.json next to metrics.jsonl; then, with --phases,
-    measure the bounds (after the peak memory is noted: their buffers are not the run's) and write it again."""
+    """Install the hooks, run the script (or TRL), write bench_child.json next to metrics.jsonl."""
     spec = json.loads(spec_json)
     report_file = Path(spec["output_dir"]) / "bench_child.json"
     report = {}
     try:
         install_hooks(report, spec["phases"])
-        (trl_run if spec["algorithm"] == "trl_rloo" else script_run)(spec, report)
+        if spec["algorithm"] == "trl_rloo":
+            trl_run(spec, report)
+        else:
+            script_run(spec, report)
     finally:
-        import torch
-
         report["peak_rss_mb"] = peak_rss_mb()
         if torch.cuda.is_available():
             report["cuda_max_allocated_mb"] = torch.cuda.max_memory_allocated() / 2**20
         report_file.write_text(json.dumps(report))
-    if spec["phases"]:
+    if spec["phases"]:  # after the peak memory is noted: the bounds' buffers are not the run's
         report["bounds"], report["rates"] = phase_bounds(report, spec["bf16"])
         report_file.write_text(json.dumps(report))
 
 
 def script_run(spec: dict, report: dict):
-    """The script as `python <algorithm>.py argv` runs it, after the libraries every script imports."""
-    import importlib
-    import runpy
-
-    for library in ("torch", "transformers", "accelerate", "datasets"):
-        importlib.import_module(library)
-    report["baseline_rss_mb"] = peak_rss_mb()
+    """The script as `python <algorithm>.py argv` runs it."""
+    report["baseline_rss_mb"] = (
+        peak_rss_mb()
+    )  # torch, transformers, accelerate and datasets are in
     script = str(ROOT / f"{spec['algorithm']}.py")
     sys.argv = [script, *spec["argv"]]
     runpy.run_path(script, run_name="__main__")
@@ -176,10 +157,7 @@ def script_run(spec: dict, report: dict):
 
 
 def clock() -> float:
-    """The clock of --phases. On a CPU, this process's CPU time: with one thread it is an idle machine's wall clock, and
-    other jobs inflate it far less. On CUDA, the wall clock once the GPU's queued work is done."""
-    import torch
-
+    """The clock of --phases: CPU time on a CPU (other jobs inflate it less), else the synced wall clock."""
     if not torch.cuda.is_available():
         return time.process_time()
     torch.cuda.synchronize()
@@ -187,21 +165,8 @@ def clock() -> float:
 
 
 def install_hooks(report: dict, phases: bool):
-    """Hooks in the libraries: accelerate's `log` notes the CPU time at each step's end (the scripts log `step_time`
-    through it); with `phases`, hooks in torch and transformers note each phase of a step in report["steps"]."""
-    import accelerate
-    import torch
-    import transformers
-    from torch.nn.modules.module import (
-        register_module_forward_hook,
-        register_module_forward_pre_hook,
-    )
-    from torch.optim.optimizer import (
-        register_optimizer_step_post_hook,
-        register_optimizer_step_pre_hook,
-    )
-
-    steps, cpu_marks, starts = [[]], [], []
+    """accelerate's `log` notes each step's end; with `phases`, hooks in torch and transformers note its phases."""
+    steps, cpu_marks, starts, optimizer_starts = [[]], [], [], []
     generating = False
     report.update(steps=steps, cpu_marks=cpu_marks)
     log = accelerate.Accelerator.log
@@ -235,8 +200,6 @@ def install_hooks(report: dict, phases: bool):
         note("generation", start, model, B=B, P=P, T=T)
         return output
 
-    transformers.GenerationMixin.generate = timed_generate
-
     def forward_start(module, args):
         if isinstance(module, transformers.PreTrainedModel):
             starts.append(clock())
@@ -256,8 +219,6 @@ def install_hooks(report: dict, phases: bool):
         phase = "policy forward" if trains else "reference forward"
         note(phase, start, module, B=B, L=L, kept=kept, backward=backward)
 
-    register_module_forward_pre_hook(forward_start)
-    register_module_forward_hook(forward_end, with_kwargs=True)
     backward = torch.autograd.backward
 
     def timed_backward(*args, **kwargs):  # loss.backward() and accelerator.backward(loss) call it
@@ -265,56 +226,48 @@ def install_hooks(report: dict, phases: bool):
         backward(*args, **kwargs)
         note("backward", start)
 
-    torch.autograd.backward = timed_backward
-    optimizer_starts = []
-    register_optimizer_step_pre_hook(lambda *_: optimizer_starts.append(clock()))
-
     def optimizer_end(optimizer, args, kwargs):
-        trained = sum(
-            p.numel()
-            for group in optimizer.param_groups
-            for p in group["params"]
-            if p.requires_grad
-        )
+        parameters = [p for group in optimizer.param_groups for p in group["params"]]
+        trained = sum(p.numel() for p in parameters if p.requires_grad)
         note("optimizer", optimizer_starts.pop(), parameters=trained)
 
-    register_optimizer_step_post_hook(optimizer_end)
+    transformers.GenerationMixin.generate = timed_generate
+    torch_module.register_module_forward_pre_hook(forward_start)
+    torch_module.register_module_forward_hook(forward_end, with_kwargs=True)
+    torch.autograd.backward = timed_backward
+    torch_optimizer.register_optimizer_step_pre_hook(lambda *_: optimizer_starts.append(clock()))
+    torch_optimizer.register_optimizer_step_post_hook(optimizer_end)
 
 
 def model_shapes(model) -> dict:
-    """What a pass's bound reads of a model: (in, out, count) of its linear layers but the output head, the head's
-    (in, out) (None in a model without one), and per position attended and per token cached, the attention's sizes."""
-    import torch
-
+    """What a pass's bound reads of a model: its linears but the head, the head, the attention, the cache."""
     config, head = model.config, model.get_output_embeddings()
     linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear) and m is not head]
     counts = collections.Counter((m.in_features, m.out_features) for m in linears)
     heads = config.num_attention_heads
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    head_dim = getattr(config, "head_dim", None)
+    if head_dim is None:
+        head_dim = config.hidden_size // heads
     kv_heads = getattr(config, "num_key_value_heads", heads)
     return {
         "linears": [[i, o, count] for (i, o), count in counts.items()],
         "head": [head.in_features, head.out_features] if head is not None else None,
-        "attention": config.num_hidden_layers
-        * heads
-        * head_dim,  # query·key and the sum of values: 2 FLOPs each
-        "cache": 2 * config.num_hidden_layers * kv_heads * head_dim,  # keys and values
+        # query·key and the sum of values (2 FLOPs each), and the cached keys and values
+        "attention": config.num_hidden_layers * heads * head_dim,
+        "cache": 2 * config.num_hidden_layers * kv_heads * head_dim,
     }
 
 
 def phase_bounds(report: dict, bf16: bool) -> tuple[list[dict], dict]:
-    """Each step's bound of each phase, in seconds (--phases says how), at matmul rates and a bandwidth measured now;
-    and those rates."""
-    import torch
-
+    """Each step's bound of each phase in seconds (docs/benchmarks.md says how), and the rates behind them."""
     dtype = torch.bfloat16 if bf16 else torch.float32
     device = "cuda" if torch.cuda.is_available() else "cpu"
+    calls = (
+        10 if device == "cuda" else 1
+    )  # on CUDA 10 calls at a time, so that one is not a sync's latency
     seconds_per_flop = {}
 
-    def best_of_3(
-        work,
-    ) -> float:  # after a warm-up; on CUDA 10 calls at a time, so that one is not a sync's latency
-        calls = 10 if device == "cuda" else 1
+    def best_of_3(work) -> float:  # after a warm-up
         return min(timeit.repeat(work, timer=clock, repeat=4, number=calls)[1:]) / calls
 
     def matmul_seconds(tokens: int, n_in: int, n_out: int, count: int = 1) -> float:
@@ -330,24 +283,23 @@ def phase_bounds(report: dict, bf16: bool) -> tuple[list[dict], dict]:
     copy = torch.empty_like(source)
     bandwidth = (
         2 * source.nbytes / best_of_3(lambda: copy.copy_(source))
-    )  # bytes read and written per second
+    )  # read and written, per s
 
     def pass_seconds(shapes: dict, B: int, L: int, past: int, kept: int) -> float:
-        """B sequences of L tokens after `past` cached ones, logits at `kept` positions: the larger of its FLOPs' time
-        and its bytes' time."""
+        """B sequences of L tokens after `past` cached, logits at `kept`: the larger of FLOPs' and bytes' time."""
         linears = sum(matmul_seconds(B * L, i, o, count) for i, o, count in shapes["linears"])
         linear_flops = sum(2 * B * L * i * o * count for i, o, count in shapes["linears"])
         attended = (
             L * past + L * (L + 1) / 2
-        )  # each token attends to the cache, to itself and to the ones before
+        )  # each token attends to the cache, itself, the ones before
         attention_flops = 4 * B * shapes["attention"] * attended
         head = matmul_seconds(B * kept, *shapes["head"]) if shapes["head"] and kept else 0.0
         compute = (
             linears * (1 + attention_flops / linear_flops) + head
-        )  # attention at the linears' mean rate
-        weights = sum(i * o * count for i, o, count in shapes["linears"]) + math.prod(
-            shapes["head"] or [0]
-        )
+        )  # attention at the linears' rate
+        weights = sum(i * o * count for i, o, count in shapes["linears"])
+        if shapes["head"]:
+            weights += math.prod(shapes["head"])
         cache = B * shapes["cache"] * (past + L)
         return max(compute, (weights + cache) * dtype.itemsize / bandwidth)
 
@@ -355,19 +307,18 @@ def phase_bounds(report: dict, bf16: bool) -> tuple[list[dict], dict]:
     for events in report["steps"]:
         bound = dict.fromkeys(PHASES, 0.0)
         for event in events:
+            phase = event["phase"]
             if (
-                event["phase"] == "generation"
+                phase == "generation"
             ):  # a prefill, then one token at a time: the t-th after P + t - 1
                 B, P, T = event["B"], event["P"], event["T"]
                 decoding = sum(pass_seconds(event, B, 1, P + t - 1, 1) for t in range(1, T))
                 bound["generation"] += pass_seconds(event, B, P, 0, 1) + decoding
-            elif (
-                event["phase"] == "optimizer"
-            ):  # AdamW: 4 float32 reads and 3 writes per trained parameter
+            elif phase == "optimizer":  # AdamW: 4 float32 reads and 3 writes per trained parameter
                 bound["optimizer"] += 28 * event["parameters"] / bandwidth
-            elif event["phase"] != "backward":
+            elif phase != "backward":
                 forward = pass_seconds(event, event["B"], event["L"], 0, event["kept"])
-                bound[event["phase"]] += forward
+                bound[phase] += forward
                 bound["backward"] += event["backward"] * forward
         bounds.append(bound)
     matmuls = {"x".join(map(str, shape)): 1e-9 / rate for shape, rate in seconds_per_flop.items()}
@@ -378,11 +329,8 @@ def phase_bounds(report: dict, bf16: bool) -> tuple[list[dict], dict]:
 
 
 def trl_run(spec: dict, report: dict):
-    import torch
+    """TRL's RLOOTrainer configured like rloo.py: its schedule and optimizer, bf16 as asked, no checkpointing."""
     import trl
-    from datasets import load_dataset
-    from transformers import TrainerCallback
-    from trl import RLOOConfig, RLOOTrainer
 
     from rewards import accuracy_reward
 
@@ -390,7 +338,7 @@ def trl_run(spec: dict, report: dict):
     report["trl_version"] = trl.__version__
     step_times, report["step_cpu_times"] = [], []
 
-    class StepTimer(TrainerCallback):
+    class StepTimer(transformers.TrainerCallback):
         def on_step_begin(self, args, state, control, **kwargs):
             self.start, self.cpu_start = time.perf_counter(), time.process_time()
 
@@ -398,76 +346,45 @@ def trl_run(spec: dict, report: dict):
             step_times.append(time.perf_counter() - self.start)
             report["step_cpu_times"].append(time.process_time() - self.cpu_start)
 
-    # rloo.py's learning rate, schedule and optimizer; bf16 as asked (TRL's default is on), no gradient checkpointing
-    config = RLOOConfig(
-        output_dir=spec["output_dir"],
-        max_steps=spec["steps"],
-        per_device_train_batch_size=spec["completions_per_step"],
-        gradient_accumulation_steps=1,
-        num_generations=spec["num_generations"],
-        beta=spec["beta"],
-        max_completion_length=spec["max_completion_length"],
-        temperature=1.0,
-        num_iterations=1,
-        learning_rate=spec["learning_rate"],
-        lr_scheduler_type=spec["lr_scheduler_type"],
-        warmup_steps=spec["warmup_ratio"],  # below 1: a fraction of the steps
-        optim="adamw_torch",
-        max_grad_norm=1.0,
-        seed=0,
-        logging_steps=1,
-        save_strategy="no",
-        eval_strategy="no",
-        report_to="none",
-        bf16=spec["bf16"],
-        use_cpu=not torch.cuda.is_available(),  # transformers allows bf16 on a CPU only with use_cpu
-        gradient_checkpointing=False,
-        disable_tqdm=True,
-    )
-    trainer = RLOOTrainer(
+    config = dict(output_dir=spec["output_dir"], max_steps=spec["steps"], seed=0, logging_steps=1)
+    config |= dict(per_device_train_batch_size=spec["completions_per_step"])
+    config |= dict(gradient_accumulation_steps=1, num_generations=spec["num_generations"])
+    config |= dict(beta=spec["beta"], max_completion_length=spec["max_completion_length"])
+    config |= dict(temperature=1.0, num_iterations=1, optim="adamw_torch", max_grad_norm=1.0)
+    config |= {k: spec[k] for k in ("learning_rate", "lr_scheduler_type")}
+    config["warmup_steps"] = spec["warmup_ratio"]  # below 1: a fraction of the steps
+    config |= dict(save_strategy="no", eval_strategy="no", report_to="none", disable_tqdm=True)
+    config |= dict(bf16=spec["bf16"], gradient_checkpointing=False)
+    config["use_cpu"] = not torch.cuda.is_available()  # transformers allows bf16 on a CPU with it
+    prompts = load_dataset("json", data_files=str(PROMPTS), split="train")
+    trainer = trl.RLOOTrainer(
         model=spec["model"],
         reward_funcs=accuracy_reward,
-        args=config,
-        train_dataset=load_dataset("json", data_files=str(PROMPTS), split="train"),
+        args=trl.RLOOConfig(**config),
+        train_dataset=prompts,
         callbacks=[StepTimer()],
     )
     trainer.train()
-    lengths = [
-        log["completions/mean_length"]
-        for log in trainer.state.log_history
-        if "completions/mean_length" in log
-    ]
-    with open(
-        Path(spec["output_dir"]) / "metrics.jsonl", "w"
-    ) as f:  # the scripts' format, so one parser reads both
-        for step, (step_time, length) in enumerate(zip(step_times, lengths), 1):
-            f.write(
-                json.dumps(
-                    {"step": step, "step_time": step_time, "completions/mean_length": length}
-                )
-                + "\n"
-            )
+    logs = [log for log in trainer.state.log_history if "completions/mean_length" in log]
+    with open(Path(spec["output_dir"]) / "metrics.jsonl", "w") as f:  # the scripts' format
+        for step, (step_time, log) in enumerate(zip(step_times, logs), 1):
+            record = {"step": step, "step_time": step_time}
+            record["completions/mean_length"] = log["completions/mean_length"]
+            f.write(json.dumps(record) + "\n")
 
 
-# ----------------------------------------------------------------------------------------------------------------------
-# Parent: build the inputs, run the children one at a time, summarize.
-# ----------------------------------------------------------------------------------------------------------------------
+# ---- the parent: build the inputs, run the children one at a time, summarize ----
 def build_random_model(path: Path, shape: dict) -> int:
-    """A randomly initialized Llama of `shape` (llama135m: 134.5M parameters) saved to `path`; returns its parameter
-    count. Its tokenizer is the embedded byte-level BPE (the same special tokens and chat template) extended to 49,152
-    entries by merges of byte pairs: every id decodes to text, the prompts still tokenize, nothing is downloaded."""
-    import torch
+    """A random Llama of `shape` saved to `path`, with the embedded tokenizer grown to 49,152 entries."""
     from tokenizers import Tokenizer
-    from transformers import AutoModelForCausalLM, LlamaConfig, PreTrainedTokenizerFast
 
     import common
 
     tokenizer = common.load_tokenizer(EMBEDDED)
     spec = json.loads(tokenizer.backend_tokenizer.to_str())
     vocab, merges = spec["model"]["vocab"], spec["model"]["merges"]
-    byte_chars = [c for c in vocab if len(c) == 1][
-        :256
-    ]  # the byte-level alphabet (one character per byte)
+    # merges of byte pairs: every id decodes to text, the prompts still tokenize, nothing is downloaded
+    byte_chars = [c for c in vocab if len(c) == 1][:256]  # the byte-level alphabet
     for a in byte_chars:
         for b in byte_chars:
             if len(vocab) == LLAMA_135M["vocab_size"]:  # 49,152
@@ -476,48 +393,28 @@ def build_random_model(path: Path, shape: dict) -> int:
                 vocab[a + b] = len(vocab)
                 merges.append([a, b])
     assert len(vocab) == LLAMA_135M["vocab_size"], f"tokenizer: {len(vocab)} entries"
-    big = PreTrainedTokenizerFast(
-        tokenizer_object=Tokenizer.from_str(json.dumps(spec)),
-        eos_token=tokenizer.eos_token,
-        pad_token=tokenizer.pad_token,
-        unk_token=tokenizer.unk_token,
-        padding_side="left",
+    special = dict(eos_token=tokenizer.eos_token, pad_token=tokenizer.pad_token)
+    special["unk_token"] = tokenizer.unk_token
+    big = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=Tokenizer.from_str(json.dumps(spec)), padding_side="left", **special
     )
     big.chat_template = tokenizer.chat_template
-    config = LlamaConfig(
-        **shape,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-        bos_token_id=None,
-    )
+    ids = dict(eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    config = transformers.LlamaConfig(**shape, **ids, bos_token_id=None)
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(config)
+    model = transformers.AutoModelForCausalLM.from_config(config)
     model.save_pretrained(path)
     big.save_pretrained(path)
     return model.num_parameters()
 
 
-def script_argv(
-    args: Args,
-    algorithm: str,
-    model: str,
-    data_file: Path,
-    length: int,
-    run_dir: Path,
-    precision: str,
-) -> list[str]:
+def script_argv(args: Args, algorithm, model, data_file, length, run_dir, precision) -> list[str]:
+    """A script's flags: the same batch, KL coefficient and steps for all, every step logged."""
     G = args.num_generations if algorithm in GROUPED else 1
-    flags = {
-        "--model_name_or_path": model,
-        "--dataset_name": data_file,
-        "--max_completion_length": length,
-        "--max_steps": args.steps,
-        "--logging_steps": 1,
-        "--eval_steps": 0,
-        "--save_steps": 0,
-        "--output_dir": run_dir,
-        "--prompts_per_step": args.completions_per_step // G,
-    }
+    flags = {"--model_name_or_path": model, "--dataset_name": data_file}
+    flags |= {"--max_completion_length": length, "--max_steps": args.steps, "--logging_steps": 1}
+    flags |= {"--eval_steps": 0, "--save_steps": 0, "--output_dir": run_dir}
+    flags["--prompts_per_step"] = args.completions_per_step // G
     if algorithm == "ppo":
         flags["--kl_coef"] = args.beta
     else:
@@ -536,70 +433,62 @@ def run_child(args: Args, spec: dict, run_dir: Path) -> dict:
     if args.num_threads:
         env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(args.num_threads)
     python = args.trl_python if spec["algorithm"] == "trl_rloo" else sys.executable
-    code = "import sys, bench; bench.child(sys.argv[1])"
+    command = [python, "-c", "import sys, bench; bench.child(sys.argv[1])", json.dumps(spec)]
     start = time.perf_counter()
     with open(run_dir / "log.txt", "w") as log:
-        command = [python, "-c", code, json.dumps(spec)]
         process = subprocess.run(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
     if process.returncode != 0:
-        tail = (run_dir / "log.txt").read_text().strip().splitlines()[-1:] or ["(no output)"]
-        last = f"{tail[0]} (log: {run_dir / 'log.txt'})"
+        lines = (run_dir / "log.txt").read_text().strip().splitlines()
+        last = f"{lines[-1] if lines else '(no output)'} (log: {run_dir / 'log.txt'})"
         raise RuntimeError(f"{spec['algorithm']} exited with status {process.returncode}: {last}")
     records = [r for r in read_metrics(run_dir) if "step_time" in r]
     measured = records[args.warmup_steps :]
     step_times = [r["step_time"] for r in measured]
-    tokens = [
-        r["completions/mean_length"] * args.completions_per_step for r in measured
-    ]  # real tokens, up to EOS
+    lengths = [r["completions/mean_length"] for r in measured]
+    tokens = [length * args.completions_per_step for length in lengths]  # real ones, up to EOS
     child_report = json.loads((run_dir / "bench_child.json").read_text())
-    median_step_time = statistics.median(step_times)
-    step_cpu_times = [
-        t for t in child_report["step_cpu_times"][args.warmup_steps :] if t is not None
-    ]
-    return {
-        "median_step_time_s": median_step_time,
-        "median_step_cpu_time_s": statistics.median(step_cpu_times) if step_cpu_times else None,
-        "completions_per_s": args.completions_per_step / median_step_time,
-        "generated_tokens_per_s": statistics.median(n / t for n, t in zip(tokens, step_times)),
-        "mean_completion_length": statistics.mean(r["completions/mean_length"] for r in measured),
+    cpu_times = child_report["step_cpu_times"][args.warmup_steps :]
+    figures = {
+        "median_step_time_s": median(step_times),
+        "median_step_cpu_time_s": median(cpu_times),
+        "completions_per_s": args.completions_per_step / median(step_times),
+        "generated_tokens_per_s": median([n / t for n, t in zip(tokens, step_times)]),
+        "mean_completion_length": statistics.mean(lengths),
         "peak_rss_mb": child_report["peak_rss_mb"],
         "baseline_rss_mb": child_report["baseline_rss_mb"],
         "rss_above_baseline_mb": child_report["peak_rss_mb"] - child_report["baseline_rss_mb"],
         "cuda_max_allocated_mb": child_report.get("cuda_max_allocated_mb"),
         "step_times_s": [r["step_time"] for r in records],
         "wall_s": time.perf_counter() - start,
-        **({"trl_version": child_report["trl_version"]} if "trl_version" in child_report else {}),
-        **(
-            {"phases": phase_medians(records, child_report, args.warmup_steps)}
-            if args.phases
-            else {}
-        ),
-        "phase_rates": child_report.get("rates"),  # --phases: what the bounds were measured at
     }
+    if "trl_version" in child_report:
+        figures["trl_version"] = child_report["trl_version"]
+    if args.phases:
+        figures["phases"] = phase_medians(records, child_report, args.warmup_steps)
+    figures["phase_rates"] = child_report.get(
+        "rates"
+    )  # --phases: what the bounds were measured at
+    return figures
 
 
 def phase_medians(records: list[dict], child_report: dict, warmup_steps: int) -> dict:
-    """Each phase's median seconds and bound over the measured steps, in `clock`'s time. The rest: the step's time less
-    its phases'; the step: its time (on a CPU its CPU time), and the sum of its phases' bounds."""
+    """Each phase's median seconds and bound over the measured steps, in `clock`'s time."""
     cuda = "cuda_max_allocated_mb" in child_report
     step_seconds = [r["step_time"] for r in records] if cuda else child_report["step_cpu_times"]
+    steps = zip(step_seconds, child_report["steps"], child_report["bounds"])
     seconds, bounds = [], []
-    for step, events, bound in list(
-        zip(step_seconds, child_report["steps"], child_report["bounds"])
-    )[warmup_steps:]:
+    for step, events, bound in list(steps)[warmup_steps:]:
         phases = {name: sum(e["seconds"] for e in events if e["phase"] == name) for name in PHASES}
         seconds.append(phases | {"rest": step - sum(phases.values()), "step": step})
         bounds.append(bound | {"rest": None, "step": sum(bound.values())})
-    return {
-        name: {
-            "seconds": median([s[name] for s in seconds]),
-            "bound": median([b[name] for b in bounds]),
-        }
-        for name in seconds[0]
-    }
+    medians = {}  # the rest: the step less its phases; the step's bound: the sum of the phases'
+    for name in seconds[0]:
+        medians[name] = {"seconds": median([s[name] for s in seconds])}
+        medians[name]["bound"] = median([b[name] for b in bounds])
+    return medians
 
 
-FIGURES = {  # each run's figures, the median over the repeats in the summary: the column and format in the table
+FIGURES = {  # each run's figures (the summary: medians over repeats), their column and format
     "median_step_time_s": ("step time (s)", "{:.3f}"),
     "median_step_cpu_time_s": ("CPU s/step", "{:.3f}"),
     "completions_per_s": ("completions/s", "{:.1f}"),
@@ -613,22 +502,18 @@ FIGURES = {  # each run's figures, the median over the repeats in the summary: t
 
 
 def summarize(runs: list[dict]) -> list[dict]:
-    """The median of each figure over the repeats of a (config, algorithm)."""
+    """The median of each figure over the repeats of a (config, algorithm, precision)."""
     summary = []
     for key in dict.fromkeys((r["config"], r["algorithm"], r["precision"]) for r in runs):
         group = [r for r in runs if (r["config"], r["algorithm"], r["precision"]) == key]
-        row = dict(
-            zip(("config", "algorithm", "precision"), key),
-            repeats=len(group),
-            parameters=group[0]["parameters"],
-        )
+        row = dict(zip(("config", "algorithm", "precision"), key))
+        row |= dict(repeats=len(group), parameters=group[0]["parameters"])
         for name in FIGURES:
             row[name] = median([r[name] for r in group])
         for name in group[0].get("phases", {}):  # each phase's medians over the repeats
             figures = [r["phases"][name] for r in group]
-            row.setdefault("phases", {})[name] = {
-                k: median([f[k] for f in figures]) for k in ("seconds", "bound")
-            }
+            medians = {k: median([f[k] for f in figures]) for k in ("seconds", "bound")}
+            row.setdefault("phases", {})[name] = medians
         summary.append(row)
     return summary
 
@@ -640,14 +525,12 @@ def median(values: list):
 
 
 def print_table(summary: list[dict], cuda: bool):
-    shown = [
-        name
-        for name, (column, _) in FIGURES.items()
-        if column and (cuda or name != "cuda_max_allocated_mb")
-    ]
+    shown = [name for name, (column, _) in FIGURES.items() if column]
+    if not cuda:
+        shown.remove("cuda_max_allocated_mb")
     print(
         "| config | algorithm | precision | runs | "
-        + " | ".join(FIGURES[name][0] for name in shown)
+        + " | ".join(FIGURES[n][0] for n in shown)
         + " |"
     )
     print("|" + "---|" * (4 + len(shown)))
@@ -658,7 +541,7 @@ def print_table(summary: list[dict], cuda: bool):
 
 
 def print_phases(row: dict):
-    """One run's phases in markdown: median seconds, bound and ratio; the step's bound is the sum of its phases'."""
+    """One run's phases: median seconds, bound and ratio; the step's bound is the sum of its phases'."""
     unit = "seconds" if row["cuda_max_allocated_mb"] else "CPU seconds"
     wall = f"(the wall clock's step: {row['median_step_time_s']:.3g} s)"
     print(
@@ -673,107 +556,69 @@ def print_phases(row: dict):
             print(f"| {name} | {seconds:.3g} | {bound:.3g} | {seconds / bound:.2f}× |")
 
 
-def main(args: Args):
-    algorithms, configs, precisions = (
-        split_list(args.algorithms),
-        split_list(args.configs),
-        split_list(args.precisions),
-    )
-    for kind, names, known in (
-        ("algorithm", algorithms, ALGORITHMS),
-        ("config", configs, CONFIGS),
-        ("precision", precisions, PRECISIONS),
-    ):
+def check_args(args: Args):
+    """Every flag, before anything is built or written."""
+    for kind, known in (("algorithm", ALGORITHMS), ("config", CONFIGS), ("precision", PRECISIONS)):
+        names = split_list(getattr(args, f"{kind}s"))
         require(bool(names), f"--{kind}s: nothing to run")
         for name in names:
-            require(
-                name in known,
-                f"--{kind}s: unknown {kind} {name!r} (choose from {', '.join(known)})",
-            )
+            unknown = f"unknown {kind} {name!r} (choose from {', '.join(known)})"
+            require(name in known, f"--{kind}s: {unknown}")
     unmeasured = f"{args.steps} leaves no measured step after --warmup_steps {args.warmup_steps}"
     require(args.steps > args.warmup_steps >= 0, f"--steps: {unmeasured}")
     require(args.repeats >= 1, f"--repeats: must be ≥ 1, got {args.repeats}")
-    require(
-        not (args.phases and "trl_rloo" in algorithms),
-        "--phases: for the scripts, not for trl_rloo",
-    )
-    require(
-        args.warmup_steps >= 1 or not args.phases,
-        "--phases: needs --warmup_steps ≥ 1 (step 1 has no CPU time)",
-    )
-    require(
-        args.num_generations >= 2,
-        f"--num_generations: RLOO and GRPO need at least 2, got {args.num_generations}",
-    )
-    not_multiple = f"{args.completions_per_step} is not a multiple of --num_generations {args.num_generations}"
-    require(
-        args.completions_per_step % args.num_generations == 0,
-        f"--completions_per_step: {not_multiple}",
-    )
-    require(
-        args.max_completion_length >= 0,
-        f"--max_completion_length: must be ≥ 0, got {args.max_completion_length}",
-    )
-    if "trl_rloo" in algorithms:
+    trl = "trl_rloo" in split_list(args.algorithms)
+    require(not (args.phases and trl), "--phases: for the scripts, not for trl_rloo")
+    first = "--phases: needs --warmup_steps ≥ 1 (step 1 has no CPU time)"
+    require(args.warmup_steps >= 1 or not args.phases, first)
+    G = args.num_generations
+    require(G >= 2, f"--num_generations: RLOO and GRPO need at least 2, got {G}")
+    multiple = f"{args.completions_per_step} is not a multiple of --num_generations {G}"
+    require(args.completions_per_step % G == 0, f"--completions_per_step: {multiple}")
+    length = args.max_completion_length
+    require(length >= 0, f"--max_completion_length: must be ≥ 0, got {length}")
+    if trl:
         command = [args.trl_python, "-c", "import trl"]
-        found = (
-            Path(args.trl_python).exists()
-            and subprocess.run(command, capture_output=True).returncode == 0
-        )
-        install = (
-            "install it in a separate environment (pip install 'trl==1.16.*') and pass its python"
-        )
+        found = False
+        if Path(args.trl_python).exists():
+            found = subprocess.run(command, capture_output=True).returncode == 0
+        pip = "pip install 'trl==1.16.*'"
+        install = f"install it in a separate environment ({pip}) and pass its python"
         require(found, f"--trl_python: {args.trl_python} cannot import trl; {install}")
 
-    import torch
-    from transformers import AutoModelForCausalLM
 
+def main(args: Args):
+    check_args(args)
+    algorithms, configs = split_list(args.algorithms), split_list(args.configs)
     work_dir = Path(args.work_dir)
     work_dir.mkdir(parents=True, exist_ok=True)
-    data_file = (
-        work_dir / "arithmetic_train.jsonl"
-    )  # the train split alone: no test split, so no evaluation
+    data_file = work_dir / "arithmetic_train.jsonl"  # the train split alone: no evaluation
     shutil.copyfile(PROMPTS, data_file)
-    models = {
-        "embedded": (EMBEDDED, AutoModelForCausalLM.from_pretrained(EMBEDDED).num_parameters())
-    }
+    embedded = transformers.AutoModelForCausalLM.from_pretrained(EMBEDDED).num_parameters()
+    models = {"embedded": (EMBEDDED, embedded)}
     for config in set(configs) & set(SHAPES):
-        models[config] = (
-            str(work_dir / config),
-            build_random_model(work_dir / config, SHAPES[config]),
-        )
-
+        path = work_dir / config
+        models[config] = (str(path), build_random_model(path, SHAPES[config]))
     runs = []
-    for repeat in range(args.repeats):  # one run of each, then the next
-        for config in configs:
-            model, parameters = models[config]
-            length = args.max_completion_length or CONFIGS[config]
-            for algorithm, precision in [(a, p) for a in algorithms for p in precisions]:
-                run_dir = work_dir / f"{config}-{algorithm}-{precision}-{repeat}"
-                G = args.num_generations if algorithm in GROUPED else 1
-                spec = (
-                    asdict(args) | RLOO_SCHEDULE
-                )  # the child reads its steps, batch, β, --phases
-                spec |= dict(
-                    algorithm=algorithm, output_dir=str(run_dir), model=model, num_generations=G
-                )
-                spec |= dict(max_completion_length=length, bf16=precision == "bf16")
-                spec["argv"] = script_argv(
-                    args, algorithm, model, data_file, length, run_dir, precision
-                )
-                result = run_child(args, spec, run_dir)
-                run = dict(
-                    config=config, precision=precision, repeat=repeat, parameters=parameters
-                )
-                runs.append(
-                    run | {"algorithm": algorithm, "max_completion_length": length} | result
-                )
-                figures = f"{result['median_step_time_s']:.3f} s/step, peak RSS {result['peak_rss_mb']:.0f} MB"
-                print(
-                    f"[{repeat + 1}/{args.repeats}] {config:>9} {algorithm:>9} {precision}: {figures}",
-                    flush=True,
-                )
-
+    plan = itertools.product(range(args.repeats), configs, algorithms, split_list(args.precisions))
+    for repeat, config, algorithm, precision in plan:  # one run of each, then the next
+        model, parameters = models[config]
+        length = CONFIGS[config]
+        if args.max_completion_length:
+            length = args.max_completion_length
+        run_dir = work_dir / f"{config}-{algorithm}-{precision}-{repeat}"
+        G = args.num_generations if algorithm in GROUPED else 1
+        spec = asdict(args) | RLOO_SCHEDULE  # the child reads its steps, batch, β and --phases
+        spec |= dict(algorithm=algorithm, output_dir=str(run_dir), model=model, num_generations=G)
+        spec |= dict(max_completion_length=length, bf16=precision == "bf16")
+        spec["argv"] = script_argv(args, algorithm, model, data_file, length, run_dir, precision)
+        result = run_child(args, spec, run_dir)
+        run = dict(config=config, precision=precision, repeat=repeat, parameters=parameters)
+        runs.append(run | {"algorithm": algorithm, "max_completion_length": length} | result)
+        step = f"{result['median_step_time_s']:.3f} s/step"
+        peak = f"peak RSS {result['peak_rss_mb']:.0f} MB"
+        which = f"{config:>9} {algorithm:>9} {precision}"
+        print(f"[{repeat + 1}/{args.repeats}] {which}: {step}, {peak}", flush=True)
     summary = summarize(runs)
     cuda = torch.cuda.is_available()
     print_table(summary, cuda)

@@ -4,7 +4,9 @@ and both reports end to end in --quick mode on rloo.py."""
 import importlib
 import json
 import re
+import shutil
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -137,6 +139,31 @@ def test_a_bad_script_flag_stops_the_comparison_with_the_scripts_exit_status_2(t
     assert not (tmp_path / "compare.md").exists()
 
 
+@pytest.mark.parametrize("layout", ["a file", "a folder with a train split only"])
+def test_a_dataset_without_a_held_out_split_stops_with_one_line_and_exit_status_2(
+    tmp_path, capsys, monkeypatch, layout
+):
+    dataset = ROOT / "data" / "arithmetic" / "train.jsonl"
+    if layout != "a file":
+        dataset = tmp_path / "data"
+        dataset.mkdir()
+        shutil.copy(ROOT / "data" / "arithmetic" / "train.jsonl", dataset)
+
+    def finished_run(script, flags, tag):  # as if the script had trained: its args.json
+        folder = Path(flags[flags.index("--output_dir") + 1])
+        folder.mkdir(parents=True)
+        config = dict(dataset_name=str(dataset), dataset_config=None, dataset_test_split="test")
+        (folder / "args.json").write_text(json.dumps(config))
+        return {"returncode": 0, "wall_s": 1.0, "peak_mib": 1.0}
+
+    monkeypatch.setattr(compare, "run_script", finished_run)
+    with pytest.raises(SystemExit) as stopped:
+        compare.cli(["--quick", "--algorithms", "rloo_k4", "--output_dir", str(tmp_path / "out")])
+    assert stopped.value.code == 2
+    error = f"error: --dataset_name {dataset}: no held-out split 'test' with a ground_truth column"
+    assert capsys.readouterr().err.strip().splitlines()[-1] == error  # after datasets' progress
+
+
 @pytest.mark.slow
 def test_quick_comparison_writes_the_table_the_figure_and_the_raw_results(tmp_path, capsys):
     flags = ["--quick", "--algorithms", "rloo_k4", "--output_dir", str(tmp_path)]
@@ -145,7 +172,7 @@ def test_quick_comparison_writes_the_table_the_figure_and_the_raw_results(tmp_pa
     assert (tmp_path / "compare.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     table = (tmp_path / "compare.md").read_text()
     assert (
-        "Command: `python benchmarks/compare.py --algorithms rloo_k4 --quick --output_dir "
+        "Command: `python benchmarks/compare.py --quick --algorithms rloo_k4 --output_dir "
         in table
     )
     row = next(line for line in table.splitlines() if line.startswith("| RLOO k=4 |"))
