@@ -208,9 +208,8 @@ def completion_logprobs(
     and with `entropy` that softmax's detached entropy (B, T). The float32 log-softmax is made
     `chunk` elements at a time, never (B, T, V) whole, and recomputed in the backward pass."""
     position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)  # as in generation
-    # T + 1 positions: the last prompt position predicts the first completion token. As indices,
-    # not the int T + 1: transformers then slices the hidden states contiguously (a strided view
-    # makes the bf16 lm_head copy its weight for every row: 2.3× the reference forward's time)
+    # T + 1 positions, the last prompt's predicting the first completion token; as indices, which
+    # transformers slices contiguously (an int's strided view: a bf16 lm_head weight copy per row)
     L = input_ids.shape[1]
     kept = torch.arange(L - T - 1, L, device=input_ids.device)
     inputs = dict(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids)
@@ -225,7 +224,7 @@ def completion_logprobs(
         recomputed = torch.utils.checkpoint.checkpoint(logprobs_of, z, y, use_reentrant=False)
         logprobs.append(recomputed)  # (B, t)
         if entropy:
-            with torch.no_grad():  # H = logsumexp(z) − Σ softmax(z) z, z = logits / temperature
+            with torch.no_grad():  # H = logsumexp(z) − Σ softmax(z) z
                 z = z.float() / temperature
                 entropies.append(z.logsumexp(-1) - (z.softmax(-1) * z).sum(-1))
     return torch.cat(logprobs, 1), torch.cat(entropies, 1) if entropy else None
@@ -418,10 +417,8 @@ def load_split(args, split: str):
             splits = load_dataset(str(path.parent), data_files={"train": path.name})
         else:
             splits = load_dataset(args.dataset_name, args.dataset_config)
-    missing = split not in splits
-    require(
-        not missing or split != args.dataset_train_split, f"--dataset_train_split: no {split!r}"
-    )
+    is_train = split == args.dataset_train_split
+    require(split in splits or not is_train, f"--dataset_train_split: no {split!r}")
     return splits.get(split)
 
 
@@ -453,9 +450,9 @@ def load_for_training(args, path: str, model_class=AutoModelForCausalLM, **optio
 
     task_type = options.pop("task_type", "CAUSAL_LM")
     flag = options.pop("flag", "--model_name_or_path")
-    quantization = None
+    four_bit = None
     if args.load_in_4bit:
-        quantization = transformers.BitsAndBytesConfig(
+        four_bit = transformers.BitsAndBytesConfig(
             load_in_4bit=True,
             bnb_4bit_quant_type=args.bnb_4bit_quant_type,
             bnb_4bit_compute_dtype=torch.bfloat16 if args.bf16 else torch.float32,
@@ -464,7 +461,7 @@ def load_for_training(args, path: str, model_class=AutoModelForCausalLM, **optio
     options.setdefault("attn_implementation", args.attn_implementation)
     with loading(flag, path):
         model = model_class.from_pretrained(
-            path, dtype=dtype, quantization_config=quantization, **options
+            path, dtype=dtype, quantization_config=four_bit, **options
         )
     if args.use_peft:
         modules = args.lora_target_modules
@@ -485,10 +482,9 @@ def load_for_training(args, path: str, model_class=AutoModelForCausalLM, **optio
         for module in model.modules():
             if isinstance(module, torch.nn.Dropout):  # TRL's disable_dropout_in_model
                 module.p = 0.0
-            if isinstance(getattr(module, "attention_dropout", None), float):  # Llama's, Qwen's
+            if isinstance(getattr(module, "attention_dropout", None), float):  # Llama's
                 module.attention_dropout = 0.0
-    for layer in model.modules():
-        # bitsandbytes repacks a 4-bit weight at a no-grad CPU forward, which training then breaks
+    for layer in model.modules():  # bnb repacks at no-grad CPU passes
         if getattr(layer, "support_avx512bf16_for_cpu", False):
             layer.support_avx512bf16_for_cpu = False
     if args.gradient_checkpointing:
@@ -508,7 +504,8 @@ def prepare_frozen(accelerator, model):
     config = plugin.deepspeed_config
     zero = {k: v for k, v in config["zero_optimization"].items() if v != "auto"}
     engine = deepspeed.initialize(model=model, config={**config, "zero_optimization": zero})[0]
-    return engine.eval()
+    engine.eval()  # returns None, unlike a module's
+    return engine
 
 
 # ---- plumbing: sampling ----
@@ -523,7 +520,7 @@ def unwrapped_for_generation(accelerator, model):
 
         gathered = deepspeed.zero.GatheredParameters(list(model.parameters()))
     with gathered, accelerator.autocast():
-        # eval mode: transformers turns generate's cache off in train mode under checkpointing
+        # eval mode: in train mode, checkpointing turns generate's cache off
         yield policy.eval()
     policy.train()
 
@@ -605,7 +602,7 @@ def evaluate(accelerator, model, tokenizer, eval_dataset, eval_texts, reward_fun
                     reward_funcs, weights, prompts, completions, ids, columns
                 )
                 scores += torch.cat([rewards[:, None], per_func], 1).tolist()
-            means = torch.tensor(gather_object(scores)).nanmean(0)  # every process's completions
+            means = torch.tensor(gather_object(scores)).nanmean(0)  # over every process
             metrics |= {f"eval/{name}{suffix}": m for name, m in zip(names, means.tolist())}
     return metrics
 
@@ -629,11 +626,9 @@ def claim_output_dir(args) -> Path | None:
         out.mkdir(parents=True, exist_ok=True)
     if checkpoint is not None:
         step = json.loads((checkpoint / "trainer_state.json").read_text())["step"]
-        records = []
-        if metrics.is_file():
-            records = [json.loads(line) for line in metrics.read_text().splitlines()]
-        kept = [json.dumps(r) + "\n" for r in records if r["step"] <= step]
-        metrics.write_text("".join(kept))
+        if metrics.is_file():  # the log up to the checkpoint's step
+            records = metrics.read_text().splitlines(keepends=True)
+            metrics.write_text("".join(r for r in records if json.loads(r)["step"] <= step))
         return checkpoint
     used = checkpoints(out)
     if metrics.is_file():
@@ -676,7 +671,7 @@ def save_checkpoint(accelerator, args, model, tokenizer, state: dict) -> Path:
     hook.remove()
     accelerator.wait_for_everyone()  # every process has written its part of state/
     if accelerator.is_main_process:
-        shutil.rmtree(folder, ignore_errors=True)  # the same step again (resumed from before it)
+        shutil.rmtree(folder, ignore_errors=True)  # a resume from before this step
         tmp.rename(folder)
         if args.save_total_limit:
             for old in checkpoints(args.output_dir)[: -args.save_total_limit]:
@@ -699,9 +694,8 @@ def load_checkpoint(accelerator, args, model, checkpoint: Path) -> dict:
     # DeepSpeed and FSDP keep the weights in state/
     if accelerator.distributed_type not in (DistributedType.DEEPSPEED, DistributedType.FSDP):
         if hasattr(unwrapped, "peft_config"):
-            set_peft_model_state_dict(
-                unwrapped, load_file(checkpoint / "adapter_model.safetensors")
-            )
+            adapter = checkpoint / "adapter_model.safetensors"
+            set_peft_model_state_dict(unwrapped, load_file(adapter))
         else:
             load_model(unwrapped, checkpoint / "model.safetensors")
     # accelerate's hook to choose what load_state reads: not the weights, loaded just above
@@ -721,16 +715,15 @@ def log(accelerator, args, step: int, metrics: dict):
 def main(args: Args):
     # ---- plumbing: setup ----
     check_args(args)
-    known = {"none", "all", *map(str, get_available_trackers())}  # accelerate skips the others
+    known = {"none", "all", *map(str, get_available_trackers())}  # the others: skipped
     require(set(args.report_to) <= known, f"--report_to {args.report_to}: not in {sorted(known)}")
-    trackers = None if args.report_to == ["none"] else args.report_to
     accelerator = Accelerator(
         mixed_precision="bf16" if args.bf16 else "no",
-        log_with=trackers,
+        log_with=None if args.report_to == ["none"] else args.report_to,
         project_dir=args.output_dir,
         step_scheduler_with_optimizer=False,  # the default steps it once per process
     )
-    if accelerator.state.deepspeed_plugin is not None:  # no DataLoader gives DeepSpeed its sizes
+    if accelerator.state.deepspeed_plugin is not None:  # no DataLoader sets them
         accelerator.state.deepspeed_plugin.deepspeed_config.update(
             train_micro_batch_size_per_gpu=1,
             gradient_accumulation_steps=1,
@@ -786,7 +779,7 @@ def main(args: Args):
     if args.kl_coef > 0 and not args.use_peft:
         ref_model = AutoModelForCausalLM.from_pretrained(
             args.model_name_or_path,
-            dtype=torch.bfloat16 if args.bf16 else torch.float32,  # frozen: no float32 master
+            dtype=torch.bfloat16 if args.bf16 else torch.float32,  # frozen
             attn_implementation=args.attn_implementation,
         )
         ref_model = prepare_frozen(accelerator, ref_model)
@@ -833,11 +826,10 @@ def main(args: Args):
     # the main process alone claims the folder; every process resumes
     claimed = [claim_output_dir(args) if accelerator.is_main_process else None]
     checkpoint = broadcast_object_list(claimed)[0]
-    state = {"step": 0, "num_tokens": 0}
-    if checkpoint is not None:
-        state = load_checkpoint(accelerator, args, model, checkpoint)
+    fresh = {"step": 0, "num_tokens": 0}
+    state = load_checkpoint(accelerator, args, model, checkpoint) if checkpoint else fresh
     vllm = None
-    if args.use_vllm:  # a colocated engine, sent the policy's weights now and at every update
+    if args.use_vllm:  # sent the weights at every update
         with loading("--use_vllm", args.use_vllm):
             from vllm_colocate import VLLMGenerator
 

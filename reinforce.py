@@ -1,8 +1,7 @@
 """REINFORCE with a baseline, for language models (Ahmadian et al. 2024, "Back to Basics").
 
-For every prompt x, sample G = num_generations completions y_1..y_G (1 by default: the whole
-completion is one action) from the policy π_θ at temperature τ, and score them with a reward r
-(reward functions' weighted sum, or a reward model), clipped to --reward_clip_range if given:
+For every prompt x, sample G = num_generations completions y_i (1 by default: a completion is one
+action) from π_θ at temperature τ; score them with a reward r, clipped to --reward_clip_range:
 
     KL-shaped reward (a penalty on the sampled tokens, inside the reward, not differentiated)
         R_i = r(x, y_i) − β · Σ_t kl_{i,t}
@@ -27,14 +26,12 @@ With num_iterations = 1 (the default) the completions are used once: ρ ≡ 1 an
 moving_average): rewards 1, 0, 1, 1 at step 1 have b = 0 and advantages 1, 0, 1, 1; rewards
 0, 0, 1, 0 at step 2 have b = 3/4 and advantages −0.75, −0.75, +0.25, −0.75; at step 3, b = 4/8.
 
-A pass before any update gives log π_θ_old and log π_ref, so every advantage is known before the
-first backward pass. Under `accelerate launch` every process gathers the batch's R: one b for all.
+Under `accelerate launch` every process gathers the batch's R: one b for all processes.
 
     python reinforce.py     # the embedded tiny model, offline, about a minute
     accelerate launch --config_file configs/multi_gpu.yaml reinforce.py --model_name_or_path ...
 
-Copy reinforce.py with common.py (text ↔ tokens) and rewards.py (reward functions);
-vllm_colocate.py only for --use_vllm.
+Copy reinforce.py with common.py and rewards.py; vllm_colocate.py only for --use_vllm.
 """
 
 import contextlib
@@ -167,9 +164,8 @@ def completion_logprobs(
     and with `entropy` that softmax's detached entropy (B, T). The float32 log-softmax is made
     `chunk` elements at a time, never (B, T, V) whole, and recomputed in the backward pass."""
     position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)  # as in generation
-    # T + 1 positions: the last prompt position predicts the first completion token. As indices,
-    # not the int T + 1: transformers then slices the hidden states contiguously (a strided view
-    # makes the bf16 lm_head copy its weight for every row: 2.3× the reference forward's time)
+    # T + 1 positions, the last prompt's predicting the first completion token; as indices, which
+    # transformers slices contiguously (an int's strided view: a bf16 lm_head weight copy per row)
     L = input_ids.shape[1]
     kept = torch.arange(L - T - 1, L, device=input_ids.device)
     inputs = dict(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids)
@@ -184,7 +180,7 @@ def completion_logprobs(
         recomputed = torch.utils.checkpoint.checkpoint(logprobs_of, z, y, use_reentrant=False)
         logprobs.append(recomputed)  # (B, t)
         if entropy:
-            with torch.no_grad():  # H = logsumexp(z) − Σ softmax(z) z, z = logits / temperature
+            with torch.no_grad():  # H = logsumexp(z) − Σ softmax(z) z
                 z = z.float() / temperature
                 entropies.append(z.logsumexp(-1) - (z.softmax(-1) * z).sum(-1))
     return torch.cat(logprobs, 1), torch.cat(entropies, 1) if entropy else None
@@ -294,17 +290,13 @@ def check_shared_args(args):
         " num_iterations logging_steps num_generations_eval per_device_eval_batch_size"
     )
     for name in positive.split():
-        value = getattr(args, name)
-        require(value > 0, f"--{name}: must be positive, got {value}")
+        require(getattr(args, name) > 0, f"--{name}: must be positive, got {getattr(args, name)}")
     non_negative = "beta micro_batch_size top_k eval_steps save_steps weight_decay max_grad_norm"
     for name in non_negative.split():
-        value = getattr(args, name)
-        require(value >= 0, f"--{name}: must be ≥ 0, got {value}")
+        require(getattr(args, name) >= 0, f"--{name}: must be ≥ 0, got {getattr(args, name)}")
     require(args.epsilon_high > 0, "--epsilon_high: must be positive")
     require(0 < args.top_p <= 1, f"--top_p: must be in (0, 1], got {args.top_p}")
-    require(
-        0 <= args.warmup_ratio <= 1, f"--warmup_ratio: must be in [0, 1], got {args.warmup_ratio}"
-    )
+    require(0 <= args.warmup_ratio <= 1, f"--warmup_ratio: not in [0, 1]: {args.warmup_ratio}")
     require(0 <= args.seed < 2**32, f"--seed: must be in [0, 2**32), got {args.seed}")  # numpy's
     limit = args.save_total_limit
     require(limit is None or limit > 0, "--save_total_limit: must be positive")
@@ -324,10 +316,8 @@ def load_split(args, split: str):
             splits = load_dataset(str(path.parent), data_files={"train": path.name})
         else:
             splits = load_dataset(args.dataset_name, args.dataset_config)
-    missing = split not in splits
-    require(
-        not missing or split != args.dataset_train_split, f"--dataset_train_split: no {split!r}"
-    )
+    is_train = split == args.dataset_train_split
+    require(split in splits or not is_train, f"--dataset_train_split: no {split!r}")
     return splits.get(split)
 
 
@@ -359,9 +349,9 @@ def load_for_training(args, path: str, model_class=AutoModelForCausalLM, **optio
 
     task_type = options.pop("task_type", "CAUSAL_LM")
     flag = options.pop("flag", "--model_name_or_path")
-    quantization = None
+    four_bit = None
     if args.load_in_4bit:
-        quantization = transformers.BitsAndBytesConfig(
+        four_bit = transformers.BitsAndBytesConfig(
             load_in_4bit=True,
             bnb_4bit_quant_type=args.bnb_4bit_quant_type,
             bnb_4bit_compute_dtype=torch.bfloat16 if args.bf16 else torch.float32,
@@ -370,7 +360,7 @@ def load_for_training(args, path: str, model_class=AutoModelForCausalLM, **optio
     options.setdefault("attn_implementation", args.attn_implementation)
     with loading(flag, path):
         model = model_class.from_pretrained(
-            path, dtype=dtype, quantization_config=quantization, **options
+            path, dtype=dtype, quantization_config=four_bit, **options
         )
     if args.use_peft:
         modules = args.lora_target_modules
@@ -391,10 +381,9 @@ def load_for_training(args, path: str, model_class=AutoModelForCausalLM, **optio
         for module in model.modules():
             if isinstance(module, torch.nn.Dropout):  # TRL's disable_dropout_in_model
                 module.p = 0.0
-            if isinstance(getattr(module, "attention_dropout", None), float):  # Llama's, Qwen's
+            if isinstance(getattr(module, "attention_dropout", None), float):  # Llama's
                 module.attention_dropout = 0.0
-    for layer in model.modules():
-        # bitsandbytes repacks a 4-bit weight at a no-grad CPU forward, which training then breaks
+    for layer in model.modules():  # bnb repacks at no-grad CPU passes
         if getattr(layer, "support_avx512bf16_for_cpu", False):
             layer.support_avx512bf16_for_cpu = False
     if args.gradient_checkpointing:
@@ -414,7 +403,8 @@ def prepare_frozen(accelerator, model):
     config = plugin.deepspeed_config
     zero = {k: v for k, v in config["zero_optimization"].items() if v != "auto"}
     engine = deepspeed.initialize(model=model, config={**config, "zero_optimization": zero})[0]
-    return engine.eval()
+    engine.eval()  # returns None, unlike a module's
+    return engine
 
 
 # ---- plumbing: sampling ----
@@ -429,7 +419,7 @@ def unwrapped_for_generation(accelerator, model):
 
         gathered = deepspeed.zero.GatheredParameters(list(model.parameters()))
     with gathered, accelerator.autocast():
-        # eval mode: transformers turns generate's cache off in train mode under checkpointing
+        # eval mode: in train mode, checkpointing turns generate's cache off
         yield policy.eval()
     policy.train()
 
@@ -462,7 +452,7 @@ def evaluate(accelerator, model, tokenizer, eval_dataset, eval_texts, reward_fun
                     reward_funcs, weights, prompts, completions, ids, columns
                 )
                 scores += torch.cat([rewards[:, None], per_func], 1).tolist()
-            means = torch.tensor(gather_object(scores)).nanmean(0)  # every process's completions
+            means = torch.tensor(gather_object(scores)).nanmean(0)  # over every process
             metrics |= {f"eval/{name}{suffix}": m for name, m in zip(names, means.tolist())}
     return metrics
 
@@ -486,11 +476,9 @@ def claim_output_dir(args) -> Path | None:
         out.mkdir(parents=True, exist_ok=True)
     if checkpoint is not None:
         step = json.loads((checkpoint / "trainer_state.json").read_text())["step"]
-        records = []
-        if metrics.is_file():
-            records = [json.loads(line) for line in metrics.read_text().splitlines()]
-        kept = [json.dumps(r) + "\n" for r in records if r["step"] <= step]
-        metrics.write_text("".join(kept))
+        if metrics.is_file():  # the log up to the checkpoint's step
+            records = metrics.read_text().splitlines(keepends=True)
+            metrics.write_text("".join(r for r in records if json.loads(r)["step"] <= step))
         return checkpoint
     used = checkpoints(out)
     if metrics.is_file():
@@ -533,7 +521,7 @@ def save_checkpoint(accelerator, args, model, tokenizer, state: dict) -> Path:
     hook.remove()
     accelerator.wait_for_everyone()  # every process has written its part of state/
     if accelerator.is_main_process:
-        shutil.rmtree(folder, ignore_errors=True)  # the same step again (resumed from before it)
+        shutil.rmtree(folder, ignore_errors=True)  # a resume from before this step
         tmp.rename(folder)
         if args.save_total_limit:
             for old in checkpoints(args.output_dir)[: -args.save_total_limit]:
@@ -556,9 +544,8 @@ def load_checkpoint(accelerator, args, model, checkpoint: Path) -> dict:
     # DeepSpeed and FSDP keep the weights in state/
     if accelerator.distributed_type not in (DistributedType.DEEPSPEED, DistributedType.FSDP):
         if hasattr(unwrapped, "peft_config"):
-            set_peft_model_state_dict(
-                unwrapped, load_file(checkpoint / "adapter_model.safetensors")
-            )
+            adapter = checkpoint / "adapter_model.safetensors"
+            set_peft_model_state_dict(unwrapped, load_file(adapter))
         else:
             load_model(unwrapped, checkpoint / "model.safetensors")
     # accelerate's hook to choose what load_state reads: not the weights, loaded just above
@@ -578,16 +565,15 @@ def log(accelerator, args, step: int, metrics: dict):
 def main(args: Args):
     # ---- plumbing: setup ----
     check_args(args)
-    known = {"none", "all", *map(str, get_available_trackers())}  # accelerate skips the others
+    known = {"none", "all", *map(str, get_available_trackers())}  # the others: skipped
     require(set(args.report_to) <= known, f"--report_to {args.report_to}: not in {sorted(known)}")
-    trackers = None if args.report_to == ["none"] else args.report_to
     accelerator = Accelerator(
         mixed_precision="bf16" if args.bf16 else "no",
-        log_with=trackers,
+        log_with=None if args.report_to == ["none"] else args.report_to,
         project_dir=args.output_dir,
         step_scheduler_with_optimizer=False,  # the default steps it once per process
     )
-    if accelerator.state.deepspeed_plugin is not None:  # no DataLoader gives DeepSpeed its sizes
+    if accelerator.state.deepspeed_plugin is not None:  # no DataLoader sets them
         accelerator.state.deepspeed_plugin.deepspeed_config.update(
             train_micro_batch_size_per_gpu=1,
             gradient_accumulation_steps=1,
@@ -605,9 +591,8 @@ def main(args: Args):
     local_prompts = args.prompts_per_step // processes
     first_prompt = accelerator.process_index * local_prompts
     my_prompts = slice(first_prompt, first_prompt + local_prompts)
-    # whole groups: a baseline needs no other process's rewards
     local_batch_size = local_prompts * G
-    micro_batch_size = args.micro_batch_size or local_batch_size
+    micro_batch_size = args.micro_batch_size or local_batch_size  # 0: the whole batch
     divides = local_batch_size % micro_batch_size == 0
     require(divides, f"--micro_batch_size: must divide {local_batch_size} completions")
 
@@ -639,7 +624,7 @@ def main(args: Args):
     if args.beta > 0 and not args.use_peft:
         ref_model = AutoModelForCausalLM.from_pretrained(
             args.model_name_or_path,
-            dtype=torch.bfloat16 if args.bf16 else torch.float32,  # frozen: no float32 master
+            dtype=torch.bfloat16 if args.bf16 else torch.float32,  # frozen
             attn_implementation=args.attn_implementation,
         )
         ref_model = prepare_frozen(accelerator, ref_model)
@@ -665,11 +650,10 @@ def main(args: Args):
     # the main process alone claims the folder; every process resumes
     claimed = [claim_output_dir(args) if accelerator.is_main_process else None]
     checkpoint = broadcast_object_list(claimed)[0]
-    state = {"step": 0, "num_tokens": 0}
-    if checkpoint is not None:
-        state = load_checkpoint(accelerator, args, model, checkpoint)
+    fresh = {"step": 0, "num_tokens": 0}
+    state = load_checkpoint(accelerator, args, model, checkpoint) if checkpoint else fresh
     vllm = None
-    if args.use_vllm:  # a colocated engine, sent the policy's weights now and at every update
+    if args.use_vllm:  # sent the weights at every update
         with loading("--use_vllm", args.use_vllm):
             from vllm_colocate import VLLMGenerator
 
@@ -707,7 +691,7 @@ def main(args: Args):
         order = torch.randperm(len(train_dataset), generator=seeded)
         start = position * args.prompts_per_step
         indices = order[start : start + args.prompts_per_step][my_prompts].tolist()
-        indices = [i for i in indices for _ in range(G)]  # a prompt's G completions contiguous
+        indices = [i for i in indices for _ in range(G)]  # G in a row
         texts = [train_texts[i] for i in indices]
         if vllm is not None:
             rollout = vllm.generate(texts, device)
@@ -784,22 +768,20 @@ def main(args: Args):
         # ==== 6. loss and update: num_iterations passes over the batch, in micro-batches ====
         # each process's loss is its completions' mean; DDP's mean over processes is the batch's
         clip_low, clip_high, losses, grad_norms = [], [], [], []
-        for _ in range(args.num_iterations):
+        for iteration in range(args.num_iterations):
             loss_sum = 0.0
             for k, mb in enumerate(micro_batches):
                 # DDP all-reduces the gradients, and DeepSpeed steps, at the last micro-batch
                 # alone. accelerate's accumulate() would count and rescale: the number is known
                 last = k == len(micro_batches) - 1
                 accelerator.sync_gradients = last
-                ids, mask = input_ids[mb], attention_mask[mb]
                 with contextlib.nullcontext() if last else accelerator.no_sync(model):
-                    if first_update_logprobs is not None:
+                    if iteration == 0 and keep_graph:
                         logprobs = first_update_logprobs  # phase 3's pass, graph and all
-                        first_update_logprobs = None
                     else:
                         with accelerator.autocast():
                             logprobs, _ = completion_logprobs(
-                                model, ids, mask, T, args.temperature
+                                model, input_ids[mb], attention_mask[mb], T, args.temperature
                             )
                     loss, ratio = reinforce_loss(
                         logprobs,
@@ -841,7 +823,6 @@ def main(args: Args):
             grouped = all_rewards.view(-1, G)
             group_var = (grouped - grouped.nanmean(1, keepdim=True)).pow(2).nanmean(1)
             zero_std = group_var.nan_to_num(0.0) <= 1e-12  # NaN: a group with none scorable
-            mean_loss = accelerator.reduce(torch.tensor(losses, device=device).mean(), "mean")
             metrics = {
                 "reward": all_rewards.nanmean().item(),
                 "reward_std": all_rewards[all_rewards.isfinite()].std().item(),
@@ -856,6 +837,7 @@ def main(args: Args):
                 metrics["kl"] = kl_mean.item()
             metrics["entropy"] = entropy_mean.item()
             metrics["baseline"] = b
+            mean_loss = accelerator.reduce(torch.tensor(losses, device=device).mean(), "mean")
             metrics["loss"] = mean_loss.item()
             metrics["grad_norm"] = sum(grad_norms) / len(grad_norms)
             metrics["clip_ratio/low_mean"] = low.mean().item()

@@ -290,10 +290,8 @@ def load_split(args, split: str):
             splits = load_dataset(str(path.parent), data_files={"train": path.name})
         else:
             splits = load_dataset(args.dataset_name, args.dataset_config)
-    missing = split not in splits
-    require(
-        not missing or split != args.dataset_train_split, f"--dataset_train_split: no {split!r}"
-    )
+    is_train = split == args.dataset_train_split
+    require(split in splits or not is_train, f"--dataset_train_split: no {split!r}")
     return splits.get(split)
 
 
@@ -305,9 +303,9 @@ def load_for_training(args, path: str, model_class=AutoModelForCausalLM, **optio
 
     task_type = options.pop("task_type", "CAUSAL_LM")
     flag = options.pop("flag", "--model_name_or_path")
-    quantization = None
+    four_bit = None
     if args.load_in_4bit:
-        quantization = transformers.BitsAndBytesConfig(
+        four_bit = transformers.BitsAndBytesConfig(
             load_in_4bit=True,
             bnb_4bit_quant_type=args.bnb_4bit_quant_type,
             bnb_4bit_compute_dtype=torch.bfloat16 if args.bf16 else torch.float32,
@@ -316,7 +314,7 @@ def load_for_training(args, path: str, model_class=AutoModelForCausalLM, **optio
     options.setdefault("attn_implementation", args.attn_implementation)
     with loading(flag, path):
         model = model_class.from_pretrained(
-            path, dtype=dtype, quantization_config=quantization, **options
+            path, dtype=dtype, quantization_config=four_bit, **options
         )
     if args.use_peft:
         modules = args.lora_target_modules
@@ -337,10 +335,9 @@ def load_for_training(args, path: str, model_class=AutoModelForCausalLM, **optio
         for module in model.modules():
             if isinstance(module, torch.nn.Dropout):  # TRL's disable_dropout_in_model
                 module.p = 0.0
-            if isinstance(getattr(module, "attention_dropout", None), float):  # Llama's, Qwen's
+            if isinstance(getattr(module, "attention_dropout", None), float):  # Llama's
                 module.attention_dropout = 0.0
-    for layer in model.modules():
-        # bitsandbytes repacks a 4-bit weight at a no-grad CPU forward, which training then breaks
+    for layer in model.modules():  # bnb repacks at no-grad CPU passes
         if getattr(layer, "support_avx512bf16_for_cpu", False):
             layer.support_avx512bf16_for_cpu = False
     if args.gradient_checkpointing:
@@ -367,11 +364,9 @@ def claim_output_dir(args) -> Path | None:
         out.mkdir(parents=True, exist_ok=True)
     if checkpoint is not None:
         step = json.loads((checkpoint / "trainer_state.json").read_text())["step"]
-        records = []
-        if metrics.is_file():
-            records = [json.loads(line) for line in metrics.read_text().splitlines()]
-        kept = [json.dumps(r) + "\n" for r in records if r["step"] <= step]
-        metrics.write_text("".join(kept))
+        if metrics.is_file():  # the log up to the checkpoint's step
+            records = metrics.read_text().splitlines(keepends=True)
+            metrics.write_text("".join(r for r in records if json.loads(r)["step"] <= step))
         return checkpoint
     used = checkpoints(out)
     if metrics.is_file():
@@ -414,7 +409,7 @@ def save_checkpoint(accelerator, args, model, tokenizer, state: dict) -> Path:
     hook.remove()
     accelerator.wait_for_everyone()  # every process has written its part of state/
     if accelerator.is_main_process:
-        shutil.rmtree(folder, ignore_errors=True)  # the same step again (resumed from before it)
+        shutil.rmtree(folder, ignore_errors=True)  # a resume from before this step
         tmp.rename(folder)
         if args.save_total_limit:
             for old in checkpoints(args.output_dir)[: -args.save_total_limit]:
@@ -437,9 +432,8 @@ def load_checkpoint(accelerator, args, model, checkpoint: Path) -> dict:
     # DeepSpeed and FSDP keep the weights in state/
     if accelerator.distributed_type not in (DistributedType.DEEPSPEED, DistributedType.FSDP):
         if hasattr(unwrapped, "peft_config"):
-            set_peft_model_state_dict(
-                unwrapped, load_file(checkpoint / "adapter_model.safetensors")
-            )
+            adapter = checkpoint / "adapter_model.safetensors"
+            set_peft_model_state_dict(unwrapped, load_file(adapter))
         else:
             load_model(unwrapped, checkpoint / "model.safetensors")
     # accelerate's hook to choose what load_state reads: not the weights, loaded just above
@@ -459,16 +453,15 @@ def log(accelerator, args, step: int, metrics: dict):
 def main(args: Args):
     # ---- plumbing: setup, a batch of rows a step ----
     check_args(args)
-    known = {"none", "all", *map(str, get_available_trackers())}  # accelerate skips the others
+    known = {"none", "all", *map(str, get_available_trackers())}  # the others: skipped
     require(set(args.report_to) <= known, f"--report_to {args.report_to}: not in {sorted(known)}")
-    trackers = None if args.report_to == ["none"] else args.report_to
     accelerator = Accelerator(
         mixed_precision="bf16" if args.bf16 else "no",
-        log_with=trackers,
+        log_with=None if args.report_to == ["none"] else args.report_to,
         project_dir=args.output_dir,
         step_scheduler_with_optimizer=False,  # the default steps it once per process
     )
-    if accelerator.state.deepspeed_plugin is not None:  # no DataLoader gives DeepSpeed its sizes
+    if accelerator.state.deepspeed_plugin is not None:  # no DataLoader sets them
         accelerator.state.deepspeed_plugin.deepspeed_config.update(
             train_micro_batch_size_per_gpu=1,
             gradient_accumulation_steps=1,

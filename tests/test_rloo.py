@@ -185,7 +185,9 @@ def test_hub_like_checkpoints_train_in_float32_without_dropout(tmp_path, make, m
     trained = []
     load_for_training = rloo.load_for_training
     monkeypatch.setattr(
-        rloo, "load_for_training", lambda *a, **k: trained.append(load_for_training(*a, **k)) or trained[-1]
+        rloo,
+        "load_for_training",
+        lambda *a, **k: trained.append(load_for_training(*a, **k)) or trained[-1],
     )
     rloo.main(args(tmp_path, model_name_or_path=model, max_steps=1))
     (policy,) = trained
