@@ -852,8 +852,9 @@ def main(args: Args):
     def reference_logprobs(ids, mask, T):
         policy = accelerator.unwrap_model(model)
         no_adapter = policy.disable_adapter() if args.use_peft else contextlib.nullcontext()
+        reference = policy if ref_model is None else ref_model  # LoRA: the adapter off
         with torch.no_grad(), accelerator.autocast(), no_adapter:
-            logprobs, _ = completion_logprobs(ref_model or policy, ids, mask, T, args.temperature)
+            logprobs, _ = completion_logprobs(reference, ids, mask, T, args.temperature)
         return logprobs
 
     for step in progress:

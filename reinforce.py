@@ -25,7 +25,6 @@ With num_iterations = 1 (the default) the completions are used once: ρ ≡ 1 an
 ∇L = −1/B Σ_i A_i ∇ log π_θ(y_i | x), REINFORCE with a baseline (Eq. 7). Worked example (B = 4,
 moving_average): rewards 1, 0, 1, 1 at step 1 have b = 0 and advantages 1, 0, 1, 1; rewards
 0, 0, 1, 0 at step 2 have b = 3/4 and advantages −0.75, −0.75, +0.25, −0.75; at step 3, b = 4/8.
-
 Under `accelerate launch` every process gathers the batch's R: one b for all processes.
 
     python reinforce.py     # the embedded tiny model, offline, about a minute
@@ -676,8 +675,9 @@ def main(args: Args):
     def reference_logprobs(ids, mask, T):
         policy = accelerator.unwrap_model(model)
         no_adapter = policy.disable_adapter() if args.use_peft else contextlib.nullcontext()
+        reference = policy if ref_model is None else ref_model  # LoRA: the adapter off
         with torch.no_grad(), accelerator.autocast(), no_adapter:
-            logprobs, _ = completion_logprobs(ref_model or policy, ids, mask, T, args.temperature)
+            logprobs, _ = completion_logprobs(reference, ids, mask, T, args.temperature)
         return logprobs
 
     for step in progress:
