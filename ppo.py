@@ -734,10 +734,10 @@ def main(args: Args):
     device = accelerator.device
 
     # ---- ppo: each process's share of the prompts, and its mini-batches ----
-    engine = accelerator.distributed_type
-    one_optimizer = engine not in (DistributedType.DEEPSPEED, DistributedType.FSDP)
+    backend = accelerator.distributed_type
+    one_optimizer = backend not in (DistributedType.DEEPSPEED, DistributedType.FSDP)
     reason = "ppo.py trains two models with one optimizer, as one process or under DDP"
-    require(one_optimizer, f"accelerate launch: {engine.value}: {reason}")
+    require(one_optimizer, f"accelerate launch: {backend.value}: {reason}")
     processes = accelerator.num_processes
     share = args.prompts_per_step % processes == 0
     require(share, f"--prompts_per_step: not a multiple of the {processes} processes")
