@@ -672,10 +672,10 @@ def main(args: Args):
     hidden = not accelerator.is_main_process
     progress = tqdm(steps, initial=state["step"], total=args.max_steps, disable=hidden)
 
+    # π_ref's log-probs; with LoRA, of the policy with its adapter off
     def reference_logprobs(ids, mask, T):
-        policy = accelerator.unwrap_model(model)
-        no_adapter = policy.disable_adapter() if args.use_peft else contextlib.nullcontext()
-        reference = policy if ref_model is None else ref_model  # LoRA: the adapter off
+        reference = ref_model if ref_model is not None else accelerator.unwrap_model(model)
+        no_adapter = reference.disable_adapter() if args.use_peft else contextlib.nullcontext()
         with torch.no_grad(), accelerator.autocast(), no_adapter:
             logprobs, _ = completion_logprobs(reference, ids, mask, T, args.temperature)
         return logprobs
