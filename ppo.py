@@ -282,8 +282,9 @@ def masked_moments(values, mask, accelerator):
     return mean, squares / (count - 1).clamp(min=1)
 
 
-def masked_whiten(values, mask, mean, variance, shift_mean=True) -> torch.Tensor:
+def masked_whiten(values, mask, accelerator, shift_mean=True) -> torch.Tensor:
     """(x − mean) / std on the real tokens, 0 on padding; shift_mean=False keeps the mean."""
+    mean, variance = masked_moments(values, mask, accelerator)
     whitened = (values - mean) * torch.rsqrt(variance + 1e-8)
     if not shift_mean:
         whitened = whitened + mean
@@ -902,17 +903,16 @@ def main(args: Args):
         for mb in torch.arange(local_batch_size, device=device).split(micro_batch_size):
             ids, mask = input_ids[mb], attention_mask[mb]
             with torch.no_grad(), accelerator.autocast():
-                logprobs, _ = completion_logprobs(model, ids, mask, T, args.temperature)
+                old_logprobs[mb], _ = completion_logprobs(model, ids, mask, T, args.temperature)
                 old_values[mb] = completion_values(value_model, ids, mask, T)
-            old_logprobs[mb] = logprobs
             if args.kl_coef > 0:  # else no reference model: kl = 0
                 ref_logprobs = reference_logprobs(ids, mask, T)
                 token_kl = per_token_kl(old_logprobs[mb], ref_logprobs, args.kl_estimator)
                 kl[mb] = token_kl * completion_mask[mb]
-        # w: π_θ_old / π_vllm when vLLM sampled, else 1
+        # w = π_θ_old / π_vllm when vLLM sampled (not π_θ), else 1
         off_policy = args.vllm_importance_sampling_correction and "sampler_logprobs" in rollout
         is_weights = torch.ones(local_batch_size, 1, device=device)  # (B, 1); token_*: (B, T)
-        if off_policy:  # vLLM sampled, not π_θ
+        if off_policy:
             is_weights = importance_sampling_weights(
                 old_logprobs,
                 rollout["sampler_logprobs"],
@@ -927,16 +927,12 @@ def main(args: Args):
         kl_coef = state.setdefault("kl_coef", args.kl_coef)  # --adaptive_kl's, checkpointed
         token_rewards = per_token_rewards(scores.nan_to_num(0.0), kl, completion_mask, kl_coef)
         if args.whiten_rewards:  # scaled, not shifted
-            mean, variance = masked_moments(token_rewards, loss_mask, accelerator)
-            token_rewards = masked_whiten(
-                token_rewards, loss_mask, mean, variance, shift_mean=False
-            )
+            token_rewards = masked_whiten(token_rewards, loss_mask, accelerator, shift_mean=False)
         advantages, returns = gae_advantages(
             token_rewards, old_values, completion_mask, gamma=args.gamma, lam=args.lam
         )
         if args.whiten_advantages:
-            mean, variance = masked_moments(advantages, loss_mask, accelerator)
-            advantages = masked_whiten(advantages, loss_mask, mean, variance)
+            advantages = masked_whiten(advantages, loss_mask, accelerator)
 
         # ==== 5. loss and update: num_ppo_epochs passes over fresh mini-batches ====
         # The losses are token means over a mini-batch of every process: DDP averages the
@@ -988,8 +984,9 @@ def main(args: Args):
                         sums = [(x.detach().float() * loss_mask[mb]).sum() for x in stats]
                         token_sums += torch.stack(sums)
                 max_norm = args.max_grad_norm or math.inf  # 0: no clipping, as in transformers
-                grad_norms.append(float(accelerator.clip_grad_norm_(model.parameters(), max_norm)))
+                policy_norm = accelerator.clip_grad_norm_(model.parameters(), max_norm)
                 value_norm = accelerator.clip_grad_norm_(value_model.parameters(), max_norm)
+                grad_norms.append(float(policy_norm))
                 value_grad_norms.append(float(value_norm))
                 checked = [policy_loss_sum, value_loss_sum, grad_norms[-1], value_grad_norms[-1]]
                 if not all(math.isfinite(x) for x in checked):
