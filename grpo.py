@@ -839,7 +839,7 @@ def main(args: Args):
             else:  # no reference model: kl = 0
                 ref_logprobs[mb] = old_logprobs[mb]
         first_update_logprobs = logprobs if keep_graph else None
-        kl = per_token_kl(old_logprobs, ref_logprobs) * completion_mask  # (B, T), logged
+        kl = per_token_kl(old_logprobs, ref_logprobs)  # (B, T), logged masked
 
         # ==== 4. advantages: group-relative, of the rewards alone (the KL is a loss term) ====
         all_rewards = accelerator.gather(rewards)  # (B,) of every process, as in one process

@@ -62,9 +62,8 @@ def test_the_docstrings_worked_example_rewards_10_8_4_2():
     rewards = torch.tensor([10.0, 8.0, 4.0, 2.0])
     centered = group_relative_advantages(rewards, 4, "none")  # group mean 6
     assert centered.tolist() == [4.0, 2.0, -2.0, -4.0]
-    assert leave_one_out_advantages(rewards, 4).tolist() == pytest.approx(
-        (4 / 3 * centered).tolist()
-    )  # RLOO: G/(G−1)
+    rloo = leave_one_out_advantages(rewards, 4)  # RLOO's: G/(G−1) times these
+    assert rloo.tolist() == pytest.approx((4 / 3 * centered).tolist())
     std = math.sqrt((16 + 4 + 4 + 16) / 3)  # the sample std of the group, as TRL
     assert group_relative_advantages(rewards, 4, "group").tolist() == pytest.approx(
         [a / (std + 1e-4) for a in (4, 2, -2, -4)]
@@ -85,20 +84,17 @@ def test_group_batch_and_no_std_scaling():
     )
     for scale in ("group", "batch", "none"):
         assert group_relative_advantages(rewards, 4, scale).view(2, 4).sum(1).abs().max() < 1e-5
-        assert (
-            group_relative_advantages(torch.ones(4), 4, scale).tolist() == [0.0] * 4
-        )  # equal rewards: no signal
+        # equal rewards: no signal
+        assert group_relative_advantages(torch.ones(4), 4, scale).tolist() == [0.0] * 4
 
 
 def test_unscorable_completions_stay_out_of_the_mean_and_std_and_get_no_advantage():
     rewards = torch.tensor([3.0, math.nan, 1.0, 2.0, 5.0, math.nan, math.nan, math.nan])
     advantages = group_relative_advantages(rewards, 4, "group")
-    assert advantages[:4].tolist() == pytest.approx(
-        [1 / 1.0001, 0.0, -1 / 1.0001, 0.0]
-    )  # mean 2, std 1 of 3, 1, 2
-    assert (
-        advantages[4:].tolist() == [0.0] * 4
-    )  # one scorable completion: no group to compare with
+    # mean 2, std 1 of 3, 1, 2
+    assert advantages[:4].tolist() == pytest.approx([1 / 1.0001, 0.0, -1 / 1.0001, 0.0])
+    # one scorable completion: no group to compare with
+    assert advantages[4:].tolist() == [0.0] * 4
 
 
 def test_advantages_and_every_loss_type_equal_trls_on_identical_inputs():
@@ -140,10 +136,8 @@ def test_advantages_and_every_loss_type_equal_trls_on_identical_inputs():
                 epsilon=0.2,
                 epsilon_high=0.28,
             )
-            assert loss.item() == pytest.approx(trl[f"loss/{loss_type}/beta={beta}"], abs=1e-6), (
-                loss_type,
-                beta,
-            )
+            expected = trl[f"loss/{loss_type}/beta={beta}"]
+            assert loss.item() == pytest.approx(expected, abs=1e-6), (loss_type, beta)
 
 
 # ---- each loss_type's token weights ----
@@ -154,10 +148,7 @@ TOY_ADVANTAGES = torch.tensor([2.0, -1.0])
 @pytest.mark.parametrize(
     "loss_type, expected",
     [
-        (
-            "grpo",
-            (-2 * 3 / 3 + 1 / 1) / 2,
-        ),  # each sequence's token mean, then the mean over sequences: −0.5
+        ("grpo", (-2 * 3 / 3 + 1 / 1) / 2),  # the sequences' token means' mean: −0.5
         ("dapo", (-2 * 3 + 1) / 4),  # every token of the batch the same: −1.25
         ("bnpo", (-2 * 3 + 1) / 4),  # as dapo here
         ("dr_grpo", (-2 * 3 + 1) / (2 * 4)),  # B × max_completion_length: −0.625
@@ -253,9 +244,8 @@ def test_micro_batches_sum_to_the_whole_batch_loss_and_gradient(loss_type):
     whole_loss, whole_grad = loss_and_grad(B)
     for micro in (1, 2, 4):
         loss, grad = loss_and_grad(micro)
-        assert loss == pytest.approx(whole_loss, rel=1e-5, abs=1e-7) and torch.allclose(
-            grad, whole_grad, atol=1e-7
-        )
+        assert loss == pytest.approx(whole_loss, rel=1e-5, abs=1e-7)
+        assert torch.allclose(grad, whole_grad, atol=1e-7)
     assert whole_grad[is_truncated].abs().sum() == 0 and whole_grad[~is_truncated].abs().sum() > 0
 
 
@@ -263,9 +253,8 @@ def test_micro_batches_sum_to_the_whole_batch_loss_and_gradient(loss_type):
 def test_k3_values_and_gradient():
     logprobs = torch.tensor([math.log(0.5), -1.3], requires_grad=True)
     kl = per_token_kl(logprobs, torch.tensor([math.log(0.25), -1.3]))
-    assert kl.tolist() == pytest.approx(
-        [0.5 + math.log(2) - 1, 0.0]
-    )  # exp(ref − logp) − (ref − logp) − 1; 0 if equal
+    # exp(ref − logp) − (ref − logp) − 1; 0 if equal
+    assert kl.tolist() == pytest.approx([0.5 + math.log(2) - 1, 0.0])
     kl.sum().backward()
     assert logprobs.grad.tolist() == pytest.approx([1 - 0.5, 0.0])  # ∂k3/∂logp = 1 − π_ref/π_θ
     assert (per_token_kl(torch.randn(100), torch.randn(100)) >= 0).all()
@@ -286,9 +275,8 @@ def test_the_kl_term_weighs_beta_and_is_not_importance_weighted():
         epsilon=0.2,
         epsilon_high=0.2,
     )
-    assert policy_loss.item() == 0.0 and loss.item() == pytest.approx(
-        0.04 * (0.5 + math.log(2) - 1)
-    )
+    assert policy_loss.item() == 0.0
+    assert loss.item() == pytest.approx(0.04 * (0.5 + math.log(2) - 1))
     loss.backward()
     assert logprobs.grad[0].tolist() == pytest.approx([0.04 * 0.5, 0.0])
 
@@ -311,9 +299,8 @@ def test_clip_higher_lets_positive_advantage_tokens_grow_further():
             epsilon_high=epsilon_high,
         )
         loss.backward()
-        assert loss.item() == pytest.approx(
-            expected_loss
-        ) and logprobs.grad.item() == pytest.approx(expected_grad)
+        assert loss.item() == pytest.approx(expected_loss)
+        assert logprobs.grad.item() == pytest.approx(expected_grad)
 
 
 def test_the_lower_clip_holds_and_negative_advantages_are_never_clipped_above():
@@ -333,28 +320,25 @@ def test_the_lower_clip_holds_and_negative_advantages_are_never_clipped_above():
         )
         loss.backward()
         # ρ = 0.75 < 1 − ε with A < 0: clipped at 0.8, no gradient; ρ = 1.25 with A < 0: the unclipped (worse) term
-        assert logprobs.grad[:, 0].tolist() == pytest.approx(
-            [0.0, 1.25]
-        ) and loss.item() == pytest.approx(0.8 + 1.25)
+        assert logprobs.grad[:, 0].tolist() == pytest.approx([0.0, 1.25])
+        assert loss.item() == pytest.approx(0.8 + 1.25)
 
 
 def test_importance_sampling_weights_by_hand():
     """π_θ_old / π_vllm per completion (the product over its tokens) or per token; capped at C or zeroed above it."""
     old = torch.log(torch.tensor([[0.5, 0.4, 0.9], [0.2, 0.3, 0.3]]))
     sampler = torch.log(torch.tensor([[0.25, 0.8, 0.1], [0.4, 0.3, 0.9]]))
-    mask = torch.tensor(
-        [[1, 1, 0], [1, 1, 1]]
-    )  # the third token of the first completion is padding
-    weights = lambda mode: (
-        importance_sampling_weights(old, sampler, mask, mode=mode, clip_max=1.5).flatten().tolist()
-    )
-    assert weights("sequence_truncate") == pytest.approx(
-        [1.0, 0.5 / 3]
-    )  # 2 · 0.5; 0.5 · 1 · (1/3)
+    mask = torch.tensor([[1, 1, 0], [1, 1, 1]])  # the first completion's third token: padding
+
+    def weights(mode):
+        is_weights = importance_sampling_weights(old, sampler, mask, mode=mode, clip_max=1.5)
+        return is_weights.flatten().tolist()
+
+    # 2 · 0.5; 0.5 · 1 · (1/3)
+    assert weights("sequence_truncate") == pytest.approx([1.0, 0.5 / 3])
     assert weights("sequence_mask") == pytest.approx([1.0, 0.5 / 3])
-    assert weights("token_truncate") == pytest.approx(
-        [1.5, 0.5, 1.0, 0.5, 1.0, 1 / 3]
-    )  # 2 capped at 1.5
+    # 2 capped at 1.5
+    assert weights("token_truncate") == pytest.approx([1.5, 0.5, 1.0, 0.5, 1.0, 1 / 3])
     assert weights("token_mask") == pytest.approx([0.0, 0.5, 1.0, 0.5, 1.0, 1 / 3])  # 2 zeroed
 
 
@@ -364,11 +348,10 @@ def fake_round(
 ) -> dict:
     """A round of sampling, as rollout_and_score returns it: prompts left-padded, completions right-padded."""
     B = len(rewards)
-    prompt_mask, completion_mask = (
-        torch.ones(B, prompt_width, dtype=torch.long),
-        torch.ones(B, completion_width),
-    )
-    prompt_mask[:, 0], completion_mask[:, -1] = 0, 0
+    prompt_mask = torch.ones(B, prompt_width, dtype=torch.long)
+    prompt_mask[:, 0] = 0
+    completion_mask = torch.ones(B, completion_width)
+    completion_mask[:, -1] = 0
     return {
         "prompt_ids": torch.where(prompt_mask.bool(), 7, 0),
         "prompt_mask": prompt_mask,
@@ -382,12 +365,10 @@ def fake_round(
 
 def test_dynamic_sampling_drops_groups_whose_rewards_are_all_equal_and_samples_more():
     rounds = [
-        fake_round(
-            [1, 1, 0, 1, 0, 0, 1, 0], prompt_width=3, completion_width=2, tag="a"
-        ),  # groups a1, a3 differ
-        fake_round(
-            [1, 0, 1, 1, 0, 1, 0, 0], prompt_width=5, completion_width=4, tag="b"
-        ),  # groups b0, b2 differ
+        # groups a1, a3 differ
+        fake_round([1, 1, 0, 1, 0, 0, 1, 0], prompt_width=3, completion_width=2, tag="a"),
+        # groups b0, b2 differ
+        fake_round([1, 0, 1, 1, 0, 1, 0, 0], prompt_width=5, completion_width=4, tag="b"),
     ]
     # grpo.py samples rounds until 4 groups' rewards differ (A ≠ 0): these two, and no third
     differing = [(~zero_std_groups(r["rewards"], 2)).sum().item() for r in rounds]
@@ -400,12 +381,10 @@ def test_dynamic_sampling_drops_groups_whose_rewards_are_all_equal_and_samples_m
     assert dropped_frac == 4 / 8
     # rounds of different widths: the prompts stay left-padded, the completions right-padded
     assert batch["prompt_mask"].shape == (8, 5) and batch["completion_mask"].shape == (8, 4)
-    assert batch["prompt_mask"][0].tolist() == [0, 0, 0, 1, 1] and batch["prompt_ids"][
-        0
-    ].tolist() == [0, 0, 0, 7, 7]
-    assert batch["completion_mask"][0].tolist() == [1, 0, 0, 0] and batch["completion_mask"][
-        4
-    ].tolist() == [1, 1, 1, 0]
+    assert batch["prompt_mask"][0].tolist() == [0, 0, 0, 1, 1]
+    assert batch["prompt_ids"][0].tolist() == [0, 0, 0, 7, 7]
+    assert batch["completion_mask"][0].tolist() == [1, 0, 0, 0]
+    assert batch["completion_mask"][4].tolist() == [1, 1, 1, 0]
 
 
 def test_dynamic_sampling_fills_up_with_equal_reward_groups_when_the_rounds_run_out():
@@ -445,9 +424,8 @@ def test_a_run_logs_trls_metrics_with_the_kl_term_and_dynamic_sampling(tmp_path)
         "num_tokens",
     ):
         assert all(key in r for r in train), key
-    assert (
-        train[0]["kl"] == pytest.approx(0.0, abs=1e-6) and train[1]["kl"] > 0
-    )  # π_θ = π_ref until the first update
+    # π_θ = π_ref until the first update
+    assert train[0]["kl"] == pytest.approx(0.0, abs=1e-6) and train[1]["kl"] > 0
     assert train[1]["loss"] != train[1]["policy_loss"]  # + β · kl
     # up to 3 rounds of 4 prompts: a batch holds a group of equal rewards only if fewer than 4 of 12 groups differed
     assert any(r["dynamic_sampling/dropped_frac"] > 0 for r in train)
@@ -460,9 +438,12 @@ def test_a_run_logs_trls_metrics_with_the_kl_term_and_dynamic_sampling(tmp_path)
 def test_beta_zero_loads_no_reference_model_and_logs_no_kl(tmp_path, monkeypatch):
     loads = []
     load = AutoModelForCausalLM.from_pretrained
-    monkeypatch.setattr(
-        AutoModelForCausalLM, "from_pretrained", lambda *a, **k: loads.append(a) or load(*a, **k)
-    )
+
+    def counting_load(*positional, **keywords):
+        loads.append(positional)
+        return load(*positional, **keywords)
+
+    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", counting_load)
     grpo.main(args(tmp_path, max_steps=1))
     assert len(loads) == 1 and "kl" not in training(tmp_path / "out")[0]
 
@@ -483,9 +464,8 @@ def test_micro_batching_does_not_change_the_updates(tmp_path, recorded_gradients
     grpo.main(dataclasses.replace(whole, micro_batch_size=6, output_dir=str(tmp_path / "micro")))
     assert len(recorded_gradients) == 4
     for one_batch, micro_batches in zip(recorded_gradients[:2], recorded_gradients[2:]):
-        assert one_batch.abs().max() > 0 and torch.allclose(
-            one_batch, micro_batches, rtol=1e-4, atol=1e-7
-        )
+        assert one_batch.abs().max() > 0
+        assert torch.allclose(one_batch, micro_batches, rtol=1e-4, atol=1e-7)
     (a,), (b,) = training(tmp_path / "out"), training(tmp_path / "micro")
     assert 0 < a["completions/clipped_ratio"] < 1  # some completions are masked, some are not
     assert a["loss"] == pytest.approx(b["loss"], rel=1e-4, abs=1e-7)
@@ -518,9 +498,8 @@ def test_a_sampler_that_is_not_the_policy_gets_importance_weights(
 
     def off_policy_generate(model, tokenizer, texts, config):
         out = generate(model, tokenizer, texts, config, sampler_logprobs=True)
-        return out | {
-            "sampler_logprobs": out["sampler_logprobs"] - 0.1
-        }  # π_θ_old / π_sampler = e^0.1 per token
+        # π_θ_old / π_sampler = e^0.1 per token
+        return out | {"sampler_logprobs": out["sampler_logprobs"] - 0.1}
 
     monkeypatch.setattr(common, "generate", off_policy_generate)
     mode = dict(
@@ -535,9 +514,8 @@ def test_a_sampler_that_is_not_the_policy_gets_importance_weights(
     assert record["sampling/sampling_logp_difference/max"] == pytest.approx(0.1, rel=1e-4)
     grpo.main(dataclasses.replace(whole, micro_batch_size=4, output_dir=str(tmp_path / "micro")))
     one_batch, micro_batches = recorded_gradients
-    assert one_batch.abs().max() > 0 and torch.allclose(
-        one_batch, micro_batches, rtol=1e-4, atol=1e-7
-    )
+    assert one_batch.abs().max() > 0
+    assert torch.allclose(one_batch, micro_batches, rtol=1e-4, atol=1e-7)
 
 
 def test_bf16_samples_from_the_policy_itself_with_no_correction(tmp_path):
