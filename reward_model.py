@@ -169,9 +169,9 @@ def tokenize_pairs(tokenizer, dataset, args, split: str) -> list[dict]:
     missing = [None] * len(dataset)
     prompts = dataset["prompt"] if "prompt" in columns else missing
     given_margins = dataset["margin"] if "margin" in columns else missing
-    texts = zip(prompts, dataset["chosen"], dataset["rejected"], given_margins)
+    pairs = zip(prompts, dataset["chosen"], dataset["rejected"], given_margins)
     chosen, rejected, margins = [], [], []
-    for row, (prompt, good, bad, margin) in enumerate(texts):
+    for row, (prompt, good, bad, margin) in enumerate(pairs):
         with loading("--dataset_name", f"row {row} of the {split} split"):
             chosen.append(reward_model_text(tokenizer, prompt, good))
             rejected.append(reward_model_text(tokenizer, prompt, bad))

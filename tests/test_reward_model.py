@@ -78,10 +78,8 @@ def test_the_bradley_terry_loss_of_the_worked_example():
 
 
 def test_the_loss_and_its_gradient_on_a_batch():
-    chosen, rejected = (
-        torch.tensor([2.0, 0.0, -1.0], requires_grad=True),
-        torch.tensor([0.0, 0.0, 1.0]),
-    )
+    chosen = torch.tensor([2.0, 0.0, -1.0], requires_grad=True)
+    rejected = torch.tensor([0.0, 0.0, 1.0])
     loss = bradley_terry_loss(chosen, rejected, torch.zeros(3), center_rewards_coefficient=None)
     assert loss.tolist() == pytest.approx(
         [math.log1p(math.exp(-2)), math.log(2), math.log1p(math.exp(2))]
@@ -90,12 +88,8 @@ def test_the_loss_and_its_gradient_on_a_batch():
     assert chosen.grad.tolist() == pytest.approx(
         [-torch.sigmoid(-d).item() / 3 for d in torch.tensor([2, 0, -2.0])]
     )
-    assert pair_accuracy(torch.tensor([1.0, 0, 2, 3]), torch.tensor([0.0, 1, 2, 1])).tolist() == [
-        1,
-        0,
-        0.5,
-        1,
-    ]
+    accuracy = pair_accuracy(torch.tensor([1.0, 0, 2, 3]), torch.tensor([0.0, 1, 2, 1]))
+    assert accuracy.tolist() == [1, 0, 0.5, 1]
 
 
 def test_the_shipped_pairs_prefer_the_right_answer_and_hold_out_the_test_problems():
@@ -110,12 +104,12 @@ def test_the_shipped_pairs_prefer_the_right_answer_and_hold_out_the_test_problem
             pairs = rows(f"{folder}/{split}.jsonl")
             questions = [pair["prompt"][0]["content"] for pair in pairs]
             problems = [row["prompt"][0]["content"] for row in rows(f"arithmetic/{split}.jsonl")]
-            assert questions == [
-                question for question in problems for _ in range(8)
-            ]  # 8 pairs per problem
+            # 8 pairs per problem
+            assert questions == [question for question in problems for _ in range(8)]
             prompts[folder, split] = set(questions)
             answers = [truth[q] for q in questions]
-            chosen, rejected = [p["chosen"] for p in pairs], [p["rejected"] for p in pairs]
+            chosen = [p["chosen"] for p in pairs]
+            rejected = [p["rejected"] for p in pairs]
             assert (
                 accuracy_reward(chosen, ground_truth=answers)
                 == format_reward(chosen)
@@ -123,9 +117,8 @@ def test_the_shipped_pairs_prefer_the_right_answer_and_hold_out_the_test_problem
             )
             assert accuracy_reward(rejected, ground_truth=answers) == [0.0] * len(pairs)
             broken = 1 - sum(format_reward(rejected)) / len(pairs)
-            if (
-                folder == "arithmetic_preferences"
-            ):  # form separates: a quarter have a broken format
+            # form separates: a quarter have a broken format
+            if folder == "arithmetic_preferences":
                 assert 0.2 < broken < 0.3
             else:  # the same form, bare or worked, and only the number differs
                 assert broken == 0
@@ -135,18 +128,16 @@ def test_the_shipped_pairs_prefer_the_right_answer_and_hold_out_the_test_problem
                         rf"(= |<answer>){wrong}(?!\d)", rf"\g<1>{answer}", r[0]["content"]
                     )
                     assert right == c[0]["content"]
-    assert (
-        not prompts["arithmetic_preferences", "train"] & prompts["arithmetic_preferences", "test"]
-    )
+    train, test = (prompts["arithmetic_preferences", split] for split in ("train", "test"))
+    assert not train & test
 
 
 def test_a_run_saves_a_model_that_rewards_py_scores_as_training_did(tmp_path):
     reward_model.main(args(tmp_path, eval_strategy="steps", eval_steps=2, save_steps=2))
     out = tmp_path / "out"
     evals = [r for r in read_metrics(out) if "eval/accuracy" in r]
-    assert [r["step"] for r in evals] == [0, 2, 3] and all(
-        0 <= r["eval/accuracy"] <= 1 for r in evals
-    )
+    assert [r["step"] for r in evals] == [0, 2, 3]
+    assert all(0 <= r["eval/accuracy"] <= 1 for r in evals)
     assert all("eval/loss" in r and "eval/margin" in r for r in evals)
     train = training(out)
     assert [r["step"] for r in train] == [1, 2, 3]
@@ -245,9 +236,8 @@ def test_a_lora_reward_model_resumes_exactly_and_is_saved_merged_for_the_rl_scri
     out = tmp_path / "out"
     assert (out / "adapter_config.json").exists() and not (out / "model.safetensors").exists()
     adapter = load_file(out / "adapter_model.safetensors")
-    assert all(t.dtype == torch.float32 for t in adapter.values()) and any(
-        "score" in k for k in adapter
-    )
+    assert all(t.dtype == torch.float32 for t in adapter.values())
+    assert any("score" in k for k in adapter)
     checkpoint = str(out / "checkpoint-2")
     reward_model.main(
         dataclasses.replace(
@@ -257,10 +247,8 @@ def test_a_lora_reward_model_resumes_exactly_and_is_saved_merged_for_the_rl_scri
     assert training(tmp_path / "resumed") == training(out)[2:]
     merged = AutoModelForSequenceClassification.from_pretrained(out / "merged")
     assert merged.config.num_labels == 1 and merged.score.weight.abs().sum() > 0
-    assert (
-        len(reward_model_function(str(out / "merged"), "cpu")(prompts=["a"], completions=["b"]))
-        == 1
-    )
+    score = reward_model_function(str(out / "merged"), "cpu")
+    assert len(score(prompts=["a"], completions=["b"])) == 1
 
 
 def test_sigterm_in_the_loop_saves_a_checkpoint_and_exits_143(tmp_path):

@@ -76,24 +76,21 @@ def test_the_prompt_is_masked_and_the_completion_ends_with_eos(tiny_tokenizer):
     assert labels[:n] == [-100] * n and labels[n:] == tokenized["input_ids"][n:]
     assert labels[-1] == tiny_tokenizer.eos_token_id
     assert tiny_tokenizer.decode(labels[n:-1]) == "7 × 8 = 56 <answer>56</answer>"
-    (cut,) = sft.tokenize(
-        tiny_tokenizer, Dataset.from_list([row]), sft.Args(max_length=n + 2), "train"
-    )
-    assert cut == {
-        "input_ids": tokenized["input_ids"][: n + 2],
-        "labels": labels[: n + 2],
-    }  # the first tokens
+    short = sft.Args(max_length=n + 2)
+    (cut,) = sft.tokenize(tiny_tokenizer, Dataset.from_list([row]), short, "train")
+    # the first tokens
+    assert cut == {"input_ids": tokenized["input_ids"][: n + 2], "labels": labels[: n + 2]}
 
 
 def test_the_loss_is_the_mean_over_the_completion_tokens_as_in_the_worked_example():
-    """A prompt of two tokens, then three completion tokens and EOS that π_θ gives probabilities 1/2, 1/4, 1 and 1/2:
-    L = (ln 2 + ln 4 + 0 + ln 2) / 4 = ln 2, whatever the logits at the prompt; three of the four are ranked first."""
+    """A prompt of two tokens, then three completion tokens and EOS that π_θ gives probabilities
+    1/2, 1/4, 1 and 1/2: L = (ln 2 + ln 4 + 0 + ln 2) / 4 = ln 2, whatever the logits at the
+    prompt; three of the four are ranked first."""
     probabilities = torch.tensor(
         [[0.5, 0.25, 0.25, 0], [0.5, 0.25, 0.25, 0], [1.0, 0, 0, 0], [0.25, 0.5, 0.25, 0]]
     )
-    logits = torch.cat([torch.randn(1, 4), probabilities.log(), torch.randn(1, 4)])[
-        None
-    ]  # (1, L = 6, V = 4)
+    positions = [torch.randn(1, 4), probabilities.log(), torch.randn(1, 4)]
+    logits = torch.cat(positions)[None]  # (1, L = 6, V = 4)
     labels = torch.tensor([[-100, -100, 0, 1, 0, 1]])  # position t's logits predict token t + 1
     nll, mask, correct = sft.token_losses(logits, labels)
     assert mask.sum() == 4
@@ -109,16 +106,14 @@ def test_the_shipped_data_is_the_noisy_demonstrator_that_tools_make_data_writes(
         assert [json.loads(line) for line in text.splitlines()] == rows, path
     train, test = files["arithmetic_sft/train.jsonl.gz"], files["arithmetic_sft/test.jsonl"]
     prompts = [row["prompt"][0]["content"] for row in train]
-    assert len(train) == 78_000 and all(
-        prompts.count(p) == 200 for p in set(prompts[::200])
-    )  # 390 problems
+    assert len(train) == 78_000
+    assert all(prompts.count(p) == 200 for p in set(prompts[::200]))  # 390 problems
     held_out = [
         json.loads(line)["prompt"]
         for line in (ROOT / "data/arithmetic/test.jsonl").read_text().splitlines()
     ]
-    assert [
-        row["prompt"] for row in test
-    ] == held_out  # the RL scripts' held-out prompts, one demonstration each
+    # the RL scripts' held-out prompts, one demonstration each
+    assert [row["prompt"] for row in test] == held_out
     texts = [row["completion"][0]["content"] for row in train]
     guesses = [
         int(extract_answer(t)) - int(row["ground_truth"])
@@ -167,10 +162,8 @@ def test_a_run_writes_trls_metrics_evaluations_checkpoints_and_a_loadable_model(
         "num_tokens",
     ):
         assert all(key in r for r in train), key
-    assert [p.name for p in sft.checkpoints(out)] == [
-        "checkpoint-2",
-        "checkpoint-3",
-    ]  # --save_total_limit 2
+    kept = [p.name for p in sft.checkpoints(out)]
+    assert kept == ["checkpoint-2", "checkpoint-3"]  # --save_total_limit 2
     assert json.loads((out / "args.json").read_text())["max_steps"] == 3
     final = AutoModelForCausalLM.from_pretrained(out)
     assert all(p.dtype == torch.float32 for p in final.parameters())
@@ -217,7 +210,8 @@ def test_resume_gives_the_uninterrupted_runs_metrics_evaluations_and_weights(tmp
 
 
 def test_lora_trains_an_adapter_without_dropout_and_saves_the_merged_model(tmp_path, monkeypatch):
-    dropouts, load_for_training = [], sft.load_for_training
+    dropouts = []
+    load_for_training = sft.load_for_training
 
     def load_and_record_dropout(*a, **k):
         model = load_for_training(*a, **k)
@@ -240,10 +234,8 @@ def test_lora_trains_an_adapter_without_dropout_and_saves_the_merged_model(tmp_p
     assert dropouts and set(dropouts) == {0.0}  # LoRA's dropout too: --disable_dropout
     out = tmp_path / "out"
     assert (out / "adapter_config.json").exists() and not (out / "model.safetensors").exists()
-    merged, base = (
-        AutoModelForCausalLM.from_pretrained(out / "merged"),
-        AutoModelForCausalLM.from_pretrained(EMBEDDED),
-    )
+    merged = AutoModelForCausalLM.from_pretrained(out / "merged")
+    base = AutoModelForCausalLM.from_pretrained(EMBEDDED)
     q_proj = lambda model: model.model.layers[0].self_attn.q_proj.weight
     assert merged.dtype == torch.float32 and not torch.equal(q_proj(merged), q_proj(base))
 
@@ -291,7 +283,7 @@ def test_a_stop_in_the_loop_saves_a_checkpoint_and_exits_130(tmp_path):
             ["--dataset_name", "{no_prompt}"],
             "--dataset_name: the train split has no 'prompt' column",
         ),
-        (["--dataset_name", "{null_completion}"], "--dataset_name row 0 of the train split: "),
+        (["--dataset_name", "{null_completion}"], "row 0 of the train split: 'NoneType'"),
     ],
 )
 def test_bad_input_is_one_line_with_exit_status_2_and_nothing_written(
