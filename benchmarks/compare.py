@@ -220,6 +220,9 @@ def heldout_measurements(policy_paths: list[str], config) -> list[dict]:
     texts = [common.prompt_text(tokenizer, p, config.chat_template_kwargs) for p in prompts]
     sampling = common.sampling_config(reference, tokenizer, config)
     B = config.per_device_eval_batch_size
+    proxy = None
+    if config.reward_model_path:  # scored as the scripts score it
+        proxy = rewards.reward_model_function(config.reward_model_path, DEVICE)
     measured = []
     for path in policy_paths:
         policy = AutoModelForCausalLM.from_pretrained(path).to(DEVICE).eval()
@@ -238,8 +241,7 @@ def heldout_measurements(policy_paths: list[str], config) -> list[dict]:
             completions += common.decode(tokenizer, completion_ids, mask)[0]
         gold = statistics.mean(rewards.accuracy_reward(completions, ground_truth=truths))
         record = {"kl": statistics.mean(kls), "prompts": len(dataset), "gold": gold}
-        if config.reward_model_path:  # scored as the scripts score it
-            proxy = rewards.reward_model_function(config.reward_model_path, DEVICE)
+        if proxy is not None:
             pairs = [rewards.as_completion(p, c) for p, c in zip(prompts, completions)]
             scores = proxy(prompts=[p for p, _ in pairs], completions=[c for _, c in pairs])
             record["proxy"] = statistics.mean(scores)
@@ -537,9 +539,7 @@ def write_markdown(path: Path, args: Args, report: dict):
     if "wall_s" in proxy:
         proxy_run += f" ({proxy['wall_s'] / 60:.1f} min)"
     pairs = lambda a: f"{a['accuracy']:.3f} ({a['pairs']} pairs)"
-    proxy_rows = [
-        [kind, pairs(a["test"]), pairs(a["train"])] for kind, a in proxy["accuracy"].items()
-    ]
+    proxy_rows = [[k, pairs(a["test"]), pairs(a["train"])] for k, a in proxy["accuracy"].items()]
     orders = []
     for k in kls:
         order = ranked(summaries, lambda s, k=k: s["gold_at_kl"][str(k)]["mean"])
@@ -627,9 +627,7 @@ def main(args: Args, command: str):
     plan = [(name, seed) for seed in seeds for name in names]  # seed-major: seed 0 finishes first
     start = time.perf_counter()
     proxy = None
-    if (
-        args.experiment == "reward_model"
-    ):  # the proxy, trained here unless given, and its pair accuracy
+    if args.experiment == "reward_model":  # the proxy, trained here unless given; its accuracy
         proxy = {"path": display_path(args.reward_model_path), "trained_here": trained_here}
         if trained_here:
             flags = [*shlex.split(args.reward_model_args), "--output_dir", args.reward_model_path]
