@@ -146,9 +146,8 @@ def child(spec_json: str):
 
 def script_run(spec: dict, report: dict):
     """The script as `python <algorithm>.py argv` runs it."""
-    report["baseline_rss_mb"] = (
-        peak_rss_mb()
-    )  # torch, transformers, accelerate and datasets are in
+    # torch, transformers, accelerate and datasets are in
+    report["baseline_rss_mb"] = peak_rss_mb()
     script = str(ROOT / f"{spec['algorithm']}.py")
     sys.argv = [script, *spec["argv"]]
     runpy.run_path(script, run_name="__main__")
@@ -262,9 +261,9 @@ def phase_bounds(report: dict, bf16: bool) -> tuple[list[dict], dict]:
     """Each step's bound of each phase in seconds (docs/benchmarks.md says how), and the rates behind them."""
     dtype = torch.bfloat16 if bf16 else torch.float32
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    calls = (
-        10 if device == "cuda" else 1
-    )  # on CUDA 10 calls at a time, so that one is not a sync's latency
+    calls = 1
+    if device == "cuda":  # 10 calls at a time, so that one is not a sync's latency
+        calls = 10
     seconds_per_flop = {}
 
     def best_of_3(work) -> float:  # after a warm-up
@@ -281,22 +280,18 @@ def phase_bounds(report: dict, bf16: bool) -> tuple[list[dict], dict]:
 
     source = torch.empty(2**26, device=device)  # 256 MB of float32
     copy = torch.empty_like(source)
-    bandwidth = (
-        2 * source.nbytes / best_of_3(lambda: copy.copy_(source))
-    )  # read and written, per s
+    bandwidth = 2 * source.nbytes / best_of_3(lambda: copy.copy_(source))  # read, written: B/s
 
     def pass_seconds(shapes: dict, B: int, L: int, past: int, kept: int) -> float:
         """B sequences of L tokens after `past` cached, logits at `kept`: the larger of FLOPs' and bytes' time."""
         linears = sum(matmul_seconds(B * L, i, o, count) for i, o, count in shapes["linears"])
         linear_flops = sum(2 * B * L * i * o * count for i, o, count in shapes["linears"])
-        attended = (
-            L * past + L * (L + 1) / 2
-        )  # each token attends to the cache, itself, the ones before
+        # each token attends to the cache, itself, the ones before
+        attended = L * past + L * (L + 1) / 2
         attention_flops = 4 * B * shapes["attention"] * attended
         head = matmul_seconds(B * kept, *shapes["head"]) if shapes["head"] and kept else 0.0
-        compute = (
-            linears * (1 + attention_flops / linear_flops) + head
-        )  # attention at the linears' rate
+        # attention at the linears' rate
+        compute = linears * (1 + attention_flops / linear_flops) + head
         weights = sum(i * o * count for i, o, count in shapes["linears"])
         if shapes["head"]:
             weights += math.prod(shapes["head"])
@@ -308,9 +303,8 @@ def phase_bounds(report: dict, bf16: bool) -> tuple[list[dict], dict]:
         bound = dict.fromkeys(PHASES, 0.0)
         for event in events:
             phase = event["phase"]
-            if (
-                phase == "generation"
-            ):  # a prefill, then one token at a time: the t-th after P + t - 1
+            if phase == "generation":
+                # a prefill, then one token at a time: the t-th after P + t - 1
                 B, P, T = event["B"], event["P"], event["T"]
                 decoding = sum(pass_seconds(event, B, 1, P + t - 1, 1) for t in range(1, T))
                 bound["generation"] += pass_seconds(event, B, P, 0, 1) + decoding
@@ -465,9 +459,8 @@ def run_child(args: Args, spec: dict, run_dir: Path) -> dict:
         figures["trl_version"] = child_report["trl_version"]
     if args.phases:
         figures["phases"] = phase_medians(records, child_report, args.warmup_steps)
-    figures["phase_rates"] = child_report.get(
-        "rates"
-    )  # --phases: what the bounds were measured at
+    # --phases: what the bounds were measured at
+    figures["phase_rates"] = child_report.get("rates")
     return figures
 
 
@@ -528,11 +521,8 @@ def print_table(summary: list[dict], cuda: bool):
     shown = [name for name, (column, _) in FIGURES.items() if column]
     if not cuda:
         shown.remove("cuda_max_allocated_mb")
-    print(
-        "| config | algorithm | precision | runs | "
-        + " | ".join(FIGURES[n][0] for n in shown)
-        + " |"
-    )
+    header = ["config", "algorithm", "precision", "runs", *(FIGURES[n][0] for n in shown)]
+    print("| " + " | ".join(header) + " |")
     print("|" + "---|" * (4 + len(shown)))
     for r in summary:
         cells = [r["config"], r["algorithm"], r["precision"], str(r["repeats"])]
@@ -544,9 +534,8 @@ def print_phases(row: dict):
     """One run's phases: median seconds, bound and ratio; the step's bound is the sum of its phases'."""
     unit = "seconds" if row["cuda_max_allocated_mb"] else "CPU seconds"
     wall = f"(the wall clock's step: {row['median_step_time_s']:.3g} s)"
-    print(
-        f"\n{row['config']}, {row['algorithm']}, {row['precision']}: medians over the measured steps {wall}"
-    )
+    which = f"{row['config']}, {row['algorithm']}, {row['precision']}"
+    print(f"\n{which}: medians over the measured steps {wall}")
     print(f"| phase | {unit} | bound | ratio |\n|---|---|---|---|")
     for name, figure in row["phases"].items():
         seconds, bound = figure["seconds"], figure["bound"]

@@ -4,9 +4,10 @@
 
 rloo.py takes log π(y_t) as `log_softmax(z / τ).gather(y)`, in chunks recomputed in the backward
 (torch.utils.checkpoint). The alternative here is z_y − logsumexp(z) (τ = 1 in both) with its
-gradient written out: onehot(y) − softmax(z), times the incoming gradient. Both run on
-llama135m's logits, 32 completions of 64 tokens over 49,152 entries, in bf16 and float32; it
-prints the CPU seconds of forward and backward (the best of 3) and the largest differences.
+gradient written out: onehot(y) − softmax(z), times the incoming gradient. Both run on random
+logits of llama135m's shape, 32 completions of 64 tokens over 49,152 entries, in bf16 and
+float32; it prints the CPU seconds of forward and backward (the best of 3) and the largest
+differences.
 """
 
 import time

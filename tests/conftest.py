@@ -5,9 +5,8 @@ from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-if (
-    "PYTEST_XDIST_WORKER" in os.environ
-):  # under `pytest -n`: one thread per worker and per run it starts
+# under `pytest -n`: one thread per worker and per run it starts
+if "PYTEST_XDIST_WORKER" in os.environ:
     os.environ["OMP_NUM_THREADS"] = "1"
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -60,9 +59,9 @@ def error_line(result: subprocess.CompletedProcess) -> str:
     return errors[0]
 
 
-def one_line_error(module, *flags, capsys) -> str:
-    """The line a script prints when `flags` are bad input, run as `python script.py flags` is (its __main__ block,
-    in this process): `error: ...` on stderr and exit status 2."""
+def run_to_its_stop(module, *flags, capsys) -> tuple[int, list[str]]:
+    """Run as `python script.py flags` is (its __main__ block, in this process), to a stop: its exit
+    status and the lines it wrote to stderr."""
     from rewards import RewardError
 
     with pytest.raises(SystemExit) as stopped:
@@ -70,8 +69,14 @@ def one_line_error(module, *flags, capsys) -> str:
             run_main(module, *flags)
         except (module.BadInput, RewardError) as error:
             module.fail(str(error))
-    assert stopped.value.code == 2
-    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error: ")]
+    return stopped.value.code, capsys.readouterr().err.splitlines()
+
+
+def one_line_error(module, *flags, capsys) -> str:
+    """The line a script prints when `flags` are bad input: `error: ...` on stderr, exit status 2."""
+    status, lines = run_to_its_stop(module, *flags, capsys=capsys)
+    assert status == 2
+    errors = [line for line in lines if line.startswith("error: ")]
     assert len(errors) == 1, errors
     return errors[0]
 

@@ -38,17 +38,15 @@ def fixed_generate(model, tokenizer, texts, config, sampler_logprobs=False) -> d
     for text in texts:
         k = seen[text] = seen.get(text, -1) + 1
         padding = " so" * (len(text) % 3)
-        words = (
-            f"{k}{padding} = <answer>{k + len(text) % 5}</answer>"
-            if k % 2
-            else f"{k} {len(text) % 5}{padding}"
-        )
+        if k % 2:
+            words = f"{k}{padding} = <answer>{k + len(text) % 5}</answer>"
+        else:
+            words = f"{k} {len(text) % 5}{padding}"
         ids = tokenizer(words, add_special_tokens=False).input_ids[: config.max_new_tokens - 1]
         completions.append(ids + [tokenizer.eos_token_id])
     prompt_ids, prompt_mask = common.encode(tokenizer, texts, next(model.parameters()).device)
-    with (
-        torch.no_grad()
-    ):  # a forward pass, as sampling runs them: through the engine's hooks (ZeRO-3's, FSDP's)
+    # a forward pass, as sampling runs them: through the engine's hooks (ZeRO-3's, FSDP's)
+    with torch.no_grad():
         model(input_ids=prompt_ids, attention_mask=prompt_mask)
     T = max(map(len, completions))
     padded = [ids + [tokenizer.pad_token_id] * (T - len(ids)) for ids in completions]
@@ -76,10 +74,8 @@ def gradient_saver(output_dir: Path):
                 )
             deepspeed, fsdp = self.state.deepspeed_plugin, getattr(self.state, "fsdp_plugin", None)
             engine = {"type": self.distributed_type.value, "processes": self.num_processes}
-            engine |= {
-                "zero_stage": deepspeed and deepspeed.zero_stage,
-                "fsdp_version": fsdp and fsdp.fsdp_version,
-            }
+            engine["zero_stage"] = getattr(deepspeed, "zero_stage", None)
+            engine["fsdp_version"] = getattr(fsdp, "fsdp_version", None)
             (output_dir / "engine.json").write_text(json.dumps(engine))
         return clip(self, parameters, max_norm, **kwargs)
 
@@ -93,10 +89,8 @@ def pin_gloo_backend():
     from accelerate import DistributedType
 
     os.environ["ACCELERATE_TORCH_DEVICE"] = "cpu"
-    PartialState._prepare_backend = lambda self, *args, **kwargs: (
-        "gloo",
-        DistributedType.MULTI_GPU,
-    )
+    backend = ("gloo", DistributedType.MULTI_GPU)
+    PartialState._prepare_backend = lambda self, *args, **kwargs: backend
 
 
 def check_end_training():
@@ -128,10 +122,9 @@ def main():
         pin_gloo_backend()
     if os.environ.get("CHECK_END_TRAINING") == "1":
         check_end_training()
-    if (
-        os.environ.get("ACCELERATE_USE_DEEPSPEED") == "true"
-    ):  # not DeepSpeed's CPU shared-memory all-reduce, an op it
-        # compiles at first use (minutes, with a C++ compiler): gloo reduces the same numbers
+    # not DeepSpeed's CPU shared-memory all-reduce, an op it compiles at first use (minutes,
+    # with a C++ compiler): gloo reduces the same numbers
+    if os.environ.get("ACCELERATE_USE_DEEPSPEED") == "true":
         importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None
     script, flags = sys.argv[1], sys.argv[2:]
     output_dir = Path(flags[flags.index("--output_dir") + 1])

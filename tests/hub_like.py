@@ -97,22 +97,21 @@ def make_hub_like_checkpoint(folder: Path) -> Path:
     )
     model = LlamaForCausalLM(config)
     digit = tokenizer.convert_tokens_to_ids("7")
-    model.generation_config = (
-        GenerationConfig(  # what chat checkpoints ship (Qwen2.5-Instruct-like, and then some)
-            do_sample=True,
-            temperature=0.7,
-            top_k=20,
-            top_p=0.8,
-            repetition_penalty=1.3,
-            no_repeat_ngram_size=2,
-            min_new_tokens=4,
-            min_p=0.05,
-            typical_p=0.9,
-            bad_words_ids=[[digit]],
-            suppress_tokens=[tokenizer.unk_token_id],
-            bos_token_id=tokenizer.bos_token_id,
-            eos_token_id=[tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<|user|>")],
-        )
+    # what chat checkpoints ship (Qwen2.5-Instruct-like, and then some)
+    model.generation_config = GenerationConfig(
+        do_sample=True,
+        temperature=0.7,
+        top_k=20,
+        top_p=0.8,
+        repetition_penalty=1.3,
+        no_repeat_ngram_size=2,
+        min_new_tokens=4,
+        min_p=0.05,
+        typical_p=0.9,
+        bad_words_ids=[[digit]],
+        suppress_tokens=[tokenizer.unk_token_id],
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=[tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<|user|>")],
     )
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)

@@ -22,8 +22,15 @@ import reinforce
 import reward_model
 import rloo
 import sft
-from conftest import EMBEDDED, ROOT, error_line, one_line_error, run_main, run_script
-from rewards import RewardError
+from conftest import (
+    EMBEDDED,
+    ROOT,
+    error_line,
+    one_line_error,
+    run_main,
+    run_script,
+    run_to_its_stop,
+)
 
 RL = [rloo, grpo, reinforce, ppo]
 SCRIPTS = [*RL, sft, reward_model]
@@ -67,9 +74,8 @@ def unloadable(case: str, tmp_path) -> list:
         return ["--output_dir", tmp_path / "notes.txt" / "out"]
     if case == "vllm not installed":
         return ["--use_vllm"]
-    if (
-        case == "a reward model whose tokenizer does not parse"
-    ):  # its weights load: a classifier of one label
+    if case == "a reward model whose tokenizer does not parse":
+        # its weights load: a classifier of one label
         shutil.copytree(EMBEDDED, tmp_path / "scorer")
         config = json.loads((tmp_path / "scorer/config.json").read_text()) | {
             "id2label": {"0": "LABEL_0"}
@@ -96,9 +102,8 @@ def unloadable(case: str, tmp_path) -> list:
 def test_an_input_that_cannot_be_loaded_is_one_line_naming_its_flag(
     module, flag, case, tmp_path, capsys, monkeypatch
 ):
-    monkeypatch.setitem(
-        sys.modules, "vllm", None
-    )  # `import vllm` fails, whether it is installed or not
+    # `import vllm` fails, whether it is installed or not
+    monkeypatch.setitem(sys.modules, "vllm", None)
     flags = unloadable(case, tmp_path)
     line = one_line_error(module, *small(module, tmp_path / "out"), *flags, capsys=capsys)
     value = True if flag == "--use_vllm" else flags[flags.index(flag) + 1]
@@ -154,17 +159,14 @@ def test_max_grad_norm_0_is_no_clipping_as_in_transformers_trainer(module, tmp_p
     (tmp_path / "mine.py").write_text(
         "def length(completions, **kwargs):\n    return list(map(len, map(str, completions)))"
     )
-    rewards = (
-        ["--reward_funcs", f"{tmp_path / 'mine.py'}:length"] if module in RL else []
-    )  # never all equal
+    rewards = []
+    if module in RL:  # never all equal
+        rewards = ["--reward_funcs", f"{tmp_path / 'mine.py'}:length"]
     run_main(module, *small(module, tmp_path / "out"), *rewards, "--max_grad_norm", "0")
-    before, after = (
-        load_file(f"{EMBEDDED}/model.safetensors"),
-        load_file(tmp_path / "out" / "model.safetensors"),
-    )
-    assert any(
-        not after[name].equal(before[name]) for name in before if name in after
-    )  # the backbone moved
+    before = load_file(f"{EMBEDDED}/model.safetensors")
+    after = load_file(tmp_path / "out" / "model.safetensors")
+    # the backbone moved
+    assert any(not after[name].equal(before[name]) for name in before if name in after)
 
 
 @pytest.mark.parametrize("module", RL)
@@ -180,10 +182,8 @@ def test_a_completion_length_that_cannot_fit_the_context_after_the_longest_promp
     room = 128 - longest  # the embedded model's 128 positions
     flags = [*small(module, tmp_path / "out"), "--max_completion_length", room + 1]
     line = one_line_error(module, *flags, capsys=capsys)
-    assert (
-        line
-        == f"error: --max_completion_length {room + 1}: {room} fit the context after a {longest}-token prompt"
-    )
+    fit = f"{room} fit the context after a {longest}-token prompt"
+    assert line == f"error: --max_completion_length {room + 1}: {fit}"
     assert not (tmp_path / "out").exists()
 
 
@@ -234,13 +234,8 @@ def test_a_row_that_cannot_be_read_is_named_by_its_number_in_every_script(tiny_t
 
 
 def last_line_of_a_stop(module, flags, capsys) -> str:
-    """The last line a script writes to stderr when it stops inside its loop, run as `python script.py` is."""
-    with pytest.raises(SystemExit):
-        try:
-            run_main(module, *flags)
-        except (module.BadInput, RewardError) as error:
-            module.fail(str(error))
-    return capsys.readouterr().err.splitlines()[-1]
+    """The last line a script writes to stderr when it stops inside its loop."""
+    return run_to_its_stop(module, *flags, capsys=capsys)[1][-1]
 
 
 def test_the_error_is_the_last_line_below_the_progress_bar(tmp_path, capsys):

@@ -22,50 +22,29 @@ def test_every_script_gets_a_batch_of_32_completions_and_a_kl_coefficient_of_0_0
         bench.Args(), algorithm, EMBEDDED, tmp_path / "train.jsonl", 24, tmp_path / "run", "bf16"
     )
     module = importlib.import_module(algorithm)
-    (args,) = HfArgumentParser(module.Args).parse_args_into_dataclasses(
-        argv
-    )  # the script's own flags, no others
+    # the script's own flags, no others
+    (args,) = HfArgumentParser(module.Args).parse_args_into_dataclasses(argv)
     assert args.prompts_per_step * getattr(args, "num_generations", 1) == 32
     assert (args.beta if hasattr(args, "beta") else args.kl_coef) == 0.05
     assert (args.max_steps, args.logging_steps, args.save_steps, args.bf16) == (8, 1, 0, True)
 
 
+def tiny_bench(tmp_path, capsys, flags: str) -> tuple[dict, list[str]]:
+    """bench.py on rloo.py and the embedded model, 8 completions a step: its report and printout."""
+    output_json = tmp_path / "bench.json"
+    flags += " --algorithms rloo --configs embedded --completions_per_step 8"
+    bench.cli([*flags.split(), "--work_dir", str(tmp_path), "--output_json", str(output_json)])
+    return json.loads(output_json.read_text()), capsys.readouterr().out.splitlines()
+
+
 @pytest.mark.slow
 def test_tiny_bench_prints_a_table_and_writes_positive_figures(tmp_path, capsys):
-    output_json = tmp_path / "bench.json"
-    flags = [
-        "--algorithms",
-        "rloo",
-        "--configs",
-        "embedded",
-        "--steps",
-        "3",
-        "--warmup_steps",
-        "1",
-    ]
-    bench.cli(
-        [
-            *flags,
-            "--completions_per_step",
-            "8",
-            "--work_dir",
-            str(tmp_path),
-            "--output_json",
-            str(output_json),
-        ]
-    )
-    table = [
-        line for line in capsys.readouterr().out.splitlines() if line.startswith("| embedded |")
-    ]
+    report, printed = tiny_bench(tmp_path, capsys, "--steps 3 --warmup_steps 1")
+    table = [line for line in printed if line.startswith("| embedded |")]
     assert [line.split(" | ")[1] for line in table] == ["rloo"]
-    report = json.loads(output_json.read_text())
     (row,) = report["summary"]
-    assert (row["config"], row["algorithm"], row["precision"], row["repeats"]) == (
-        "embedded",
-        "rloo",
-        "fp32",
-        1,
-    )
+    which = (row["config"], row["algorithm"], row["precision"], row["repeats"])
+    assert which == ("embedded", "rloo", "fp32", 1)
     for name in [
         "median_step_time_s",
         "median_step_cpu_time_s",
@@ -86,38 +65,14 @@ def test_tiny_bench_prints_a_table_and_writes_positive_figures(tmp_path, capsys)
 def test_phases_are_timed_inside_the_step_and_each_has_a_positive_bound(tmp_path, capsys):
     """--phases on rloo.py: each phase is found by the library hooks, has a positive bound measured in the run, and
     together they take no longer than the step (one measured step: its medians are its own figures)."""
-    output_json = tmp_path / "bench.json"
-    flags = [
-        "--algorithms",
-        "rloo",
-        "--configs",
-        "embedded",
-        "--steps",
-        "2",
-        "--warmup_steps",
-        "1",
-        "--phases",
-    ]
-    bench.cli(
-        [
-            *flags,
-            "--completions_per_step",
-            "8",
-            "--work_dir",
-            str(tmp_path),
-            "--output_json",
-            str(output_json),
-        ]
-    )
-    printed = capsys.readouterr().out.splitlines()
-    (row,) = json.loads(output_json.read_text())["summary"]
+    report, printed = tiny_bench(tmp_path, capsys, "--steps 2 --warmup_steps 1 --phases")
+    (row,) = report["summary"]
     phases = row["phases"]
     assert list(phases) == [*bench.PHASES, "rest", "step"]
     for name in bench.PHASES:
         assert phases[name]["seconds"] > 0 and phases[name]["bound"] > 0, name
-        assert any(line.startswith(f"| {name} | ") and line.endswith("× |") for line in printed), (
-            name
-        )
+        shown = [line for line in printed if line.startswith(f"| {name} | ")]
+        assert any(line.endswith("× |") for line in shown), name
     assert sum(phases[name]["seconds"] for name in bench.PHASES) <= phases["step"]["seconds"]
     assert phases["rest"]["seconds"] == pytest.approx(
         phases["step"]["seconds"] - sum(phases[name]["seconds"] for name in bench.PHASES)

@@ -1,12 +1,8 @@
 """docs/benchmarks.md's "Code size" table is what benchmarks/code_size.py prints for the scripts
 as they are now, and each script's copy set is the script, common.py and rewards.py."""
 
-import sys
-
+from benchmarks import code_size
 from conftest import ROOT
-
-sys.path.insert(0, str(ROOT / "benchmarks"))
-import code_size  # noqa: E402
 
 
 def test_the_code_size_table_in_the_docs_is_current(capsys):

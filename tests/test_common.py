@@ -46,9 +46,8 @@ def test_prompt_text_renders_strings_conversations_and_continues_an_assistant_tu
     text = common.prompt_text(tiny_tokenizer, [{"role": "user", "content": "hi"}])
     assert text == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
     prefilled = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "<answer>"}]
-    assert common.prompt_text(tiny_tokenizer, prefilled).endswith(
-        "<|im_start|>assistant\n<answer>"
-    )  # not closed
+    continued = common.prompt_text(tiny_tokenizer, prefilled)
+    assert continued.endswith("<|im_start|>assistant\n<answer>")  # not closed
 
 
 def test_encode_pads_on_the_left(tiny_tokenizer):
@@ -72,9 +71,8 @@ def test_sampling_takes_nothing_from_a_checkpoints_generation_config(
         eos_token_id=shipped.eos_token_id, pad_token_id=shipped.pad_token_id,
     ))  # fmt: skip
     torch.manual_seed(3)
-    assert torch.equal(
-        common.generate(tiny_model, tiny_tokenizer, texts, config)["completion_ids"], plain
-    )
+    out = common.generate(tiny_model, tiny_tokenizer, texts, config)
+    assert torch.equal(out["completion_ids"], plain)
     assert tiny_model.generation_config.top_k == 2  # swapped back
 
 
@@ -84,12 +82,9 @@ def test_a_policy_whose_logits_are_nan_still_samples(tiny_tokenizer):
     model = AutoModelForCausalLM.from_pretrained(EMBEDDED).eval()
     torch.nn.init.constant_(model.get_output_embeddings().weight, float("nan"))
     config = common.sampling_config(model, tiny_tokenizer, ARGS)
-    out = common.generate(
-        model, tiny_tokenizer, [common.prompt_text(tiny_tokenizer, p) for p in prompts(2)], config
-    )
-    assert out["completion_ids"].shape[0] == 2 and out["completion_ids"].max() < len(
-        tiny_tokenizer
-    )
+    texts = [common.prompt_text(tiny_tokenizer, p) for p in prompts(2)]
+    completion_ids = common.generate(model, tiny_tokenizer, texts, config)["completion_ids"]
+    assert completion_ids.shape[0] == 2 and completion_ids.max() < len(tiny_tokenizer)
 
 
 @pytest.mark.parametrize("bf16, tolerance", [(False, 1e-5), (True, 0.1)])
@@ -111,13 +106,11 @@ def test_the_samplers_log_probs_equal_completion_logprobs(
         T = out["completion_ids"].shape[1]
         with torch.no_grad():
             logprobs = rloo.completion_logprobs(tiny_model, input_ids, attention_mask, T, 0.7)[0]
-    assert (
-        out["sampler_logprobs"].shape == (6, T) and out["sampler_logprobs"].dtype == torch.float32
-    )
-    assert ((logprobs - out["sampler_logprobs"]).abs() * mask).max() < tolerance
-    assert "sampler_logprobs" not in common.generate(
-        tiny_model, tiny_tokenizer, texts, config
-    )  # only when asked
+    sampler = out["sampler_logprobs"]
+    assert sampler.shape == (6, T) and sampler.dtype == torch.float32
+    assert ((logprobs - sampler).abs() * mask).max() < tolerance
+    # only when asked
+    assert "sampler_logprobs" not in common.generate(tiny_model, tiny_tokenizer, texts, config)
 
 
 def test_every_end_id_of_the_checkpoint_ends_a_completion(tiny_model, tiny_tokenizer, monkeypatch):
@@ -162,9 +155,8 @@ def test_generate_draws_exactly_from_the_softmax_at_the_temperature(
         probs[order[ordered.cumsum(0) - ordered >= top_p]] = 0
         probs /= probs.sum()
     torch.manual_seed(0)
-    drawn = common.generate(tiny_model.eval(), tiny_tokenizer, [text] * 5_000, config)[
-        "completion_ids"
-    ][:, 0]
+    out = common.generate(tiny_model.eval(), tiny_tokenizer, [text] * 5_000, config)
+    drawn = out["completion_ids"][:, 0]
     counts = torch.bincount(drawn, minlength=len(probs)).double()
     assert (probs > 0.01).sum() >= 3  # a distribution worth testing
     assert counts[probs == 0].sum() == 0

@@ -61,12 +61,10 @@ def test_the_reward_model_experiment_optimizes_the_proxy_alone_with_one_kl_coeff
     assert args.reward_model_path == str(tmp_path / "runs" / "rm" / "reward_model")
     config = script_config(name, compare.run_flags(args, name, seed=0))
     assert (config.reward_funcs, config.reward_model_path) == (["none"], args.reward_model_path)
-    assert (
-        compare.kl_coefficient(config) == 0.05
-    )  # GRPO too: its own default β = 0 has no KL to trade
-    assert (
-        config.save_steps == config.eval_steps
-    )  # a checkpoint at every evaluation, for the KL and the proxy
+    # GRPO too: its own default β = 0 has no KL to trade
+    assert compare.kl_coefficient(config) == 0.05
+    # a checkpoint at every evaluation, for the KL and the proxy
+    assert config.save_steps == config.eval_steps
     assert config.output_dir == str(tmp_path / "runs" / "rm" / name / "seed0")
 
 
@@ -89,9 +87,8 @@ def test_script_args_cannot_change_the_budget_or_the_algorithm(tmp_path):
 def test_value_at_kl_follows_each_run_from_kl_0_and_interpolates():
     kls, gold = [0.0, 0.4, 1.2, 0.9, 2.0], [0.5, 0.7, 0.9, 0.8, 0.6]
     assert compare.value_at_kl(kls, gold, 0.2) == pytest.approx(0.6)
-    assert compare.value_at_kl(kls, gold, 0.8) == pytest.approx(
-        0.8
-    )  # the first crossing (0.4 → 1.2), not 1.2 → 0.9
+    # the first crossing (0.4 → 1.2), not 1.2 → 0.9
+    assert compare.value_at_kl(kls, gold, 0.8) == pytest.approx(0.8)
     assert compare.value_at_kl(kls, gold, 2.0) == pytest.approx(0.6)
     assert compare.value_at_kl(kls, gold, 2.5) is None  # never reached
 
@@ -171,18 +168,14 @@ def test_quick_comparison_writes_the_table_the_figure_and_the_raw_results(tmp_pa
     assert "1 of 1 runs done" in capsys.readouterr().out
     assert (tmp_path / "compare.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     table = (tmp_path / "compare.md").read_text()
-    assert (
-        "Command: `python benchmarks/compare.py --quick --algorithms rloo_k4 --output_dir "
-        in table
-    )
+    command = "python benchmarks/compare.py --quick --algorithms rloo_k4 --output_dir "
+    assert f"Command: `{command}" in table
     row = next(line for line in table.splitlines() if line.startswith("| RLOO k=4 |"))
     accuracy, per_seed, greedy, heldout_kl, train_kl, variance = row.split(" | ")[1:7]
-    assert re.fullmatch(r"\d\.\d{3} ± \d\.\d{3}", accuracy) and re.fullmatch(
-        r"\d\.\d{3}", per_seed
-    ), row
-    assert re.fullmatch(r"-?\d+\.\d{2} ± \d+\.\d{2}", heldout_kl) and re.fullmatch(
-        r"\d\.\d{3}", variance
-    ), row
+    assert re.fullmatch(r"\d\.\d{3} ± \d\.\d{3}", accuracy), row
+    assert re.fullmatch(r"\d\.\d{3}", per_seed), row
+    assert re.fullmatch(r"-?\d+\.\d{2} ± \d+\.\d{2}", heldout_kl), row
+    assert re.fullmatch(r"\d\.\d{3}", variance), row
     (run,) = json.loads((tmp_path / "compare.json").read_text())["runs"]
     assert run["completions"] == 16 and run["peak_mib"] > 0 and run["wall_s"] > 0
     assert run["eval_steps"] == [0, 2]  # evaluated at step 0 and at the end
@@ -194,24 +187,14 @@ def test_quick_reward_model_comparison_scores_the_proxy_and_measures_the_frontie
 ):
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-    proxy = (
-        tmp_path / "proxy"
-    )  # a reward model with a random head: the experiment's arithmetic, not its findings
+    # a reward model with a random head: the experiment's arithmetic, not its findings
+    proxy = tmp_path / "proxy"
     torch.manual_seed(0)
-    AutoModelForSequenceClassification.from_pretrained(EMBEDDED, num_labels=1).save_pretrained(
-        proxy
-    )
+    scorer = AutoModelForSequenceClassification.from_pretrained(EMBEDDED, num_labels=1)
+    scorer.save_pretrained(proxy)
     AutoTokenizer.from_pretrained(EMBEDDED).save_pretrained(proxy)
-    flags = [
-        "--experiment",
-        "reward_model",
-        "--quick",
-        "--algorithms",
-        "rloo_k4",
-        "--reward_model_path",
-        str(proxy),
-    ]
-    compare.cli([*flags, "--output_dir", str(tmp_path / "out")])
+    flags = "--experiment reward_model --quick --algorithms rloo_k4".split()
+    compare.cli([*flags, "--reward_model_path", str(proxy), "--output_dir", str(tmp_path / "out")])
     out = capsys.readouterr().out
     assert "1 of 1 runs done" in out and "[reward model] held-out pair accuracy" in out
     assert (tmp_path / "out" / "compare_rm.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -222,13 +205,10 @@ def test_quick_reward_model_comparison_scores_the_proxy_and_measures_the_frontie
     assert re.search(r"\| RLOO k=4 \| \d\.\d{3} ± \d\.\d{3} \| \d\.\d{3} \|", table)
     (run,) = json.loads((tmp_path / "out" / "compare_rm.json").read_text())["runs"]
     frontier = run["frontier"]
-    assert (
-        frontier["steps"] == run["eval_steps"] == [0, 2] and frontier["kl"][0] == 0.0
-    )  # step 0: the reference
-    assert (
-        all(isinstance(v, float) for v in frontier["proxy"] + frontier["gold"])
-        and frontier["prompts"] == 78
-    )
+    # step 0: the reference
+    assert frontier["steps"] == run["eval_steps"] == [0, 2] and frontier["kl"][0] == 0.0
+    assert all(isinstance(v, float) for v in frontier["proxy"] + frontier["gold"])
+    assert frontier["prompts"] == 78
     assert run["accuracy"] == frontier["gold"]  # gold: the proxy run logs no accuracy of its own
     assert "--reward_funcs none" in run["command"] and "--beta 0.05" in run["command"]
     assert not list((tmp_path / "out" / "runs" / "rm" / "rloo_k4" / "seed0").glob("checkpoint-*"))

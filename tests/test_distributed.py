@@ -46,20 +46,10 @@ def launch(
     """`accelerate launch {launcher} --num_processes 2 tests/fixed_rollouts.py {script} {flags}`, on the CPU only."""
     accelerate = [sys.executable, "-m", "accelerate.commands.launch", *launcher, "--num_processes", "2",
                   "--num_machines", "1", "--mixed_precision", "no", "--main_process_port", free_port()]  # fmt: skip
-    driver = [
-        str(ROOT / "tests" / "fixed_rollouts.py"),
-        script,
-        *map(str, flags),
-        "--output_dir",
-        str(output_dir),
-    ]
-    env = {
-        **os.environ,
-        "OMP_NUM_THREADS": "1",
-        "HF_HUB_OFFLINE": "1",
-        "CUDA_VISIBLE_DEVICES": "",
-        **(env or {}),
-    }
+    driver = [str(ROOT / "tests" / "fixed_rollouts.py"), script, *map(str, flags)]
+    driver += ["--output_dir", str(output_dir)]
+    cpu_only = {"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "CUDA_VISIBLE_DEVICES": ""}
+    env = {**os.environ, **cpu_only, **(env or {})}
     result = subprocess.run(
         accelerate + driver, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout
     )
@@ -91,10 +81,8 @@ def assert_same_update(a: torch.Tensor, b: torch.Tensor):
 
 def update(output_dir) -> torch.Tensor:
     """The weights' change from the embedded model's, flattened (a tied lm_head saved or not)."""
-    start, final = (
-        load_file(f"{EMBEDDED}/model.safetensors"),
-        load_file(output_dir / "model.safetensors"),
-    )
+    start = load_file(f"{EMBEDDED}/model.safetensors")
+    final = load_file(output_dir / "model.safetensors")
     return torch.cat([(final[name] - start[name]).flatten() for name in start])
 
 
@@ -109,25 +97,17 @@ def runs(tmp_path_factory):
 @pytest.mark.slow
 def test_two_processes_make_the_one_process_update(runs):
     one, two = runs
-    assert json.loads((two / "engine.json").read_text()) == {
-        "type": "MULTI_CPU",
-        "processes": 2,
-        **NO_PLUGIN,
-    }
+    engine = {"type": "MULTI_CPU", "processes": 2, **NO_PLUGIN}
+    assert json.loads((two / "engine.json").read_text()) == engine
     gradient = torch.load(one / "gradient.pt")
     assert gradient.abs().max() > 0
     torch.testing.assert_close(torch.load(two / "gradient.pt"), gradient, rtol=1e-3, atol=1e-5)
     assert_same_update(update(two), update(one))
-    assert [r["step"] for r in records(two)] == [
-        0,
-        1,
-        2,
-        2,
-    ]  # the first evaluation, 2 steps, the last evaluation
+    # the first evaluation, 2 steps, the last evaluation
+    assert [r["step"] for r in records(two)] == [0, 1, 2, 2]
     assert_same_records(records(one), records(two))
-    assert (
-        records(one)[2]["kl"] != 0
-    )  # step 2: after an update, the reference model is not the policy
+    # step 2: after an update, the reference model is not the policy
+    assert records(one)[2]["kl"] != 0
 
 
 @pytest.mark.slow
@@ -136,25 +116,14 @@ def test_two_processes_resume_to_the_uninterrupted_run(runs, tmp_path):
     checkpoint = two / "checkpoint-1"
     states = sorted(path.name for path in (checkpoint / "state").glob("random_states_*"))
     assert states == ["random_states_0.pkl", "random_states_1.pkl"]  # each process's RNG
-    assert not list(
-        two.glob(".checkpoint-*")
-    )  # each renamed into place once every process wrote its part
+    # each renamed into place once every process wrote its part
+    assert not list(two.glob(".checkpoint-*"))
     resumed = tmp_path / "resumed"
-    launch(
-        "rloo",
-        DDP,
-        resumed,
-        *FLAGS,
-        "--micro_batch_size",
-        "1",
-        "--resume_from_checkpoint",
-        checkpoint,
-        env=CPU_DDP,
-    )
+    resume = ["--micro_batch_size", "1", "--resume_from_checkpoint", checkpoint]
+    launch("rloo", DDP, resumed, *FLAGS, *resume, env=CPU_DDP)
     assert torch.equal(update(resumed), update(two))
-    assert_same_records(
-        records(two)[2:], records(resumed), rel=1e-6
-    )  # step 2 and the last evaluation
+    # step 2 and the last evaluation
+    assert_same_records(records(two)[2:], records(resumed), rel=1e-6)
 
 
 BATCH = {  # a step's batch, one prompt (or sequence, or pair) per process; rloo.py: the launches above

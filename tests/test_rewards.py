@@ -63,10 +63,8 @@ def test_accuracy_reward_verifies_the_boxed_answer_against_a_latex_solution():
     ]
     solutions = ["$42$", r"\frac{1}{2}", "42", "42", "no number here"]
     assert accuracy_reward([said(c) for c in completions], solutions) == [1.0, 1.0, 0.0, 0.0, None]
-    trl = [
-        said(r"My answer is \boxed{\frac{1}{3}}"),
-        said(r"My answer is \boxed{\frac{1}{2}}"),
-    ]  # TRL's example
+    # TRL's example
+    trl = [said(r"My answer is \boxed{\frac{1}{3}}"), said(r"My answer is \boxed{\frac{1}{2}}")]
     assert accuracy_reward(trl, [r"\frac{1}{3}"] * 2) == [1.0, 0.0]
     # our addition: an <answer> tag is verified where there is no \boxed{}
     assert accuracy_reward(
@@ -169,9 +167,8 @@ def test_functions_by_name_file_and_dotted_path_and_their_errors(tmp_path, monke
     )
     assert funcs(f"{path}:length_reward")["length_reward"](completions=["abc"]) == [3.0]
     monkeypatch.chdir(tmp_path)
-    assert list(funcs("my_rewards:length_reward")) == [
-        "length_reward"
-    ]  # a module in the current folder
+    # a module in the current folder
+    assert list(funcs("my_rewards:length_reward")) == ["length_reward"]
     for spec, message in [
         ("acuracy", "unknown reward function 'acuracy'"),
         ("no_such_module:f", "cannot import 'no_such_module:f'"),

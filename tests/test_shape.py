@@ -8,10 +8,9 @@ from collections import defaultdict
 
 import pytest
 
-from benchmarks.code_size import copy_set, density
+from benchmarks.code_size import SCRIPTS, copy_set, density
 from conftest import ROOT, run_script
 
-SCRIPTS = ["rloo.py", "grpo.py", "reinforce.py", "ppo.py", "sft.py", "reward_model.py"]
 BUDGETS = {
     "rloo.py": 900,
     "reinforce.py": 900,
@@ -42,12 +41,11 @@ def blocks(script: str) -> dict[str, list[str]]:
     or `if __name__`."""
     found, name = {}, None
     for line in (ROOT / script).read_text().splitlines():
-        if (
-            HEADER.match(line)
-            or line.lstrip().startswith(("# ----", "# ===="))
-            or line.startswith(("def main", "if __"))
+        if line.lstrip().startswith(("# ----", "# ====")) or line.startswith(
+            ("def main", "if __")
         ):
-            name = HEADER.match(line).group(1) if HEADER.match(line) else None
+            header = HEADER.match(line)
+            name = header.group(1) if header else None
             if name is not None:
                 assert name not in found, f"{script}: two blocks are named {name!r}"
                 found[name] = []
@@ -63,9 +61,8 @@ def test_every_shared_plumbing_block_is_the_same_text_in_every_script():
         for name, lines in blocks(script).items():
             texts[name][script] = "\n".join(lines).rstrip()
     shared = {name: by_script for name, by_script in texts.items() if len(by_script) > 1}
-    assert (
-        len(shared) >= 8
-    )  # the command line, data, models, evaluation, checkpoints, setup, resume, ...
+    # the command line, data, models, evaluation, checkpoints, setup, resume, ...
+    assert len(shared) >= 8
     for name, by_script in shared.items():
         assert len(set(by_script.values())) == 1, (
             f"the block {name!r} differs between {sorted(by_script)}"
