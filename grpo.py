@@ -32,7 +32,7 @@ which RLOO's leave-one-out advantages scale by G/(G−1) = 4/3.
 Every normalizer counts the whole batch, of every process: micro-batches and processes give the
 one-batch gradient (each process's loss is N times its share, as DDP averages the gradients).
 
-    python grpo.py                         # the embedded tiny model, offline, about two minutes
+    python grpo.py     # the embedded tiny model, offline, about two minutes
     accelerate launch --config_file configs/multi_gpu.yaml grpo.py --model_name_or_path ...
 
 Copy grpo.py with common.py (text ↔ tokens) and rewards.py (reward functions); vllm_colocate.py
@@ -168,8 +168,7 @@ def completion_logprobs(
     position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)  # as in generation
     # T + 1 positions, the last prompt's predicting the first completion token; as indices, which
     # transformers slices contiguously (an int's strided view: a bf16 lm_head weight copy per row)
-    L = input_ids.shape[1]
-    kept = torch.arange(L - T - 1, L, device=input_ids.device)
+    kept = torch.arange(input_ids.shape[1] - T - 1, input_ids.shape[1], device=input_ids.device)
     inputs = dict(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids)
     logits = model(**inputs, logits_to_keep=kept).logits[:, :-1]  # (B, T, V): t predicts token t
     positions = max(1, chunk // (logits.shape[0] * logits.shape[2]))
@@ -182,10 +181,11 @@ def completion_logprobs(
         recomputed = torch.utils.checkpoint.checkpoint(logprobs_of, z, y, use_reentrant=False)
         logprobs.append(recomputed)  # (B, t)
         if entropy:
-            with torch.no_grad():  # H = logsumexp(z) − Σ softmax(z) z
-                z = z.float() / temperature
-                entropies.append(z.logsumexp(-1) - (z.softmax(-1) * z).sum(-1))
-    return torch.cat(logprobs, 1), torch.cat(entropies, 1) if entropy else None
+            with torch.no_grad():  # H = logsumexp(s) − Σ softmax(s) s, s = scaled
+                scaled = z.float() / temperature
+                entropies.append(scaled.logsumexp(-1) - (scaled.softmax(-1) * scaled).sum(-1))
+    token_entropy = torch.cat(entropies, 1) if entropy else None
+    return torch.cat(logprobs, 1), token_entropy
 
 
 # ==== GRPO ====
@@ -194,7 +194,7 @@ def group_relative_advantages(rewards, num_generations: int, scale_rewards: str)
     means and stds, and gets A_i = 0, as does a group with one scorable (TRL's rule)."""
     grouped = rewards.view(-1, num_generations)
     advantages = grouped - grouped.nanmean(1, keepdim=True)
-    if scale_rewards == "group":  # the sample std (n − 1) of the scorable, as TRL's nanstd
+    if scale_rewards == "group":  # the scorable's sample std (n − 1), as TRL's nanstd
         scorable = grouped.isfinite().sum(1, keepdim=True)
         variance = advantages.pow(2).nansum(1, keepdim=True) / (scorable - 1)
         advantages = advantages / (variance.sqrt() + 1e-4)
@@ -740,7 +740,6 @@ def main(args: Args):
     hidden = not accelerator.is_main_process
     progress = tqdm(steps, initial=state["step"], total=args.max_steps, disable=hidden)
 
-    # π_ref's log-probs; with LoRA, of the policy with its adapter off
     def reference_logprobs(ids, mask, T):
         reference = ref_model if ref_model is not None else accelerator.unwrap_model(model)
         no_adapter = reference.disable_adapter() if args.use_peft else contextlib.nullcontext()
@@ -753,7 +752,7 @@ def main(args: Args):
         # ==== 1. rollout: G completions per prompt, each ended at its first end token ====
         # the step alone picks its prompts (a fresh permutation each epoch): a resume sees the same
         epoch, position = divmod(step - 1, len(train_dataset) // args.prompts_per_step)
-        if round_index > 0:  # a permutation of its own (a tuple of ints hashes the same every run)
+        if round_index > 0:  # its own permutation (a tuple of ints hashes alike in every run)
             epoch = hash((step, round_index)) % 2**62
             position = 0
         seeded = torch.Generator().manual_seed(args.seed + epoch)
@@ -794,13 +793,13 @@ def main(args: Args):
         step_start = time.perf_counter()
         logging_step = step % args.logging_steps == 0 or step == args.max_steps
         rollout = rollout_and_score(step, round_index=0)  # phases 1 and 2, above
-        # DAPO's dynamic sampling: groups of equal rewards (A = 0) give way to new prompts' groups
+        # DAPO's dynamic sampling: equal-reward groups (A = 0) give way to new prompts' groups
         if args.dynamic_sampling:
             rounds = [rollout]
             while len(rounds) <= args.max_resample_rounds:
                 sampled = torch.cat([sample["rewards"] for sample in rounds])
                 enough = (~zero_std_groups(sampled, G)).sum() >= local_prompts
-                # every process samples as many rounds: generating under ZeRO-3 or FSDP takes all
+                # all processes sample as many rounds: ZeRO-3 or FSDP generation takes all
                 if accelerator.gather(enough.float()).all():
                     break
                 rounds.append(rollout_and_score(step, round_index=len(rounds)))

@@ -210,8 +210,7 @@ def completion_logprobs(
     position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)  # as in generation
     # T + 1 positions, the last prompt's predicting the first completion token; as indices, which
     # transformers slices contiguously (an int's strided view: a bf16 lm_head weight copy per row)
-    L = input_ids.shape[1]
-    kept = torch.arange(L - T - 1, L, device=input_ids.device)
+    kept = torch.arange(input_ids.shape[1] - T - 1, input_ids.shape[1], device=input_ids.device)
     inputs = dict(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids)
     logits = model(**inputs, logits_to_keep=kept).logits[:, :-1]  # (B, T, V): t predicts token t
     positions = max(1, chunk // (logits.shape[0] * logits.shape[2]))
@@ -224,10 +223,11 @@ def completion_logprobs(
         recomputed = torch.utils.checkpoint.checkpoint(logprobs_of, z, y, use_reentrant=False)
         logprobs.append(recomputed)  # (B, t)
         if entropy:
-            with torch.no_grad():  # H = logsumexp(z) − Σ softmax(z) z
-                z = z.float() / temperature
-                entropies.append(z.logsumexp(-1) - (z.softmax(-1) * z).sum(-1))
-    return torch.cat(logprobs, 1), torch.cat(entropies, 1) if entropy else None
+            with torch.no_grad():  # H = logsumexp(s) − Σ softmax(s) s, s = scaled
+                scaled = z.float() / temperature
+                entropies.append(scaled.logsumexp(-1) - (scaled.softmax(-1) * scaled).sum(-1))
+    token_entropy = torch.cat(entropies, 1) if entropy else None
+    return torch.cat(logprobs, 1), token_entropy
 
 
 # ==== PPO ====
@@ -850,7 +850,6 @@ def main(args: Args):
     hidden = not accelerator.is_main_process
     progress = tqdm(steps, initial=state["step"], total=args.max_steps, disable=hidden)
 
-    # π_ref's log-probs; with LoRA, of the policy with its adapter off
     def reference_logprobs(ids, mask, T):
         reference = ref_model if ref_model is not None else accelerator.unwrap_model(model)
         no_adapter = reference.disable_adapter() if args.use_peft else contextlib.nullcontext()
