@@ -448,8 +448,9 @@ def load_for_training(args, path: str, model_class=AutoModelForCausalLM, **optio
         for module in model.modules():
             if isinstance(module, torch.nn.Dropout):  # TRL's disable_dropout_in_model
                 module.p = 0.0
-            if isinstance(getattr(module, "attention_dropout", None), float):  # Llama's
-                module.attention_dropout = 0.0
+            for name in ("dropout", "attention_dropout", "activation_dropout"):  # float rates
+                if isinstance(getattr(module, name, None), float):  # OPT's, Llama's
+                    setattr(module, name, 0.0)
     for layer in model.modules():  # bnb repacks at no-grad CPU passes
         if getattr(layer, "support_avx512bf16_for_cpu", False):
             layer.support_avx512bf16_for_cpu = False

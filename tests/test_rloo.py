@@ -304,6 +304,30 @@ def test_unscorable_completions_stay_out_of_the_statistics(tmp_path):
     )
 
 
+def test_dropout_is_off_where_a_model_keeps_its_rate_as_a_float(tmp_path):
+    """OPT's layers pass `self.dropout`, a float, to F.dropout: it is turned off too."""
+    from transformers import OPTConfig, OPTForCausalLM
+
+    config = OPTConfig(
+        vocab_size=64,
+        hidden_size=16,
+        num_hidden_layers=1,
+        ffn_dim=32,
+        num_attention_heads=2,
+        max_position_embeddings=64,
+        dropout=0.1,
+        attention_dropout=0.1,
+        activation_dropout=0.1,
+    )
+    OPTForCausalLM(config).save_pretrained(tmp_path / "opt")
+    model = rloo.load_for_training(rloo.Args(), str(tmp_path / "opt"))
+    for module in model.modules():
+        assert getattr(module, "p", 0.0) == 0.0 or not isinstance(module, torch.nn.Dropout)
+        for name in ("dropout", "attention_dropout", "activation_dropout"):
+            rate = getattr(module, name, 0.0)
+            assert not isinstance(rate, float) or rate == 0.0, (type(module).__name__, name)
+
+
 def test_report_to_tensorboard_writes_its_events(tmp_path):
     rloo.main(args(tmp_path, max_steps=1, report_to=["tensorboard"]))
     assert list((tmp_path / "out").rglob("events.out.tfevents.*"))
