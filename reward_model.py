@@ -287,7 +287,7 @@ def load_split(args, split: str):
     require(not empty, f"--dataset_name {path}: the file is empty")
     with loading("--dataset_name", args.dataset_name):
         if path.is_file():  # datasets reads the format from the extension
-            splits = load_dataset(str(path.parent), data_files={"train": path.name})
+            splits = load_dataset(str(path.resolve().parent), data_files={"train": path.name})
         else:
             splits = load_dataset(args.dataset_name, args.dataset_config)
     is_train = split == args.dataset_train_split

@@ -304,6 +304,15 @@ def test_unscorable_completions_stay_out_of_the_statistics(tmp_path):
     )
 
 
+def test_a_data_file_named_without_its_folder_loads_from_the_working_directory(
+    tmp_path, monkeypatch
+):
+    (tmp_path / "prompts.jsonl").write_text('{"prompt": "1 + 1", "ground_truth": "2"}\n' * 3)
+    monkeypatch.chdir(tmp_path)
+    split = rloo.load_split(rloo.Args(dataset_name="prompts.jsonl"), "train")
+    assert split["prompt"][:] == ["1 + 1"] * 3
+
+
 def test_dropout_is_off_where_a_model_keeps_its_rate_as_a_float(tmp_path):
     """OPT's layers pass `self.dropout`, a float, to F.dropout: it is turned off too."""
     from transformers import OPTConfig, OPTForCausalLM
