@@ -241,9 +241,9 @@ def reward_weights(weights: list[str], reward_funcs: dict) -> torch.Tensor:
 def check_columns(reward_funcs: dict, dataset, split: str):
     """Fails before training if a function needs a missing column (or one of its
     `one_of_columns`), or takes no **kwargs (TRL's all do)."""
-    columns = None if dataset is None else dataset.column_names
-    if columns is None:
+    if dataset is None:  # no held-out split
         return
+    columns = dataset.column_names
     others = [c for c in columns if c != "prompt"]
     keywords = ["prompts", "completions", "completion_ids", *others]
     for name, function in reward_funcs.items():
