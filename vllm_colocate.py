@@ -1,4 +1,4 @@
-"""The colocated vLLM engine for `--use_vllm`: only a run with that flag imports this file (and vllm).
+"""The colocated vLLM engine for `--use_vllm`: only a run with that flag imports this file.
 
 Copy it next to a training script only if you sample with vLLM.
 """
@@ -9,12 +9,13 @@ import os
 import torch
 from accelerate import Accelerator
 
+import common
+
 
 class VLLMGenerator:
-    """Colocated vLLM sampling (`--use_vllm`, as TRL's vllm_mode="colocate"): each training process runs its own vLLM
-    engine on its own GPU, in the same process, with `--vllm_gpu_memory_utilization` of the memory, and the policy's
-    weights are copied into it at the start (a resumed run's) and after every update (`sync_weights`). vllm is
-    imported only here."""
+    """Colocated vLLM sampling (`--use_vllm`, TRL's vllm_mode="colocate"): each training process
+    runs its own engine on its GPU, with `--vllm_gpu_memory_utilization` of the memory; the
+    policy's weights are copied into it at the start and after every update (`sync_weights`)."""
 
     def __init__(self, accelerator: Accelerator, args, tokenizer, model, end_ids: list[int]):
         import vllm  # pip install vllm
@@ -23,7 +24,7 @@ class VLLMGenerator:
             raise ValueError(
                 "vLLM is sent the policy's full weights, which a 4-bit base (--load_in_4bit) lacks"
             )
-        # vLLM's "external_launcher" joins the process group that `accelerate launch` (or a single process) describes
+        # vLLM's "external_launcher" joins the process group of `accelerate launch`
         for key, value in {
             "RANK": accelerator.process_index,
             "LOCAL_RANK": accelerator.local_process_index,
@@ -41,10 +42,11 @@ class VLLMGenerator:
             seed=args.seed + accelerator.process_index,
             dtype="bfloat16" if args.bf16 else "auto",
             max_model_len=args.vllm_max_model_length,
-            generation_config="vllm",  # the checkpoint's generation_config.json sets no sampling defaults
-            logprobs_mode="processed_logprobs",  # the log-probs after the temperature, as TRL asks for its IS weights
+            generation_config="vllm",  # no sampling defaults from generation_config.json
+            logprobs_mode="processed_logprobs",  # after the temperature, as TRL's IS weights
         )
-        self.sampling_params = vllm.SamplingParams(  # softmax(logits / temperature), as sampling_config: no penalties
+        # softmax(logits / temperature), as common.sampling_config: no penalties
+        self.sampling_params = vllm.SamplingParams(
             n=1,
             temperature=args.temperature,
             top_p=args.top_p,
@@ -55,7 +57,7 @@ class VLLMGenerator:
             frequency_penalty=0.0,
             min_tokens=0,
             max_tokens=args.max_completion_length,
-            stop_token_ids=end_ids,  # the sampling config's end ids (and PPO's --stop_token): ended as generate ends
+            stop_token_ids=end_ids,  # the sampling config's (and PPO's --stop_token), as generate
             logprobs=0,  # the sampled token's log-prob only
         )
         self.tokenizer = tokenizer
@@ -63,10 +65,11 @@ class VLLMGenerator:
 
     @torch.no_grad()
     def sync_weights(self, accelerator: Accelerator, model):
-        """Load the policy's current weights into the engine. A LoRA policy's merged weights W + scale · B A are built
-        as new tensors (peft's `get_delta_weight`): merging into the frozen base and unmerging it in place would round
-        it, in bf16, a little differently at every sync."""
-        plugin, policy = accelerator.state.deepspeed_plugin, accelerator.unwrap_model(model)
+        """Load the policy's current weights into the engine. A LoRA policy's merged weights
+        W + scale · B A are new tensors (peft's `get_delta_weight`): merging into the frozen base
+        and unmerging in place would round it, in bf16, a little differently at every sync."""
+        plugin = accelerator.state.deepspeed_plugin
+        policy = accelerator.unwrap_model(model)
         gathered = contextlib.nullcontext()
         if plugin is not None and plugin.zero_stage == 3:  # the sharded weights gathered meanwhile
             import deepspeed
@@ -81,9 +84,8 @@ class VLLMGenerator:
                     if hasattr(m, "get_delta_weight")
                 }
 
-                def merged(
-                    name, weight
-                ):  # W + scale · B A, a new tensor; the base weight is only read
+                # W + scale · B A, a new tensor; the base weight is only read
+                def merged(name, weight):
                     if name not in lora:
                         return weight
                     delta = sum(
@@ -92,7 +94,8 @@ class VLLMGenerator:
                     )
                     return (weight + delta).to(weight.dtype)
 
-                weights = (  # one layer at a time, under the base model's names; the adapters are not copied
+                # one layer at a time, under the base model's names; the adapters are not copied
+                weights = (
                     (
                         name.removeprefix("base_model.model.").replace(".base_layer", ""),
                         merged(name, value),
@@ -107,13 +110,11 @@ class VLLMGenerator:
         return self.llm.llm_engine.model_executor.driver_worker.worker.model_runner.model
 
     def generate(self, texts: list[str], device) -> dict:
-        """Sample one completion per text; the same tensors as `common.generate`, with the sampler's log-probs."""
-        enc = self.tokenizer(
-            texts, return_tensors="pt", padding=True, padding_side="left", add_special_tokens=False
-        ).to(device)
+        """One completion per text: `common.generate`'s tensors, with the sampler's log-probs."""
+        prompt_ids, prompt_mask = common.encode(self.tokenizer, texts, device)
         prompts = [
             {"prompt_token_ids": ids[mask.bool()].tolist()}
-            for ids, mask in zip(enc.input_ids, enc.attention_mask)
+            for ids, mask in zip(prompt_ids, prompt_mask)
         ]
         outputs = [
             out.outputs[0]
@@ -130,10 +131,8 @@ class VLLMGenerator:
             for out in outputs
         ]
         return {
-            "prompt_ids": enc.input_ids,
-            "prompt_mask": enc.attention_mask,
+            "prompt_ids": prompt_ids,
+            "prompt_mask": prompt_mask,
             "completion_ids": torch.tensor(padded, device=device),
-            "sampler_logprobs": torch.tensor(
-                logprobs, device=device
-            ),  # (B, T), for the importance-sampling weights
+            "sampler_logprobs": torch.tensor(logprobs, device=device),  # (B, T), for is_i
         }
