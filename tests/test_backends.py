@@ -58,9 +58,8 @@ def reward_model(tmp_path_factory) -> str:
     """A tiny reward model: the embedded model's backbone with a fresh (seeded) one-logit head."""
     from transformers import AutoModelForSequenceClassification
 
-    path = (
-        tmp_path_factory.mktemp("reward-model") / "rm"
-    )  # its rewards are logged as rewards/rm/mean
+    # its rewards are logged as rewards/rm/mean
+    path = tmp_path_factory.mktemp("reward-model") / "rm"
     torch.manual_seed(0)
     AutoModelForSequenceClassification.from_pretrained(EMBEDDED, num_labels=1).save_pretrained(
         path
@@ -103,9 +102,8 @@ def launch_engine(config: str, output_dir, reward_model: str, *flags):
 def assert_the_one_process_run(one, run, config: str):
     assert json.loads((run / "engine.json").read_text()) == ENGINES[config]
     assert_same_update(update(run), update(one))
-    assert_same_records(
-        records(one), records(run)
-    )  # the same grad_norm, kl, rewards/rm/mean, learning_rate, ...
+    # the same grad_norm, kl, rewards/rm/mean, learning_rate, ...
+    assert_same_records(records(one), records(run))
     assert records(run)[2]["kl"] != 0 and not list(run.glob(".checkpoint-*"))
 
 

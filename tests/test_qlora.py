@@ -27,9 +27,8 @@ def test_the_base_is_4_bit_and_only_the_float32_adapter_trains(bf16):
     args = rloo.Args(use_peft=True, load_in_4bit=True, bf16=bf16)
     model = rloo.load_for_training(args, args.model_name_or_path)
     layers = [m for m in model.modules() if isinstance(m, bnb.nn.Linear4bit)]
-    assert (
-        len(layers) == 4 * 7
-    )  # q, k, v, o, gate, up, down in each of the 4 layers: every linear layer but the head
+    # q, k, v, o, gate, up, down in each of the 4 layers: every linear layer but the head
+    assert len(layers) == 4 * 7
     assert {(layer.weight.dtype, layer.weight.quant_state.quant_type) for layer in layers} == {
         (torch.uint8, "nf4")
     }

@@ -51,11 +51,8 @@ def test_a_run_writes_trls_metrics_a_loadable_model_and_checkpoints(tmp_path):
     )
     out = tmp_path / "out"
     records = read_metrics(out)
-    assert [r["step"] for r in records if "eval/reward" in r] == [
-        0,
-        2,
-        3,
-    ]  # at the start, every eval_steps, the end
+    # at the start, every eval_steps, the end
+    assert [r["step"] for r in records if "eval/reward" in r] == [0, 2, 3]
     assert {"eval/accuracy", "eval/accuracy_greedy", "eval/format", "eval/reward_greedy"} <= set(
         records[0]
     )
@@ -65,19 +62,15 @@ def test_a_run_writes_trls_metrics_a_loadable_model_and_checkpoints(tmp_path):
                 "completions/mean_length", "completions/clipped_ratio", "loss", "grad_norm", "clip_ratio/low_mean",
                 "clip_ratio/high_mean", "clip_ratio/region_mean", "learning_rate", "num_tokens"):  # fmt: skip
         assert all(key in r for r in train), key
-    assert [p.name for p in rloo.checkpoints(out)] == [
-        "checkpoint-2",
-        "checkpoint-3",
-    ]  # --save_total_limit 2
+    # --save_total_limit 2
+    assert [p.name for p in rloo.checkpoints(out)] == ["checkpoint-2", "checkpoint-3"]
     assert not list(out.glob(".checkpoint-*"))  # renamed into place when complete
     checkpoint = out / "checkpoint-3"
     assert json.loads((checkpoint / "trainer_state.json").read_text())["step"] == 3
-    assert (
-        json.loads((checkpoint / "args.json").read_text())["max_steps"] == 3
-    )  # what --config reads back
-    assert not list(
-        (checkpoint / "state").glob("*.safetensors")
-    )  # the weights once, in Hugging Face format
+    # what --config reads back
+    assert json.loads((checkpoint / "args.json").read_text())["max_steps"] == 3
+    # the weights once, in Hugging Face format
+    assert not list((checkpoint / "state").glob("*.safetensors"))
     final = AutoModelForCausalLM.from_pretrained(out)
     assert all(p.dtype == torch.float32 for p in final.parameters())
     assert torch.equal(
@@ -199,9 +192,8 @@ def test_hub_like_checkpoints_train_in_float32_without_dropout(tmp_path, make, m
         if isinstance(v, float) and "drop" in n
     )
     (record,) = training(tmp_path / "out")
-    if (
-        make is make_turn_end_checkpoint
-    ):  # the model ends nearly every turn with <|im_end|>, the second end id
+    # the model ends nearly every turn with <|im_end|>, the second end id
+    if make is make_turn_end_checkpoint:
         assert record["completions/clipped_ratio"] < 0.5
 
 
@@ -210,9 +202,8 @@ def test_lora_trains_an_adapter_whose_reference_is_the_base(tmp_path):
     out = tmp_path / "out"
     assert (out / "adapter_config.json").exists() and not (out / "model.safetensors").exists()
     (first, _) = training(out)
-    assert first["kl"] == pytest.approx(
-        0.0, abs=1e-6
-    )  # step 1: the adapter is zero, so π_θ = π_ref
+    # step 1: the adapter is zero, so π_θ = π_ref
+    assert first["kl"] == pytest.approx(0.0, abs=1e-6)
     rloo.main(
         args(
             tmp_path,
@@ -258,9 +249,8 @@ def test_a_config_file_is_read_and_the_command_line_wins(tmp_path):
         2,
         ["accuracy", "format"],
     )
-    run_main(
-        rloo, "--config", out / "args.json", "--output_dir", tmp_path / "again"
-    )  # a run's args.json is a config
+    # a run's args.json is a config
+    run_main(rloo, "--config", out / "args.json", "--output_dir", tmp_path / "again")
     assert json.loads((tmp_path / "again" / "args.json").read_text())["num_generations"] == 2
 
 

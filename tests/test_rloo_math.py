@@ -95,9 +95,8 @@ def test_first_iteration_loss_is_reinforce_with_the_leave_one_out_baseline():
 
 def test_clipping_stops_the_gradient_outside_the_trust_region():
     old = torch.zeros(2, 1)
-    logprobs = torch.tensor(
-        [[0.5], [-0.5]], requires_grad=True
-    )  # ρ = e^0.5 ≈ 1.65 and e^−0.5 ≈ 0.61
+    # ρ = e^0.5 ≈ 1.65 and e^−0.5 ≈ 0.61
+    logprobs = torch.tensor([[0.5], [-0.5]], requires_grad=True)
     loss, ratio = rloo_loss(
         logprobs,
         old,

@@ -85,9 +85,8 @@ def fake_vllm(monkeypatch):
     module.SamplingParams = lambda **kwargs: types.SimpleNamespace(**kwargs)
     monkeypatch.setitem(sys.modules, "vllm", module)
     FakeLLM.instances.clear()
-    environment = dict(
-        os.environ
-    )  # the engine sets RANK, WORLD_SIZE, MASTER_PORT, ... for vLLM: undone after
+    # the engine sets RANK, WORLD_SIZE, MASTER_PORT, ... for vLLM: undone after
+    environment = dict(os.environ)
     yield module
     os.environ.clear()
     os.environ.update(environment)
@@ -98,9 +97,8 @@ def args(tmp_path, **overrides) -> rloo.Args:
     small = dict(
         max_steps=2, prompts_per_step=4, max_completion_length=12, eval_strategy="no", save_steps=0
     )
-    small |= dict(
-        reward_funcs=["format"]
-    )  # 1 for the fixed answer, 0 for the completion without an end
+    # 1 for the fixed answer, 0 for the completion without an end
+    small |= dict(reward_funcs=["format"])
     return rloo.Args(
         **{
             **small,
@@ -124,9 +122,8 @@ def test_rollouts_come_from_vllm_and_the_weights_follow_every_update(tmp_path):
     )
     assert len(llm.loads) == 3  # at the start, then after each of the 2 updates
     final = AutoModelForCausalLM.from_pretrained(tmp_path / "out").state_dict()
-    assert set(llm.loads[-1]) >= set(final) - {
-        "lm_head.weight"
-    }  # tied embeddings may be sent once
+    # tied embeddings may be sent once
+    assert set(llm.loads[-1]) >= set(final) - {"lm_head.weight"}
     assert all(
         torch.equal(llm.loads[-1][name], value)
         for name, value in final.items()
@@ -160,12 +157,11 @@ def test_vllm_samples_softmax_over_temperature_and_reports_the_log_probs_of_its_
     assert {key: getattr(vllm.sampling_params, key) for key in neutral} == neutral
     out = vllm.generate(["a", "Compute 1 + 2.", "c"], "cpu")
     (llm,) = FakeLLM.instances
-    assert (
-        out["completion_ids"].shape == out["sampler_logprobs"].shape == (3, 12)
-    )  # T of the longest, prompt 2's
-    assert (
-        out["prompt_ids"][0, 0] == tokenizer.pad_token_id and out["prompt_mask"][0, 0] == 0
-    )  # padded on the left
+    # T of the longest, prompt 2's
+    assert out["completion_ids"].shape == out["sampler_logprobs"].shape == (3, 12)
+    # padded on the left
+    assert out["prompt_ids"][0, 0] == tokenizer.pad_token_id
+    assert out["prompt_mask"][0, 0] == 0
     answer = out["completion_ids"][0][
         : (out["completion_ids"][0] == tokenizer.eos_token_id).int().argmax() + 1
     ]
