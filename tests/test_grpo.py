@@ -395,6 +395,30 @@ def test_dynamic_sampling_fills_up_with_equal_reward_groups_when_the_rounds_run_
     assert batch["texts"] == only["texts"] and dropped_frac == 3 / 4
 
 
+@pytest.mark.parametrize("rewards, rounds", [("constant", 4), ("alternating", 1)])
+def test_dynamic_sampling_samples_rounds_until_enough_groups_differ(
+    tmp_path, monkeypatch, rewards, rounds
+):
+    """All groups equal: 1 round and all --max_resample_rounds 3; every group differs: 1 round."""
+    (tmp_path / "r.py").write_text(
+        "def constant(completions, **kwargs):\n    return [1.0] * len(completions)\n"
+        "def alternating(completions, **kwargs):\n"
+        "    return [float(i % 2) for i in range(len(completions))]\n"
+    )
+    calls = []
+    generate = common.generate
+
+    def counting_generate(*args, **kwargs):
+        calls.append(1)
+        return generate(*args, **kwargs)
+
+    monkeypatch.setattr(common, "generate", counting_generate)
+    reward_funcs = [f"{tmp_path / 'r.py'}:{rewards}"]
+    run = args(tmp_path, max_steps=1, dynamic_sampling=True, max_resample_rounds=3)
+    grpo.main(dataclasses.replace(run, reward_funcs=reward_funcs))
+    assert len(calls) == rounds
+
+
 # ---- end to end ----
 def test_a_run_logs_trls_metrics_with_the_kl_term_and_dynamic_sampling(tmp_path):
     rewards = dict(reward_funcs=["accuracy", "format"], reward_weights=["1", "0.2"])
