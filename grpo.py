@@ -88,10 +88,10 @@ class Args:
     reward_weights: list[str] = arg([], "one weight per reward function (default 1.0 each)")
     reward_model_path: str | None = arg(None, "a one-label sequence classifier, as a reward")
     # GRPO
-    num_generations: int = arg(8, "completions per prompt, G ≥ 2: the group of the baseline")
+    num_generations: int = arg(8, "completions per prompt, G ≥ 2: the baseline's group")
     scale_rewards: Literal["group", "batch", "none"] = arg("group", "whose std divides A (above)")
     loss_type: Literal["grpo", "bnpo", "dr_grpo", "dapo"] = arg("dapo", "token weights w (above)")
-    beta: float = arg(0.0, "coefficient β of the k3 KL term; 0 loads no reference model")
+    beta: float = arg(0.0, "β of the k3 KL term; 0 loads no reference model")
     num_iterations: int = arg(1, "optimizer steps on each batch")
     epsilon: float = arg(0.2, "lower clipping bound ε of the per-token ratio")
     epsilon_high: float | None = arg(None, "upper clipping bound (default: epsilon)")
@@ -160,11 +160,12 @@ def check_args(args: Args):
 
 # ---- the log-probs at the temperature, which every equation above reads ----
 def completion_logprobs(
-    model, input_ids, attention_mask, T: int, temperature: float, entropy=False, chunk=2**24
+    model, input_ids, attention_mask, T: int, temperature: float, entropy=False, chunk=2**22
 ):
     """log π(y_t | x, y_<t) (B, T) of the last T tokens (the completion) under softmax(logits / τ),
-    and with `entropy` that softmax's detached entropy (B, T). The float32 log-softmax is made
-    `chunk` elements at a time, never (B, T, V) whole, and recomputed in the backward pass."""
+    and with `entropy` that softmax's detached entropy (B, T). The float32 log-softmax is made in
+    16 MB pieces, recomputed in the backward: glibc reuses freed blocks under 32 MB, but maps
+    bigger ones afresh at every call (page faults: 2 s a step at 135M)."""
     position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)  # as in generation
     # T + 1 positions, the last prompt's predicting the first completion token; as indices, which
     # transformers slices contiguously (an int's strided view: a bf16 lm_head weight copy per row)
@@ -174,16 +175,16 @@ def completion_logprobs(
     positions = max(1, chunk // (logits.shape[0] * logits.shape[2]))
 
     def logprobs_of(z, y):
-        return torch.log_softmax(z.float() / temperature, -1).gather(-1, y[..., None])[..., 0]
+        logp = torch.log_softmax(z.float() / temperature, -1)
+        chosen = logp.gather(-1, y[..., None])[..., 0]
+        with torch.no_grad():  # H = −Σ p log p, as TRL; recomputation stops above
+            H = -(logp.exp() * logp).sum(-1) if entropy else None
+        return chosen, H
 
-    logprobs, entropies = [], []
+    pieces = []  # (log-probs, entropies), each (B, positions)
     for z, y in zip(logits.split(positions, 1), input_ids[:, -T:].split(positions, 1)):
-        recomputed = torch.utils.checkpoint.checkpoint(logprobs_of, z, y, use_reentrant=False)
-        logprobs.append(recomputed)  # (B, t)
-        if entropy:
-            with torch.no_grad():  # H = logsumexp(s) − Σ softmax(s) s, s = scaled
-                scaled = z.float() / temperature
-                entropies.append(scaled.logsumexp(-1) - (scaled.softmax(-1) * scaled).sum(-1))
+        pieces.append(torch.utils.checkpoint.checkpoint(logprobs_of, z, y, use_reentrant=False))
+    logprobs, entropies = zip(*pieces)
     token_entropy = torch.cat(entropies, 1) if entropy else None
     return torch.cat(logprobs, 1), token_entropy
 
@@ -794,7 +795,7 @@ def main(args: Args):
         step_start = time.perf_counter()
         logging_step = step % args.logging_steps == 0 or step == args.max_steps
         rollout = rollout_and_score(step, round_index=0)  # phases 1 and 2, above
-        # DAPO's dynamic sampling: equal-reward groups (A = 0) give way to new prompts' groups
+        # DAPO's dynamic sampling: groups of equal rewards (A = 0) make way for new groups
         if args.dynamic_sampling:
             rounds = [rollout]
             while len(rounds) <= args.max_resample_rounds:
@@ -827,6 +828,8 @@ def main(args: Args):
         entropy = torch.zeros(local_batch_size, T, device=device)
         for mb in micro_batches:
             ids, mask = input_ids[mb], attention_mask[mb]
+            if args.beta > 0:  # first: freed before the policy's graph is kept
+                ref_logprobs[mb] = reference_logprobs(ids, mask, T)
             with torch.set_grad_enabled(keep_graph), accelerator.autocast():
                 logprobs, token_entropy = completion_logprobs(
                     model, ids, mask, T, args.temperature, entropy=logging_step
@@ -834,10 +837,8 @@ def main(args: Args):
             old_logprobs[mb] = logprobs.detach()  # π_θ_old = π_θ before the update
             if logging_step:
                 entropy[mb] = token_entropy
-            if args.beta > 0:
-                ref_logprobs[mb] = reference_logprobs(ids, mask, T)
-            else:  # no reference model: kl = 0
-                ref_logprobs[mb] = old_logprobs[mb]
+        if args.beta == 0:  # no reference model: kl = 0
+            ref_logprobs = old_logprobs
         first_update_logprobs = logprobs if keep_graph else None
         kl = per_token_kl(old_logprobs, ref_logprobs)  # (B, T), logged masked
 
@@ -950,7 +951,7 @@ def main(args: Args):
             metrics["clip_ratio/region_mean"] = (low + high).mean().item()
             if args.dynamic_sampling:
                 metrics["dynamic_sampling/dropped_frac"] = dropped_frac
-            if off_policy:  # |log π_θ_old − log π_vllm| of the completion tokens, and is
+            if off_policy:  # |log π_θ_old − log π_vllm| of completion tokens, and is
                 gap = (old_logprobs - rollout["sampler_logprobs"]).abs()[completion_mask.bool()]
                 is_values = is_weights.flatten()  # sequence_*: one per completion
                 if is_weights.shape[1] > 1:  # token_*: one per completion token

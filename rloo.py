@@ -151,11 +151,12 @@ def check_args(args: Args):
 
 # ---- the log-probs at the temperature, which every equation above reads ----
 def completion_logprobs(
-    model, input_ids, attention_mask, T: int, temperature: float, entropy=False, chunk=2**24
+    model, input_ids, attention_mask, T: int, temperature: float, entropy=False, chunk=2**22
 ):
     """log π(y_t | x, y_<t) (B, T) of the last T tokens (the completion) under softmax(logits / τ),
-    and with `entropy` that softmax's detached entropy (B, T). The float32 log-softmax is made
-    `chunk` elements at a time, never (B, T, V) whole, and recomputed in the backward pass."""
+    and with `entropy` that softmax's detached entropy (B, T). The float32 log-softmax is made in
+    16 MB pieces, recomputed in the backward: glibc reuses freed blocks under 32 MB, but maps
+    bigger ones afresh at every call (page faults: 2 s a step at 135M)."""
     position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)  # as in generation
     # T + 1 positions, the last prompt's predicting the first completion token; as indices, which
     # transformers slices contiguously (an int's strided view: a bf16 lm_head weight copy per row)
@@ -165,16 +166,16 @@ def completion_logprobs(
     positions = max(1, chunk // (logits.shape[0] * logits.shape[2]))
 
     def logprobs_of(z, y):
-        return torch.log_softmax(z.float() / temperature, -1).gather(-1, y[..., None])[..., 0]
+        logp = torch.log_softmax(z.float() / temperature, -1)
+        chosen = logp.gather(-1, y[..., None])[..., 0]
+        with torch.no_grad():  # H = −Σ p log p, as TRL; recomputation stops above
+            H = -(logp.exp() * logp).sum(-1) if entropy else None
+        return chosen, H
 
-    logprobs, entropies = [], []
+    pieces = []  # (log-probs, entropies), each (B, positions)
     for z, y in zip(logits.split(positions, 1), input_ids[:, -T:].split(positions, 1)):
-        recomputed = torch.utils.checkpoint.checkpoint(logprobs_of, z, y, use_reentrant=False)
-        logprobs.append(recomputed)  # (B, t)
-        if entropy:
-            with torch.no_grad():  # H = logsumexp(s) − Σ softmax(s) s, s = scaled
-                scaled = z.float() / temperature
-                entropies.append(scaled.logsumexp(-1) - (scaled.softmax(-1) * scaled).sum(-1))
+        pieces.append(torch.utils.checkpoint.checkpoint(logprobs_of, z, y, use_reentrant=False))
+    logprobs, entropies = zip(*pieces)
     token_entropy = torch.cat(entropies, 1) if entropy else None
     return torch.cat(logprobs, 1), token_entropy
 
@@ -712,6 +713,8 @@ def main(args: Args):
         entropy = torch.zeros(local_batch_size, T, device=device)
         for mb in micro_batches:
             ids, mask = input_ids[mb], attention_mask[mb]
+            if args.beta > 0:  # first: freed before the policy's graph is kept
+                ref_logprobs[mb] = reference_logprobs(ids, mask, T)
             with torch.set_grad_enabled(keep_graph), accelerator.autocast():
                 logprobs, token_entropy = completion_logprobs(
                     model, ids, mask, T, args.temperature, entropy=logging_step
@@ -719,10 +722,8 @@ def main(args: Args):
             old_logprobs[mb] = logprobs.detach()  # π_θ_old = π_θ before the update
             if logging_step:
                 entropy[mb] = token_entropy
-            if args.beta > 0:
-                ref_logprobs[mb] = reference_logprobs(ids, mask, T)
-            else:  # no reference model: kl = 0
-                ref_logprobs[mb] = old_logprobs[mb]
+        if args.beta == 0:  # no reference model: kl = 0
+            ref_logprobs = old_logprobs
         first_update_logprobs = logprobs if keep_graph else None
 
         # ==== 4. KL-shaped reward: R_i = r_i − β Σ_t kl_t ====
