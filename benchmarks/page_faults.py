@@ -9,7 +9,8 @@ call; it serves smaller blocks from its heap, reused from call to call. This run
 `rloo.py --bf16` step does with the log-probs: the reference's pass without gradients, then the
 policy's pass with the entropy and its backward, on a random llama135m (32 completions of 64
 tokens after 27 prompt tokens). Each piece size runs in a process of its own; it prints the user
-and system CPU seconds and the page faults of the best of 3 passes after a warm-up.
+and system CPU seconds and the page faults of the best of 3 steps after a warm-up, and the
+process's peak RSS.
 """
 
 import os
@@ -57,9 +58,9 @@ def measure(chunk: int):
         runs.append((after.user - times.user, after.system - times.system, faults))
     user, system, faults = min(runs[1:], key=lambda run: run[0] + run[1])
     size = chunk * 4 / 2**20
-    print(
-        f"{size:.0f} MB pieces: user {user:.2f} s, system {system:.2f} s, {faults:,} page faults"
-    )
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # kB on Linux
+    print(f"{size:.0f} MB pieces: user {user:.2f} s, system {system:.2f} s", end=", ")
+    print(f"{faults:,} page faults, peak RSS {peak:.0f} MB")
 
 
 if len(sys.argv) > 1:
