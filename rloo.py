@@ -709,7 +709,9 @@ def main(args: Args):
         # One micro-batch (the default): this pass keeps its graph, and the first update uses it
         keep_graph = len(micro_batches) == 1
         old_logprobs = torch.zeros(local_batch_size, T, device=device)
-        ref_logprobs = torch.zeros(local_batch_size, T, device=device)
+        ref_logprobs = old_logprobs  # β = 0: no reference, kl = 0
+        if args.beta > 0:
+            ref_logprobs = torch.zeros(local_batch_size, T, device=device)
         entropy = torch.zeros(local_batch_size, T, device=device)
         for mb in micro_batches:
             ids, mask = input_ids[mb], attention_mask[mb]
@@ -722,8 +724,6 @@ def main(args: Args):
             old_logprobs[mb] = logprobs.detach()  # π_θ_old = π_θ before the update
             if logging_step:
                 entropy[mb] = token_entropy
-        if args.beta == 0:  # no reference model: kl = 0
-            ref_logprobs = old_logprobs
         first_update_logprobs = logprobs if keep_graph else None
 
         # ==== 4. KL-shaped reward: R_i = r_i − β Σ_t kl_t ====
