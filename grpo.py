@@ -358,10 +358,12 @@ def check_shared_args(args):
         " num_iterations logging_steps num_generations_eval per_device_eval_batch_size"
     )
     for name in positive.split():
-        require(getattr(args, name) > 0, f"--{name}: must be positive, got {getattr(args, name)}")
+        value = getattr(args, name)
+        require(value > 0, f"--{name}: must be positive, got {value}")
     non_negative = "beta micro_batch_size top_k eval_steps save_steps weight_decay max_grad_norm"
     for name in non_negative.split():
-        require(getattr(args, name) >= 0, f"--{name}: must be ≥ 0, got {getattr(args, name)}")
+        value = getattr(args, name)
+        require(value >= 0, f"--{name}: must be ≥ 0, got {value}")
     require(args.epsilon_high > 0, "--epsilon_high: must be positive")
     require(0 < args.top_p <= 1, f"--top_p: must be in (0, 1], got {args.top_p}")
     require(0 <= args.warmup_ratio <= 1, f"--warmup_ratio: not in [0, 1]: {args.warmup_ratio}")
@@ -824,9 +826,7 @@ def main(args: Args):
         # One micro-batch (the default): this pass keeps its graph, and the first update uses it
         keep_graph = len(micro_batches) == 1
         old_logprobs = torch.zeros(local_batch_size, T, device=device)
-        ref_logprobs = old_logprobs  # β = 0: no reference, kl = 0
-        if args.beta > 0:
-            ref_logprobs = torch.zeros(local_batch_size, T, device=device)
+        ref_logprobs = torch.zeros_like(old_logprobs) if args.beta > 0 else old_logprobs  # kl = 0
         entropy = torch.zeros(local_batch_size, T, device=device)
         for mb in micro_batches:
             ids, mask = input_ids[mb], attention_mask[mb]
