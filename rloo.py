@@ -151,12 +151,12 @@ def check_args(args: Args):
 
 # ---- the log-probs at the temperature, which every equation above reads ----
 def completion_logprobs(
-    model, input_ids, attention_mask, T: int, temperature: float, entropy=False, chunk=2**22
+    model, input_ids, attention_mask, T: int, temperature: float, entropy=False, chunk=2**24
 ):
     """log π(y_t | x, y_<t) (B, T) of the last T tokens (the completion) under softmax(logits / τ),
     and with `entropy` that softmax's detached entropy (B, T). The float32 log-softmax is made in
-    16 MB pieces, recomputed in the backward: glibc reuses freed blocks under 32 MB, but maps
-    bigger ones afresh at every call (page faults: about 2 s a step at 135M)."""
+    64 MB pieces, recomputed in the backward; glibc maps each afresh (page faults, which its
+    variables trade for memory: docs/benchmarks.md)."""
     position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)  # as in generation
     # T + 1 positions, the last prompt's predicting the first completion token; as indices, which
     # transformers slices contiguously (an int's strided view: a bf16 lm_head weight copy per row)

@@ -545,6 +545,14 @@ def print_phases(row: dict):
             print(f"| {name} | {seconds:.3g} | {bound:.3g} | {seconds / bound:.2f}× |")
 
 
+def cpu_name() -> str:
+    """The CPU's model name and whether it has AMX, whose bf16 matmuls are several times AVX-512's."""
+    info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    name = re.search(r"model name\s*: (.*)", info)
+    amx = "with AMX" if "amx_bf16" in info else "no AMX"
+    return f"{name[1] if name else platform.processor()}, {amx}, {os.cpu_count()} cores"
+
+
 def check_args(args: Args):
     """Every flag, before anything is built or written."""
     for kind, known in (("algorithm", ALGORITHMS), ("config", CONFIGS), ("precision", PRECISIONS)):
@@ -614,7 +622,7 @@ def main(args: Args):
     for row in [r for r in summary if "phases" in r]:
         print_phases(row)
     machine = {
-        "device": torch.cuda.get_device_name() if cuda else f"cpu ({os.cpu_count()} cores)",
+        "device": torch.cuda.get_device_name() if cuda else cpu_name(),
         "torch": torch.__version__,
         "python": platform.python_version(),
         "load_average_at_end": os.getloadavg(),
