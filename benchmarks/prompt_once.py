@@ -29,7 +29,7 @@ PROMPTS, G, T, TEMPERATURE = 8, 4, 64, 1.0
 
 
 def every_sequence(model, prompt_ids, completion_ids):
-    """Today's pass: each of the B sequences whole, prompt and completion."""
+    """rloo.py's pass: each of the B sequences whole, prompt and completion."""
     input_ids = torch.cat([prompt_ids.repeat_interleave(G, 0), completion_ids], 1)
     mask = torch.ones_like(input_ids)
     return rloo.completion_logprobs(model, input_ids, mask, T, TEMPERATURE)[0]
