@@ -17,12 +17,9 @@ rendered as rewards.reward_model_function renders what it scores (prompt and com
 the chat template, or joined strings), and the saved folder is what the RL scripts'
 --reward_model_path loads.
 
-The built-in pairs, data/arithmetic_preferences (tools/make_data.py), come from sft.py's noisy
-demonstrator: chosen is its worked right answer (`7 × 8 = 56 <answer>56</answer>`), rejected its
-guess off by ±1 or ±2 (`<answer>54</answer>`, half the pairs), another number (a quarter) or a
-broken format (a quarter). So small a model learns the form that separates them: a worked wrong
-answer would fool it. data/arithmetic_preferences_number's pairs differ in the number alone. Their
-splits are the RL scripts' splits of the problems.
+The built-in pairs, data/arithmetic_preferences, are sft.py's demonstrator's right and wrong
+answers; data/arithmetic_preferences_number's differ in the number alone (see
+docs/sft-and-reward-model.md).
 
     python reward_model.py          # the embedded tiny model, about 30 s on a CPU
     python reward_model.py --dataset_name data/arithmetic_preferences_number --max_steps 400
@@ -257,20 +254,20 @@ def fail(message: str):
 
 
 def parse_args(args_class):
-    """The command line's flags, over those of a --config YAML file (a TRL recipe, args.json)."""
+    """The command line's flags, over a --config YAML file's (a TRL recipe, args.json)."""
     parser = HfArgumentParser(args_class, allow_abbrev=False)
     parser.add_argument("--config", help="a YAML file of flag: value, overridden by the flags")
-    # argparse prints its usage of ~80 flags above an error: the error alone is one line
-    parser.error = lambda message: fail(message.replace("argument ", ""))
-    namespace = parser.parse_args()
-    if namespace.config:
-        with loading("--config", namespace.config):
-            config = yaml.safe_load(Path(namespace.config).read_text())
-        require(isinstance(config, dict), f"--config {namespace.config}: expected flag: value")
-        unknown = sorted(set(config) - set(vars(namespace)))
-        require(not unknown, f"--config {namespace.config}: unknown flags {unknown}")
-        parser.set_defaults(**config)
-        namespace = parser.parse_args()
+    parser.error = lambda message: fail(message.replace("argument ", ""))  # without the usage
+    typed = []  # the config's flags as typed (a list: its items); null and []: the default
+    if path := parser.parse_args().config:
+        with loading("--config", path):
+            config = yaml.safe_load(Path(path).read_text())
+        require(isinstance(config, dict), f"--config {path}: expected flag: value")
+        for key, value in [(k, v) for k, v in config.items() if v not in (None, [])]:
+            values = value if isinstance(value, list) else [value]
+            typed += [f"--{key}", *(v if isinstance(v, str) else json.dumps(v) for v in values)]
+        parser.error = lambda message: fail(f"--config {path}: {message.replace('argument ', '')}")
+    namespace = parser.parse_args(namespace=parser.parse_args(typed))
     del namespace.config
     template_kwargs = getattr(namespace, "chat_template_kwargs", None)
     if isinstance(template_kwargs, str):  # JSON, as TrainingArguments reads a dict flag

@@ -248,20 +248,20 @@ def fail(message: str):
 
 
 def parse_args(args_class):
-    """The command line's flags, over those of a --config YAML file (a TRL recipe, args.json)."""
+    """The command line's flags, over a --config YAML file's (a TRL recipe, args.json)."""
     parser = HfArgumentParser(args_class, allow_abbrev=False)
     parser.add_argument("--config", help="a YAML file of flag: value, overridden by the flags")
-    # argparse prints its usage of ~80 flags above an error: the error alone is one line
-    parser.error = lambda message: fail(message.replace("argument ", ""))
-    namespace = parser.parse_args()
-    if namespace.config:
-        with loading("--config", namespace.config):
-            config = yaml.safe_load(Path(namespace.config).read_text())
-        require(isinstance(config, dict), f"--config {namespace.config}: expected flag: value")
-        unknown = sorted(set(config) - set(vars(namespace)))
-        require(not unknown, f"--config {namespace.config}: unknown flags {unknown}")
-        parser.set_defaults(**config)
-        namespace = parser.parse_args()
+    parser.error = lambda message: fail(message.replace("argument ", ""))  # without the usage
+    typed = []  # the config's flags as typed (a list: its items); null and []: the default
+    if path := parser.parse_args().config:
+        with loading("--config", path):
+            config = yaml.safe_load(Path(path).read_text())
+        require(isinstance(config, dict), f"--config {path}: expected flag: value")
+        for key, value in [(k, v) for k, v in config.items() if v not in (None, [])]:
+            values = value if isinstance(value, list) else [value]
+            typed += [f"--{key}", *(v if isinstance(v, str) else json.dumps(v) for v in values)]
+        parser.error = lambda message: fail(f"--config {path}: {message.replace('argument ', '')}")
+    namespace = parser.parse_args(namespace=parser.parse_args(typed))
     del namespace.config
     template_kwargs = getattr(namespace, "chat_template_kwargs", None)
     if isinstance(template_kwargs, str):  # JSON, as TrainingArguments reads a dict flag

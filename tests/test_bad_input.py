@@ -269,3 +269,47 @@ def test_resuming_where_there_is_no_checkpoint_names_the_folder_and_writes_nothi
         == f"error: --resume_from_checkpoint: none in {folder}"
     )
     assert not (tmp_path / "out").exists()
+
+
+def parsed(module, *flags):
+    """`module`'s Args from the command line `flags`, as `python script.py flags` reads them."""
+    old, sys.argv = sys.argv, [f"{module.__name__}.py", *map(str, flags)]
+    try:
+        return module.parse_args(module.Args)
+    finally:
+        sys.argv = old
+
+
+@pytest.mark.parametrize("module", SCRIPTS)
+def test_a_configs_values_are_read_as_the_same_flags_typed_on_the_command_line(
+    module, tmp_path, capsys
+):
+    """A TRL recipe's YAML lists, numbers and booleans mean what they would typed as flags (issue #45)."""
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(
+        "report_to: none\nlearning_rate: 2e-4\nbf16: true\nlora_target_modules: q_proj\n"
+    )
+    args = parsed(module, "--config", recipe, "--lora_target_modules", "v_proj", "k_proj")
+    assert (args.report_to, args.learning_rate, args.bf16) == (["none"], 2e-4, True)
+    assert args.lora_target_modules == ["v_proj", "k_proj"]  # the command line wins
+    if module in RL:
+        recipe.write_text("reward_funcs: accuracy\nreward_weights: [1.0, 0.5]\n")
+        args = parsed(module, "--config", recipe)
+        assert (args.reward_funcs, args.reward_weights) == (["accuracy"], ["1.0", "0.5"])
+    recipe.write_text("max_steps: 2.0\n")  # as --max_steps 2.0 on the command line
+    with pytest.raises(SystemExit) as stopped:
+        parsed(module, "--config", recipe, "--output_dir", tmp_path / "out")
+    assert stopped.value.code == 2
+    line = capsys.readouterr().err.strip()
+    assert line.startswith(f"error: --config {recipe}: --max_steps")  # the file, the key
+    assert line.endswith(": invalid int value: '2.0'")
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_recipes_scale_rewards_true_is_group_as_in_trl(tmp_path):
+    recipe = tmp_path / "recipe.yaml"
+    for value, meant in (("true", "group"), ("false", "none"), ("batch", "batch")):
+        recipe.write_text(f"scale_rewards: {value}\n")
+        args = parsed(grpo, "--config", recipe)
+        grpo.check_args(args)
+        assert args.scale_rewards == meant
