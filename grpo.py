@@ -8,13 +8,16 @@ temperature τ, and score them with a reward r (reward functions' weighted sum, 
 
     Per-token clipped surrogate, with the KL as a loss term (DeepSeekMath Eq. 3, k3 of Eq. 4)
         ρ_{i,t} = π_θ(y_{i,t} | x, y_{i,<t}) / π_θ_old(y_{i,t} | x, y_{i,<t})
-        kl_{i,t} = exp(log π_ref − log π_θ) − (log π_ref − log π_θ) − 1
+        kl_{i,t} = ρ_{i,t} · (exp(log π_ref − log π_θ) − (log π_ref − log π_θ) − 1)
         ℓ_{i,t} = −is_{i,t} · min(ρ_{i,t} A_i, clip(ρ_{i,t}, 1 − ε, 1 + ε_high) A_i) + β · kl_{i,t}
-        L(θ) = Σ_{i,t} w_{i,t} ℓ_{i,t},    w by --loss_type, m_{i,t} = m_i on y_i's tokens, else 0:
+        L(θ) = Σ_{i,t} w_{i,t} ℓ_{i,t} − c · H̄
+    w by --loss_type, m_{i,t} = m_i on y_i's tokens, else 0:
             grpo        w_{i,t} = m_{i,t} / (|y_i| · N)    N: the completions with m_i = 1
             dr_grpo     w_{i,t} = m_{i,t} / (B · max_completion_length)
             dapo, bnpo  w_{i,t} = m_{i,t} / Σ_{j,s} m_{j,s}    (TRL's bnpo: by micro-batch)
-    with m_i = 0 for a completion without an end token under --mask_truncated_completions (else 1),
+    H̄: π_θ(· | x, y_{i,<t})'s entropy, m's mean; c: --entropy_coef (TRL's bonus; 0: off)
+    ρ_{i,t} · k3: DeepSeek-V3.2's unbiased KL gradient (--use_bias_correction_kl, TRL's default)
+    m_i = 0 for a completion without an end token under --mask_truncated_completions (else 1),
     and is_i TRL's importance-sampling correction when vLLM samples instead of π_θ (else 1):
         is_i = π_θ_old(y_i | x) / π_vllm(y_i | x), capped at C, or 0 above C (token_*: is_{i,t})
 
@@ -22,9 +25,13 @@ Dr. GRPO (Liu et al. 2025, §3.1–3.2): the std favours easy and hard prompts, 
 answers: --scale_rewards none --loss_type dr_grpo. DAPO (Yu et al. 2025): clip-higher (§3.1,
 --epsilon_high 0.28), dynamic sampling (§3.2, --dynamic_sampling: groups of equal rewards, A = 0,
 give way to new prompts), the token-level loss (§3.3, dapo) and overlong filtering (§3.4, m_i).
+GSPO (Zheng et al. 2025 §4.1; --importance_sampling_level sequence): ρ_{i,t} = s_i, the
+exp of y_i's mean log(π_θ / π_θ_old), clipped as one; its objective with --loss_type grpo.
+CISPO (MiniMax-M1 §3.1; --loss_type cispo): ℓ_{i,t} = −sg(min(ρ_{i,t}, ε_high)) A_i log π_θ.
+INTELLECT-2 (--delta δ): min(ρ_{i,t}, δ) A_i in ℓ's min.
 
 With num_iterations = 1 (the default) ρ ≡ 1 and ∇L = −Σ_{i,t} w_{i,t} A_i ∇ log π_θ(y_{i,t}) + the
-KL term's. The logged `loss` and `policy_loss` (no β·kl) sit near 0 when lengths are alike, as each
+KL term's. The logged `loss` and `policy_loss` (no c · H̄) sit near 0 when lengths are alike, as each
 group's advantages sum to zero; `grad_norm` shows that the update does not. Worked example (G = 4,
 --scale_rewards none): rewards 10, 8, 4, 2 have group mean 6 and advantages +4, +2, −2, −4,
 which RLOO's leave-one-out advantages scale by G/(G−1) = 4/3.
@@ -92,11 +99,15 @@ class Args:
     scale_rewards: Literal["group", "batch", "none", "true", "false"] = arg(
         "group", "whose std divides A (above)"
     )
-    loss_type: Literal["grpo", "bnpo", "dr_grpo", "dapo"] = arg("dapo", "token weights w (above)")
+    loss_type: Literal["grpo", "bnpo", "dr_grpo", "dapo", "cispo"] = arg("dapo", "w, ℓ (above)")
+    importance_sampling_level: Literal["token", "sequence"] = arg("token", "GSPO: sequence")
     beta: float = arg(0.0, "β of the k3 KL term; 0 loads no reference model")
+    use_bias_correction_kl: bool = arg(True, "ρ · k3: the KL's unbiased gradient")
+    entropy_coef: float = arg(0.0, "c, the entropy bonus's weight")
     num_iterations: int = arg(1, "optimizer steps on each batch")
     epsilon: float = arg(0.2, "lower clipping bound ε of the per-token ratio")
-    epsilon_high: float | None = arg(None, "upper clipping bound (default: epsilon)")
+    epsilon_high: float | None = arg(None, "upper clipping bound (default: epsilon; cispo: ~5)")
+    delta: float | None = arg(None, "INTELLECT-2's cap δ of ρ (above)")
     mask_truncated_completions: bool = arg(False, "no loss for completions with no end token")
     dynamic_sampling: bool = arg(False, "DAPO: groups of equal rewards give way to new prompts")
     max_resample_rounds: int = arg(3, "--dynamic_sampling: extra sampling rounds per step at most")
@@ -159,6 +170,11 @@ def check_args(args: Args):
     require(G >= 2, f"--num_generations: the baseline needs G ≥ 2, got {G}")
     rounds = args.max_resample_rounds
     require(rounds >= 0, f"--max_resample_rounds: must be ≥ 0, got {rounds}")
+    if args.importance_sampling_level == "sequence" and args.loss_type != "grpo":  # as TRL
+        tqdm.write(
+            f"warning: --loss_type {args.loss_type} weighs each completion's s_i by its length; GSPO's is grpo",
+            file=sys.stderr,
+        )
     check_shared_args(args)
 
 
@@ -167,21 +183,21 @@ def completion_logprobs(
     model, input_ids, attention_mask, T: int, temperature: float, entropy=False, chunk=2**24
 ):
     """log π(y_t | x, y_<t) (B, T) of the last T tokens (the completion) under softmax(logits / τ),
-    and with `entropy` that softmax's detached entropy (B, T). The float32 log-softmax is made in
-    64 MB pieces, recomputed in the backward; glibc maps each afresh (page faults, which its
-    variables trade for memory: docs/benchmarks.md)."""
+    and with `entropy` its entropy (B, T), detached (recomputation stops before it) unless
+    "grad". The float32 log-softmax is made in 64 MB pieces, recomputed in the backward; glibc
+    maps each afresh (page faults, which its variables trade for memory: docs/benchmarks.md)."""
     position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)  # as in generation
     # T + 1 positions, the last prompt's predicting the first completion token; as indices, which
     # transformers slices contiguously (an int's strided view: a bf16 lm_head weight copy per row)
     kept = torch.arange(input_ids.shape[1] - T - 1, input_ids.shape[1], device=input_ids.device)
     inputs = dict(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids)
-    logits = model(**inputs, logits_to_keep=kept).logits[:, :-1]  # (B, T, V): t predicts token t
+    logits = model(**inputs, logits_to_keep=kept, use_cache=False).logits[:, :-1]  # (B, T, V)
     positions = max(1, chunk // (logits.shape[0] * logits.shape[2]))
 
     def logprobs_of(z, y):
         logp = torch.log_softmax(z.float() / temperature, -1)
         chosen = logp.gather(-1, y[..., None])[..., 0]
-        with torch.no_grad():  # H = −Σ p log p, as TRL; recomputation stops above
+        with torch.set_grad_enabled(entropy == "grad"):  # H = −Σ p log p, as TRL
             H = -(logp.exp() * logp).sum(-1) if entropy else None
         return chosen, H
 
@@ -250,22 +266,43 @@ def grpo_loss(
     advantages,
     weights,
     is_weights,
+    mask=None,
+    entropy=None,
+    entropy_weights=None,
     *,
     beta,
     epsilon,
     epsilon_high,
+    delta=None,
+    loss_type="dapo",
+    importance_sampling_level="token",
+    use_bias_correction_kl=True,
+    entropy_coef=0.0,
 ):
-    """Σ_{i,t} w_{i,t} (−is_{i,t} min(ρ_{i,t} A_i, clip(ρ_{i,t}, 1−ε, 1+ε_high) A_i) + β kl_{i,t})
-    over a micro-batch, is (B, 1) or (B, T); the loss, its policy part (no KL) and ρ (B, T)."""
-    ratio = torch.exp(logprobs - old_logprobs)  # ≡ 1 (but not its gradient) at the first update
+    """L of a micro-batch (above): is (B, 1) or (B, T), m and H (B, T), H's weights m / Σm;
+    the loss, its policy part (no bonus) and ρ (B, T) or s (B, 1)."""
+    log_ratio = logprobs - old_logprobs
+    if importance_sampling_level == "sequence":  # GSPO: y_i's mean
+        lengths = mask.sum(1, keepdim=True).clamp(min=1)
+        log_ratio = (log_ratio * mask).sum(1, keepdim=True) / lengths
+    ratio = torch.exp(log_ratio)  # ≡ 1 (but not its gradient) at the first update
     advantages = advantages[:, None]  # (B, 1): the same for every token
-    clipped = ratio.clamp(1 - epsilon, 1 + epsilon_high)
-    surrogate = torch.min(ratio * advantages, clipped * advantages)
-    policy_loss = -(surrogate * is_weights * weights).sum()
-    if beta == 0:
-        return policy_loss, policy_loss, ratio
-    kl_loss = beta * (per_token_kl(logprobs, ref_logprobs) * weights).sum()
-    return policy_loss + kl_loss, policy_loss, ratio
+    if loss_type == "cispo":  # a constant weight of ∇ log π
+        surrogate = ratio.clamp(max=epsilon_high).detach() * advantages * logprobs
+    else:
+        unclipped = ratio.clamp(max=math.inf if delta is None else delta)  # INTELLECT-2's δ
+        clipped = ratio.clamp(1 - epsilon, 1 + epsilon_high)
+        surrogate = torch.min(unclipped * advantages, clipped * advantages)
+    loss = -(surrogate * is_weights * weights).sum()
+    if beta > 0:
+        kl = per_token_kl(logprobs, ref_logprobs)
+        if use_bias_correction_kl:  # ∇(ρ · k3): the KL's, unbiased
+            kl = ratio * kl
+        loss = loss + beta * (kl * weights).sum()
+    if entropy_coef == 0:
+        return loss, loss, ratio
+    bonus = entropy_coef * (entropy * entropy_weights).sum()
+    return loss - bonus, loss, ratio
 
 
 def zero_std_groups(rewards, num_generations: int) -> torch.Tensor:
@@ -797,6 +834,9 @@ def main(args: Args):
             rewards_per_func=rewards_per_func,
         )
 
+    bonus_entropy = "grad" if args.entropy_coef > 0 else False  # H, for the loss
+    clip_high_at = args.epsilon_high if args.loss_type == "cispo" else 1 + args.epsilon_high
+
     for step in progress:
         step_start = time.perf_counter()
         logging_step = step % args.logging_steps == 0 or step == args.max_steps
@@ -838,12 +878,12 @@ def main(args: Args):
                 ref_logprobs[mb] = reference_logprobs(ids, mask, T)
             with torch.set_grad_enabled(keep_graph), accelerator.autocast():
                 logprobs, token_entropy = completion_logprobs(
-                    model, ids, mask, T, args.temperature, entropy=logging_step
+                    model, ids, mask, T, args.temperature, entropy=bonus_entropy or logging_step
                 )
             old_logprobs[mb] = logprobs.detach()  # π_θ_old = π_θ before the update
-            if logging_step:
-                entropy[mb] = token_entropy
-        first_update_logprobs = logprobs if keep_graph else None
+            if token_entropy is not None:
+                entropy[mb] = token_entropy.detach()
+        first_update = (logprobs, token_entropy) if keep_graph else None
         kl = per_token_kl(old_logprobs, ref_logprobs)  # (B, T), logged masked
 
         # ==== 4. advantages: group-relative, of the rewards alone (the KL is a loss term) ====
@@ -870,6 +910,8 @@ def main(args: Args):
         normalizer = accelerator.reduce(normalizer, "sum")  # counted in every process's rows
         # DDP averages the processes' gradients: N × this process's share of the one sum
         token_weights = processes * loss_token_weights(loss_mask, args.loss_type, normalizer)
+        tokens_in_loss = accelerator.reduce(loss_mask.sum(), "sum")
+        entropy_weights = processes * loss_token_weights(loss_mask, "dapo", tokens_in_loss)
 
         # ==== 6. loss and update: num_iterations passes over the batch, in micro-batches ====
         clip_low, clip_high, losses, policy_losses, grad_norms = [], [], [], [], []
@@ -883,11 +925,12 @@ def main(args: Args):
                 accelerator.sync_gradients = last
                 with contextlib.nullcontext() if last else accelerator.no_sync(model):
                     if iteration == 0 and keep_graph:
-                        logprobs = first_update_logprobs  # phase 3's pass, graph and all
+                        logprobs, token_entropy = first_update  # phase 3's pass, graph and all
                     else:
+                        ids, mask = input_ids[mb], attention_mask[mb]
                         with accelerator.autocast():
-                            logprobs, _ = completion_logprobs(
-                                model, input_ids[mb], attention_mask[mb], T, args.temperature
+                            logprobs, token_entropy = completion_logprobs(
+                                model, ids, mask, T, args.temperature, entropy=bonus_entropy
                             )
                     loss, policy_loss, ratio = grpo_loss(
                         logprobs,
@@ -896,18 +939,28 @@ def main(args: Args):
                         advantages[mb],
                         token_weights[mb],
                         is_weights[mb],
+                        loss_mask[mb],
+                        token_entropy,
+                        entropy_weights[mb],
                         beta=args.beta,
                         epsilon=args.epsilon,
                         epsilon_high=args.epsilon_high,
+                        delta=args.delta,
+                        loss_type=args.loss_type,
+                        importance_sampling_level=args.importance_sampling_level,
+                        use_bias_correction_kl=args.use_bias_correction_kl,
+                        entropy_coef=args.entropy_coef,
                     )
                     accelerator.backward(loss)
                 loss_sum += loss.item()
                 policy_loss_sum += policy_loss.item()
-                token_share = completion_mask[mb] / completion_mask[mb].sum().clamp(min=1)
+                share = completion_mask[mb] / completion_mask[mb].sum().clamp(min=1)  # of tokens
+                if args.importance_sampling_level == "sequence":  # of completions, as TRL
+                    share = torch.full_like(ratio, 1 / len(mb))
                 clipped_low = (ratio < 1 - args.epsilon) & (advantages[mb, None] < 0)
-                clipped_high = (ratio > 1 + args.epsilon_high) & (advantages[mb, None] > 0)
-                clip_low.append((clipped_low * token_share).sum().item())
-                clip_high.append((clipped_high * token_share).sum().item())
+                clipped_high = (ratio > clip_high_at) & (advantages[mb, None] > 0)
+                clip_low.append((clipped_low * share).sum().item())
+                clip_high.append((clipped_high * share).sum().item())
             max_norm = args.max_grad_norm or math.inf  # 0: no clipping, as in transformers
             grad_norms.append(float(accelerator.clip_grad_norm_(model.parameters(), max_norm)))
             if not (math.isfinite(loss_sum) and math.isfinite(grad_norms[-1])):
@@ -948,11 +1001,14 @@ def main(args: Args):
             metrics["loss"] = mean_loss.item()
             metrics["policy_loss"] = accelerator.reduce(policy_loss, "mean").item()
             metrics["grad_norm"] = sum(grad_norms) / len(grad_norms)
-            metrics["clip_ratio/low_mean"] = low.mean().item()
-            metrics["clip_ratio/low_min"] = low.min().item()
-            metrics["clip_ratio/high_mean"] = high.mean().item()
-            metrics["clip_ratio/high_max"] = high.max().item()
-            metrics["clip_ratio/region_mean"] = (low + high).mean().item()
+            if args.loss_type == "cispo":  # the share of tokens whose ρ it caps
+                metrics["cispo_clip_ratio"] = high.mean().item()
+            else:
+                metrics["clip_ratio/low_mean"] = low.mean().item()
+                metrics["clip_ratio/low_min"] = low.min().item()
+                metrics["clip_ratio/high_mean"] = high.mean().item()
+                metrics["clip_ratio/high_max"] = high.max().item()
+                metrics["clip_ratio/region_mean"] = (low + high).mean().item()
             if args.dynamic_sampling:
                 metrics["dynamic_sampling/dropped_frac"] = dropped_frac
             if off_policy:  # |log π_θ_old − log π_vllm| of completion tokens, and is

@@ -154,21 +154,21 @@ def completion_logprobs(
     model, input_ids, attention_mask, T: int, temperature: float, entropy=False, chunk=2**24
 ):
     """log π(y_t | x, y_<t) (B, T) of the last T tokens (the completion) under softmax(logits / τ),
-    and with `entropy` that softmax's detached entropy (B, T). The float32 log-softmax is made in
-    64 MB pieces, recomputed in the backward; glibc maps each afresh (page faults, which its
-    variables trade for memory: docs/benchmarks.md)."""
+    and with `entropy` its entropy (B, T), detached (recomputation stops before it) unless
+    "grad". The float32 log-softmax is made in 64 MB pieces, recomputed in the backward; glibc
+    maps each afresh (page faults, which its variables trade for memory: docs/benchmarks.md)."""
     position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)  # as in generation
     # T + 1 positions, the last prompt's predicting the first completion token; as indices, which
     # transformers slices contiguously (an int's strided view: a bf16 lm_head weight copy per row)
     kept = torch.arange(input_ids.shape[1] - T - 1, input_ids.shape[1], device=input_ids.device)
     inputs = dict(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids)
-    logits = model(**inputs, logits_to_keep=kept).logits[:, :-1]  # (B, T, V): t predicts token t
+    logits = model(**inputs, logits_to_keep=kept, use_cache=False).logits[:, :-1]  # (B, T, V)
     positions = max(1, chunk // (logits.shape[0] * logits.shape[2]))
 
     def logprobs_of(z, y):
         logp = torch.log_softmax(z.float() / temperature, -1)
         chosen = logp.gather(-1, y[..., None])[..., 0]
-        with torch.no_grad():  # H = −Σ p log p, as TRL; recomputation stops above
+        with torch.set_grad_enabled(entropy == "grad"):  # H = −Σ p log p, as TRL
             H = -(logp.exp() * logp).sum(-1) if entropy else None
         return chosen, H
 

@@ -99,7 +99,8 @@ def test_unscorable_completions_stay_out_of_the_mean_and_std_and_get_no_advantag
 
 def test_advantages_and_every_loss_type_equal_trls_on_identical_inputs():
     """tests/data/trl_1_16_grpo.json: TRL 1.16's own lines (tests/data/trl_1_16_grpo.py) on fixed inputs, with an
-    unscorable completion, clipping (ε_high 0.28) and the KL term."""
+    unscorable completion, clipping (ε_high 0.28) and the KL term without its bias correction (the objectives' file,
+    tests/test_trl_equivalence.py, has it)."""
     trl = json.loads((ROOT / "tests" / "data" / "trl_1_16_grpo.json").read_text())
     per_func = [
         [1.0, 0.2],
@@ -135,6 +136,8 @@ def test_advantages_and_every_loss_type_equal_trls_on_identical_inputs():
                 beta=beta,
                 epsilon=0.2,
                 epsilon_high=0.28,
+                loss_type=loss_type,
+                use_bias_correction_kl=False,
             )
             expected = trl[f"loss/{loss_type}/beta={beta}"]
             assert loss.item() == pytest.approx(expected, abs=1e-6), (loss_type, beta)
@@ -223,7 +226,10 @@ def test_micro_batches_sum_to_the_whole_batch_loss_and_gradient(loss_type):
     loss_mask = completion_mask * ~is_truncated[:, None]
     weights = whole_batch_weights(loss_mask, loss_type, max_completion_length=T)
 
-    def loss_and_grad(micro_batch_size):
+    entropy = torch.rand(B, T) * 2
+    entropy_weights = whole_batch_weights(loss_mask, "dapo", max_completion_length=T)
+
+    def loss_and_grad(micro_batch_size, **objective):
         logprobs, total = base.clone().requires_grad_(), 0.0
         for mb in torch.arange(B).split(micro_batch_size):
             loss, _, _ = grpo_loss(
@@ -233,20 +239,27 @@ def test_micro_batches_sum_to_the_whole_batch_loss_and_gradient(loss_type):
                 advantages[mb],
                 weights[mb],
                 is_weights[mb],
+                loss_mask[mb],
+                entropy[mb],
+                entropy_weights[mb],
                 beta=0.04,
                 epsilon=0.2,
-                epsilon_high=0.28,
+                **{"epsilon_high": 0.28, **objective},
             )
             loss.backward()
             total += loss.item()
         return total, logprobs.grad
 
-    whole_loss, whole_grad = loss_and_grad(B)
-    for micro in (1, 2, 4):
-        loss, grad = loss_and_grad(micro)
-        assert loss == pytest.approx(whole_loss, rel=1e-5, abs=1e-7)
-        assert torch.allclose(grad, whole_grad, atol=1e-7)
-    assert whole_grad[is_truncated].abs().sum() == 0 and whole_grad[~is_truncated].abs().sum() > 0
+    # GSPO's ratio, δ and the entropy bonus; CISPO (its own weights aside)
+    gspo = dict(importance_sampling_level="sequence", delta=1.3, entropy_coef=0.1)
+    for objective in ({}, gspo, dict(loss_type="cispo", epsilon_high=1.1)):
+        whole_loss, whole_grad = loss_and_grad(B, **objective)
+        for micro in (1, 2, 4):
+            loss, grad = loss_and_grad(micro, **objective)
+            assert loss == pytest.approx(whole_loss, rel=1e-5, abs=1e-7)
+            assert torch.allclose(grad, whole_grad, atol=1e-7)
+        assert whole_grad[is_truncated].abs().sum() == 0
+        assert whole_grad[~is_truncated].abs().sum() > 0
 
 
 # ---- the KL term ----
@@ -260,7 +273,10 @@ def test_k3_values_and_gradient():
     assert (per_token_kl(torch.randn(100), torch.randn(100)) >= 0).all()
 
 
-def test_the_kl_term_weighs_beta_and_is_not_importance_weighted():
+@pytest.mark.parametrize("bias_correction, gradient", [(False, 1 - 0.5), (True, math.log(2))])
+def test_the_kl_term_weighs_beta_and_is_not_importance_weighted(bias_correction, gradient):
+    """π_θ = 0.5, π_ref = 0.25, on-policy (ρ = 1): k3's value either way; its gradient 1 − π_ref/π_θ = 0.5 alone, and
+    with TRL 1.16's bias correction ∇(ρ · k3) = k3 + 1 − π_ref/π_θ = log(π_θ/π_ref) = log 2, the KL's own gradient."""
     logprobs = torch.tensor([[math.log(0.5), 0.0]], requires_grad=True)
     ref_logprobs = torch.tensor([[math.log(0.25), 0.0]])
     weights = whole_batch_weights(torch.tensor([[1, 0]]), "dapo", 2)
@@ -274,11 +290,11 @@ def test_the_kl_term_weighs_beta_and_is_not_importance_weighted():
         beta=0.04,
         epsilon=0.2,
         epsilon_high=0.2,
+        use_bias_correction_kl=bias_correction,
     )
-    assert policy_loss.item() == 0.0
-    assert loss.item() == pytest.approx(0.04 * (0.5 + math.log(2) - 1))
+    assert loss.item() == pytest.approx(0.04 * (0.5 + math.log(2) - 1)) == policy_loss.item()
     loss.backward()
-    assert logprobs.grad[0].tolist() == pytest.approx([0.04 * 0.5, 0.0])
+    assert logprobs.grad[0].tolist() == pytest.approx([0.04 * gradient, 0.0])
 
 
 # ---- clipping and importance sampling ----
@@ -340,6 +356,162 @@ def test_importance_sampling_weights_by_hand():
     # 2 capped at 1.5
     assert weights("token_truncate") == pytest.approx([1.5, 0.5, 1.0, 0.5, 1.0, 1 / 3])
     assert weights("token_mask") == pytest.approx([0.0, 0.5, 1.0, 0.5, 1.0, 1 / 3])  # 2 zeroed
+
+
+# ---- GSPO, CISPO, δ and the entropy bonus ----
+def test_gspo_clips_the_completions_mean_ratio_as_one_and_reaches_every_token():
+    """Token ratios 2 and 1/2 (and padding, which counts for nothing) give s = exp((log 2 − log 2) / 2) = 1: nothing
+    clipped, where the token level clips ρ = 2 > 1 + ε for A = 1. The gradient reaches each token as
+    −A · s · w · |y| / |y| = −0.5 with grpo's weights 1/2; the token level's: 0 (clipped) and −ρ w A = −0.25."""
+    mask = torch.tensor([[1, 1, 0]])
+    weights = whole_batch_weights(mask, "grpo", 3)
+    expected = {
+        "token": (-(1.2 + 0.5) / 2, [0.0, -0.25, 0.0]),
+        "sequence": (-1.0, [-0.5, -0.5, 0.0]),
+    }
+    for level, (expected_loss, expected_grad) in expected.items():
+        logprobs = torch.tensor([[math.log(2), math.log(0.5), 5.0]], requires_grad=True)
+        loss, _, ratio = grpo_loss(
+            logprobs,
+            torch.zeros(1, 3),
+            None,
+            torch.tensor([1.0]),
+            weights,
+            1.0,
+            mask,
+            beta=0.0,
+            epsilon=0.2,
+            epsilon_high=0.2,
+            loss_type="grpo",
+            importance_sampling_level=level,
+        )
+        loss.backward()
+        assert loss.item() == pytest.approx(expected_loss)
+        assert logprobs.grad[0].tolist() == pytest.approx(expected_grad)
+    assert ratio.shape == (1, 1) and ratio.item() == pytest.approx(1.0)  # one s per completion
+
+
+@pytest.mark.parametrize("loss_type", LOSS_TYPES)
+def test_gspo_on_policy_has_the_token_levels_gradient(loss_type):
+    """One update per batch: s_i ≡ 1, and as w is the same on all of y_i's tokens, ∇L is the token level's."""
+    mask = (torch.arange(5)[None] < torch.tensor([5, 2, 4, 1])[:, None]).long()
+    base = -torch.rand(4, 5, generator=torch.Generator().manual_seed(0))
+    weights = whole_batch_weights(mask, loss_type, 5)
+    grads = []
+    for level in ("token", "sequence"):
+        logprobs = base.clone().requires_grad_()
+        loss, _, _ = grpo_loss(
+            logprobs,
+            base,
+            None,
+            torch.tensor([1.0, -0.5, 0.3, -0.8]),
+            weights,
+            1.0,
+            mask,
+            beta=0.0,
+            epsilon=0.2,
+            epsilon_high=0.2,
+            importance_sampling_level=level,
+        )
+        loss.backward()
+        grads.append(logprobs.grad)
+    assert torch.allclose(grads[0], grads[1], atol=1e-7)
+
+
+def test_cispo_keeps_every_tokens_gradient_weighted_by_its_capped_ratio():
+    """ℓ = −sg(min(ρ, ε_high)) A log π. ρ = 1.5 > ε_high = 1.2 with A = 1: the gradient −1.2, where the clipped
+    surrogate gives none; ρ = 0.5 with A = −1: +0.5, where the lower clip (0.8) gives none."""
+    logprobs = torch.tensor([[math.log(1.5)], [math.log(0.5)]], requires_grad=True)
+    loss, _, _ = grpo_loss(
+        logprobs,
+        torch.zeros(2, 1),
+        None,
+        torch.tensor([1.0, -1.0]),
+        torch.ones(2, 1),
+        1.0,
+        beta=0.0,
+        epsilon=0.2,
+        epsilon_high=1.2,
+        loss_type="cispo",
+    )
+    loss.backward()
+    assert loss.item() == pytest.approx(-1.2 * math.log(1.5) + 0.5 * math.log(0.5))
+    assert logprobs.grad[:, 0].tolist() == pytest.approx([-1.2, 0.5])
+
+
+def test_delta_caps_the_unclipped_ratio_of_a_negative_advantage():
+    """A = −1, ρ = 3: min(ρ A, clip(ρ) A) = −3 grows without bound in ρ (loss 3, gradient 3); δ = 2 caps it (loss 2, no
+    gradient)."""
+    for delta, expected in ((None, 3.0), (2.0, 2.0)):
+        logprobs = torch.tensor([[math.log(3.0)]], requires_grad=True)
+        loss, _, _ = grpo_loss(
+            logprobs,
+            torch.zeros(1, 1),
+            None,
+            torch.tensor([-1.0]),
+            torch.ones(1, 1),
+            1.0,
+            beta=0.0,
+            epsilon=0.2,
+            epsilon_high=0.28,
+            delta=delta,
+        )
+        loss.backward()
+        assert loss.item() == pytest.approx(expected)
+        assert logprobs.grad.item() == pytest.approx(3.0 if delta is None else 0.0)
+
+
+def test_the_entropy_bonus_is_c_times_the_mean_entropy_of_the_loss_tokens():
+    """H = 1, 2 and 0.5 on the three tokens (padding's 9 left out), c = 0.1: L = policy_loss − 0.1 · 3.5 / 3, whatever
+    the loss_type's weights (dr_grpo here), and ∂L/∂H_t = −c / 3 on each token."""
+    mask = torch.tensor([[1, 1], [1, 0]])
+    entropy = torch.tensor([[1.0, 2.0], [0.5, 9.0]], requires_grad=True)
+    loss, policy_loss, _ = grpo_loss(
+        torch.zeros(2, 2),
+        torch.zeros(2, 2),
+        None,
+        torch.tensor([1.0, -1.0]),
+        whole_batch_weights(mask, "dr_grpo", 2),
+        1.0,
+        mask,
+        entropy,
+        whole_batch_weights(mask, "dapo", 2),
+        beta=0.0,
+        epsilon=0.2,
+        epsilon_high=0.2,
+        entropy_coef=0.1,
+    )
+    loss.backward()
+    assert policy_loss.item() == pytest.approx(-(2 * 1 - 1) / 4)  # −Σ w A, w = 1 / (B · 2)
+    assert policy_loss.item() - loss.item() == pytest.approx(0.1 * 3.5 / 3)
+    assert entropy.grad.flatten().tolist() == pytest.approx([-0.1 / 3] * 3 + [0.0])
+
+
+@pytest.mark.parametrize("loss_type, warned", [("grpo", False), ("dapo", True), ("cispo", True)])
+def test_sequence_level_with_a_length_weighted_loss_warns_in_one_line(capsys, loss_type, warned):
+    """As TRL: GSPO's objective is loss_type grpo's; the others weigh each s_i by its completion's length."""
+    grpo.check_args(grpo.Args(importance_sampling_level="sequence", loss_type=loss_type))
+    stderr = capsys.readouterr().err
+    assert len(stderr.splitlines()) == warned
+    assert ("warning: --loss_type" in stderr) == warned
+
+
+@pytest.mark.parametrize(
+    "flags, clip_key",
+    [
+        (dict(importance_sampling_level="sequence", loss_type="grpo"), "clip_ratio/region_mean"),
+        (dict(loss_type="cispo", epsilon_high=5.0), "cispo_clip_ratio"),
+    ],
+)
+def test_gspo_and_cispo_runs_log_trls_clip_metrics(tmp_path, flags, clip_key):
+    """Two updates per batch. GSPO's clip_ratio/* count completions (of the 16 in each of 2 passes: multiples of 1/32),
+    as TRL's; CISPO logs cispo_clip_ratio alone."""
+    grpo.main(args(tmp_path, num_iterations=2, learning_rate=3e-3, **flags))
+    train = training(tmp_path / "out")
+    assert all(0 <= r[clip_key] <= 1 for r in train)
+    assert all(("clip_ratio/low_mean" in r) == (clip_key != "cispo_clip_ratio") for r in train)
+    if clip_key == "clip_ratio/region_mean":
+        assert all(r[clip_key] * 32 == pytest.approx(round(r[clip_key] * 32)) for r in train)
 
 
 # ---- dynamic sampling ----
@@ -422,7 +594,8 @@ def test_dynamic_sampling_samples_rounds_until_enough_groups_differ(
 # ---- end to end ----
 def test_a_run_logs_trls_metrics_with_the_kl_term_and_dynamic_sampling(tmp_path):
     rewards = dict(reward_funcs=["accuracy", "format"], reward_weights=["1", "0.2"])
-    grpo.main(args(tmp_path, beta=0.04, dynamic_sampling=True, max_resample_rounds=2, **rewards))
+    flags = dict(beta=0.04, entropy_coef=0.01, dynamic_sampling=True, max_resample_rounds=2)
+    grpo.main(args(tmp_path, **flags, **rewards))
     train = training(tmp_path / "out")
     assert [r["step"] for r in train] == [1, 2]
     for key in (
@@ -450,7 +623,8 @@ def test_a_run_logs_trls_metrics_with_the_kl_term_and_dynamic_sampling(tmp_path)
         assert all(key in r for r in train), key
     # π_θ = π_ref until the first update
     assert train[0]["kl"] == pytest.approx(0.0, abs=1e-6) and train[1]["kl"] > 0
-    assert train[1]["loss"] != train[1]["policy_loss"]  # + β · kl
+    for r in train:  # the entropy bonus: loss = policy_loss − c · H̄, H̄ the logged entropy
+        assert r["policy_loss"] - r["loss"] == pytest.approx(0.01 * r["entropy"], rel=1e-4)
     # up to 3 rounds of 4 prompts: a batch holds a group of equal rewards only if fewer than 4 of 12 groups differed
     assert any(r["dynamic_sampling/dropped_frac"] > 0 for r in train)
     assert all(

@@ -14,7 +14,7 @@ from conftest import ROOT, run_script
 BUDGETS = {
     "rloo.py": 900,
     "reinforce.py": 900,
-    "grpo.py": 1030,
+    "grpo.py": 1080,
     "ppo.py": 1130,
     "sft.py": 720,
     "reward_model.py": 720,
@@ -25,7 +25,7 @@ BUDGETS = {
 CHAR_BUDGETS = {
     "rloo.py": 42_700,
     "reinforce.py": 43_450,
-    "grpo.py": 49_750,
+    "grpo.py": 52_250,
     "ppo.py": 54_250,
     "sft.py": 32_850,
     "reward_model.py": 29_500,

@@ -99,6 +99,7 @@ out = {
 }
 out |= {
     "advantages": advantages.tolist(),
+    "move": move.tolist(),
     "lr": lr,
     "max_completion_length": max_completion_length,
 }
