@@ -205,9 +205,9 @@ def completion_logprobs(
     model, input_ids, attention_mask, T: int, temperature: float, entropy=False, chunk=2**24
 ):
     """log π(y_t | x, y_<t) (B, T) of the last T tokens (the completion) under softmax(logits / τ),
-    and with `entropy` its entropy (B, T), detached (recomputation stops before it) unless
-    "grad". The float32 log-softmax is made in 64 MB pieces, recomputed in the backward; glibc
-    maps each afresh (page faults, which its variables trade for memory: docs/benchmarks.md)."""
+    and with `entropy` its entropy (B, T), detached unless "grad". The float32 log-softmax is
+    made in 64 MB pieces, recomputed in the backward; glibc maps each afresh (page faults, which
+    its variables trade for memory: docs/benchmarks.md)."""
     position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)  # as in generation
     # T + 1 positions, the last prompt's predicting the first completion token; as indices, which
     # transformers slices contiguously (an int's strided view: a bf16 lm_head weight copy per row)
@@ -262,7 +262,7 @@ def completion_values(value_model, input_ids, attention_mask, T: int) -> torch.T
     logits for the token are (the classifier's own output is the last token's)."""
     position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)  # as in generation
     inputs = dict(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids)
-    hidden = value_model(**inputs, output_hidden_states=True).hidden_states[-1]
+    hidden = value_model(**inputs, output_hidden_states=True, use_cache=False).hidden_states[-1]
     head = getattr(value_model, "module", value_model).score  # DDP: in .module; peft passes it on
     return head(hidden[:, -T - 1 : -1]).squeeze(-1).float()
 
@@ -491,7 +491,7 @@ def load_for_training(args, path: str, model_class=AutoModelForCausalLM, **optio
         if getattr(layer, "support_avx512bf16_for_cpu", False):
             layer.support_avx512bf16_for_cpu = False
     if args.gradient_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        getattr(model, "activation_checkpointing_enable", model.gradient_checkpointing_enable)()
     return model.train()
 
 

@@ -194,7 +194,8 @@ def pair_rewards(model, rows: list[dict], pad_token_id: int, device):
     input_ids = torch.tensor(padded, device=device)
     lengths = torch.tensor([len(ids) for ids in sequences], device=device)
     attention_mask = (torch.arange(L, device=device) < lengths[:, None]).long()
-    rewards = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, 0].float()
+    outputs = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+    rewards = outputs.logits[:, 0].float()
     return rewards[: len(rows)], rewards[len(rows) :]
 
 
@@ -339,7 +340,7 @@ def load_for_training(args, path: str, model_class=AutoModelForCausalLM, **optio
         if getattr(layer, "support_avx512bf16_for_cpu", False):
             layer.support_avx512bf16_for_cpu = False
     if args.gradient_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        getattr(model, "activation_checkpointing_enable", model.gradient_checkpointing_enable)()
     return model.train()
 
 

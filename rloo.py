@@ -154,9 +154,9 @@ def completion_logprobs(
     model, input_ids, attention_mask, T: int, temperature: float, entropy=False, chunk=2**24
 ):
     """log π(y_t | x, y_<t) (B, T) of the last T tokens (the completion) under softmax(logits / τ),
-    and with `entropy` its entropy (B, T), detached (recomputation stops before it) unless
-    "grad". The float32 log-softmax is made in 64 MB pieces, recomputed in the backward; glibc
-    maps each afresh (page faults, which its variables trade for memory: docs/benchmarks.md)."""
+    and with `entropy` its entropy (B, T), detached unless "grad". The float32 log-softmax is
+    made in 64 MB pieces, recomputed in the backward; glibc maps each afresh (page faults, which
+    its variables trade for memory: docs/benchmarks.md)."""
     position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)  # as in generation
     # T + 1 positions, the last prompt's predicting the first completion token; as indices, which
     # transformers slices contiguously (an int's strided view: a bf16 lm_head weight copy per row)
@@ -378,7 +378,7 @@ def load_for_training(args, path: str, model_class=AutoModelForCausalLM, **optio
         if getattr(layer, "support_avx512bf16_for_cpu", False):
             layer.support_avx512bf16_for_cpu = False
     if args.gradient_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        getattr(model, "activation_checkpointing_enable", model.gradient_checkpointing_enable)()
     return model.train()
 
 

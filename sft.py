@@ -352,7 +352,7 @@ def load_for_training(args, path: str, model_class=AutoModelForCausalLM, **optio
         if getattr(layer, "support_avx512bf16_for_cpu", False):
             layer.support_avx512bf16_for_cpu = False
     if args.gradient_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        getattr(model, "activation_checkpointing_enable", model.gradient_checkpointing_enable)()
     return model.train()
 
 
@@ -616,8 +616,8 @@ def main(args: Args):
         input_ids, attention_mask, labels = collate(batch, tokenizer.pad_token_id, device)
 
         # ==== 2. loss: the mean of −log π_θ(y_t | x, y_<t) over the batch's completion tokens ====
-        with accelerator.autocast():
-            logits = model(input_ids=input_ids, attention_mask=attention_mask).logits  # (B, L, V)
+        with accelerator.autocast():  # logits (B, L, V)
+            logits = model(input_ids, attention_mask=attention_mask, use_cache=False).logits
         nll, mask, correct = token_losses(logits, labels)  # (B, L − 1) each
         # every process's tokens; × processes as DDP averages the processes' gradients
         num_completion_tokens = accelerator.reduce(mask.sum(), "sum").clamp(min=1)

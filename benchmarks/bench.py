@@ -214,7 +214,11 @@ def install_hooks(report: dict, phases: bool):
         kept = output.logits.shape[1] if hasattr(output, "logits") else 0  # positions with logits
         backward = 0  # how many forwards' worth of work its backward does
         if trains and torch.is_grad_enabled():
-            backward = 3 if module.is_gradient_checkpointing else 2
+            # transformers' new name where it has it (is_gradient_checkpointing is deprecated)
+            checkpointed = getattr(module, "is_activation_checkpointing", None)
+            if checkpointed is None:
+                checkpointed = module.is_gradient_checkpointing
+            backward = 3 if checkpointed else 2
         phase = "policy forward" if trains else "reference forward"
         note(phase, start, module, B=B, L=L, kept=kept, backward=backward)
 
