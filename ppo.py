@@ -96,7 +96,7 @@ class Args:
     dataset_name: str = arg(str(HERE / "data/arithmetic"), "hub dataset, folder or file")
     dataset_config: str | None = arg(None, "the dataset's configuration, if it has several")
     dataset_train_split: str = arg("train", "split to train on")
-    dataset_test_split: str = arg("test", "held-out split to evaluate (skipped if absent)")
+    dataset_test_split: str = arg("test", "held-out split to evaluate (if absent: none)")
     reward_funcs: list[str] = arg(["accuracy"], "names, file.py:function or pkg.module.fn")
     reward_weights: list[str] = arg([], "one weight per reward function (default 1.0 each)")
     reward_model_path: str | None = arg(None, "a one-label sequence classifier, as a reward")
@@ -389,13 +389,12 @@ def parse_args(args_class):
     """The command line's flags, over a --config YAML file's (a TRL recipe, args.json)."""
     parser = HfArgumentParser(args_class, allow_abbrev=False)
     parser.add_argument("--config", help="a YAML file of flag: value, overridden by the flags")
-    parser.error = lambda message: fail(message.replace("argument ", ""))  # without the usage
-    typed = []  # the config's flags as typed (a list: its items); null and []: the default
+    parser.error = lambda message: fail(message.replace("argument ", ""))  # no usage
+    typed = []  # the config's flags; null and [] leave the default
     if path := parser.parse_args().config:
         with loading("--config", path):
-            config = yaml.safe_load(Path(path).read_text())
-        require(isinstance(config, dict), f"--config {path}: expected flag: value")
-        for key, value in [(k, v) for k, v in config.items() if v not in (None, [])]:
+            config = yaml.safe_load(Path(path).read_text()).items()
+        for key, value in [(k, v) for k, v in config if v not in (None, [])]:
             values = value if isinstance(value, list) else [value]
             typed += [f"--{key}", *(v if isinstance(v, str) else json.dumps(v) for v in values)]
         parser.error = lambda message: fail(f"--config {path}: {message.replace('argument ', '')}")
@@ -410,7 +409,10 @@ def parse_args(args_class):
 
 # ---- plumbing: data ----
 def load_split(args, split: str):
-    """A split of --dataset_name (hub dataset, folder, or a file: its train split), or None."""
+    """A split of --dataset_name (hub dataset, folder, or file: its train split), or None."""
+    is_train = split == args.dataset_train_split
+    if not is_train and args.eval_strategy == "no":
+        return None
     path = Path(args.dataset_name)
     empty = path.is_file() and path.stat().st_size == 0
     require(not empty, f"--dataset_name {path}: the file is empty")
@@ -419,14 +421,15 @@ def load_split(args, split: str):
             splits = load_dataset(str(path.resolve().parent), data_files={"train": path.name})
         else:
             splits = load_dataset(args.dataset_name, args.dataset_config)
-    is_train = split == args.dataset_train_split
-    require(split in splits or not is_train, f"--dataset_train_split: no {split!r}")
+    flag = "--dataset_train_split" if is_train else "--dataset_test_split"
+    optional = split == "test" and not is_train  # the default held-out split
+    require(split in splits or optional, f"{flag}: no {split!r} in {sorted(splits)}")
     return splits.get(split)
 
 
 # ---- plumbing: prompts ----
 def prompt_texts(tokenizer, dataset, args, split: str) -> list[str]:
-    """Every prompt of a split as the model reads it; a row that cannot be rendered is named."""
+    """Every prompt of a split as the model reads it; an unrenderable row is named."""
     columns = dataset.column_names
     require("prompt" in columns, f"--dataset_name: the {split} split has no 'prompt' column")
     texts = []
@@ -446,8 +449,7 @@ def check_context(model, tokenizer, texts: list[str], length: int):
 
 # ---- plumbing: models ----
 def load_for_training(args, path: str, model_class=AutoModelForCausalLM, **options):
-    """A model to train: float32 master weights (a frozen LoRA base: bf16 under --bf16, or 4-bit),
-    dropout off. `options`: from_pretrained's, with LoRA's `task_type` and the `flag` to blame."""
+    """A model to train: float32, dropout off (a frozen LoRA base: bf16 or 4-bit)."""
     from peft import LoraConfig, get_peft_model
 
     task_type = options.pop("task_type", "CAUSAL_LM")
@@ -514,7 +516,7 @@ def prepare_frozen(accelerator, model):
 # ---- plumbing: sampling ----
 @contextlib.contextmanager
 def unwrapped_for_generation(accelerator, model):
-    """The plain policy in eval mode, to sample from; under ZeRO-3 with its parameters gathered."""
+    """The plain policy in eval mode, to sample from; its parameters gathered under ZeRO-3."""
     plugin = accelerator.state.deepspeed_plugin
     policy = accelerator.unwrap_model(model)
     gathered = contextlib.nullcontext()
@@ -523,8 +525,7 @@ def unwrapped_for_generation(accelerator, model):
 
         gathered = deepspeed.zero.GatheredParameters(list(model.parameters()))
     with gathered, accelerator.autocast():
-        # eval mode: in train mode, checkpointing turns generate's cache off
-        yield policy.eval()
+        yield policy.eval()  # in train mode, checkpointing turns generate's cache off
     policy.train()
 
 
@@ -580,8 +581,7 @@ def load_weights(accelerator, model, folder: Path):
 # ---- plumbing: evaluation ----
 @torch.no_grad()
 def evaluate(accelerator, model, tokenizer, eval_dataset, eval_texts, reward_funcs, weights, args):
-    """eval/reward and eval/<function>: means over num_generations_eval samples of each held-out
-    prompt, and one greedy (`_greedy`). Its own RNG: training samples the same without it."""
+    """eval/reward, eval/<function>: means of num_generations_eval samples and a greedy one."""
     if eval_dataset is None:
         return {}
     my_rows = range(accelerator.process_index, len(eval_dataset), accelerator.num_processes)
@@ -615,16 +615,30 @@ def claim_output_dir(args) -> Path | None:
     """The checkpoint to resume from, its later metrics dropped; None for a fresh folder."""
     out = Path(args.output_dir)
     metrics = out / "metrics.jsonl"
-    checkpoint = None
+    require(args.output_dir, "--output_dir '': the working folder; name one")
+    for flag, value in asdict(args).items():
+        own = flag in ("output_dir", "resume_from_checkpoint")
+        read = not own and Path(str(value)).exists()
+        inside = read and value and Path(value).resolve().is_relative_to(out.resolve())
+        require(not inside, f"--output_dir {out}: it holds --{flag} {value}")
+    checkpoint = Path(args.resume_from_checkpoint) if args.resume_from_checkpoint else None
     if args.resume_from_checkpoint == "latest":
         found = checkpoints(out)
         require(found, f"--resume_from_checkpoint: none in {out}")
         checkpoint = found[-1]
-    elif args.resume_from_checkpoint:
-        checkpoint = Path(args.resume_from_checkpoint)
     if checkpoint is not None:
-        saved = (checkpoint / "trainer_state.json").is_file()
-        require(saved, f"--resume_from_checkpoint: none in {checkpoint}")
+        with loading("--resume_from_checkpoint", checkpoint):
+            saved = json.loads((checkpoint / "args.json").read_text())
+        resumable = (checkpoint / "state").is_dir()
+        require(resumable, f"--resume_from_checkpoint {checkpoint}: a run's final model")
+        ours = set(saved) <= set(asdict(args))
+        require(ours, f"--resume_from_checkpoint {checkpoint}: another script's checkpoint")
+        skip = {"resume_from_checkpoint", "overwrite_output_dir"}
+        changed = [k for k, v in asdict(args).items() if k not in skip and saved.get(k, v) != v]
+        said = "".join(f"; --{k} {getattr(args, k)} (was {saved[k]})" for k in changed)
+        for key in ("learning_rate", "weight_decay", "lr_scheduler_type", "warmup_ratio"):
+            require(key not in changed, f"--{key} {getattr(args, key)}: resumes keep {saved[key]}")
+        print(f"resuming from {checkpoint}{said}")
     with loading("--output_dir", out):
         out.mkdir(parents=True, exist_ok=True)
     if checkpoint is not None:
@@ -633,16 +647,12 @@ def claim_output_dir(args) -> Path | None:
             records = metrics.read_text().splitlines(keepends=True)
             metrics.write_text("".join(r for r in records if json.loads(r)["step"] <= step))
         return checkpoint
-    used = checkpoints(out)
-    if metrics.is_file():
-        used.append(metrics)
+    used = [*checkpoints(out), *out.glob("metrics.jsonl")]
     hint = "continue it with --resume_from_checkpoint latest, or add --overwrite_output_dir"
     require(not used or args.overwrite_output_dir, f"--output_dir: {out} holds a run: {hint}")
-    for path in used:  # --overwrite_output_dir
-        if path.is_dir():
-            shutil.rmtree(path)
-        else:
-            path.unlink()
+    for folder in checkpoints(out):  # --overwrite_output_dir
+        shutil.rmtree(folder)
+    metrics.unlink(missing_ok=True)
     return None
 
 
@@ -663,12 +673,11 @@ def save_model(accelerator, args, model, tokenizer, folder: Path, state: dict):
 
 
 def save_checkpoint(accelerator, args, model, tokenizer, state: dict) -> Path:
-    """checkpoint-{step}: `save_model`, and accelerate's state (optimizer, scheduler, RNG; sharded
-    weights under DeepSpeed or FSDP), renamed into place when complete."""
+    """checkpoint-{step}: `save_model` and accelerate's state/, renamed when complete."""
     folder = Path(args.output_dir) / f"checkpoint-{state['step']}"
     tmp = folder.with_name(f".{folder.name}.tmp")
     save_model(accelerator, args, model, tokenizer, tmp, state)
-    # accelerate's hook to choose what save_state writes: not the weights, saved just above
+    # accelerate's hook: save_state writes no weights (saved above)
     hook = accelerator.register_save_state_pre_hook(lambda models, weights, _: weights.clear())
     accelerator.save_state(tmp / "state")
     hook.remove()
@@ -684,15 +693,10 @@ def save_checkpoint(accelerator, args, model, tokenizer, state: dict) -> Path:
 
 
 def load_checkpoint(accelerator, args, model, checkpoint: Path) -> dict:
-    """Restore what `save_checkpoint` saved; flags that differ from its args.json are said."""
+    """Restore what `save_checkpoint` saved."""
     from peft import set_peft_model_state_dict
     from safetensors.torch import load_file, load_model
 
-    saved = json.loads((checkpoint / "args.json").read_text())
-    skip = {"resume_from_checkpoint", "overwrite_output_dir"}
-    changed = [k for k, v in asdict(args).items() if k not in skip and saved.get(k, v) != v]
-    said = "".join(f"; --{k} {getattr(args, k)} (was {saved[k]})" for k in changed)
-    accelerator.print(f"resuming from {checkpoint}{said}")
     unwrapped = accelerator.unwrap_model(model)
     # DeepSpeed and FSDP keep the weights in state/
     if accelerator.distributed_type not in (DistributedType.DEEPSPEED, DistributedType.FSDP):
@@ -701,7 +705,7 @@ def load_checkpoint(accelerator, args, model, checkpoint: Path) -> dict:
             set_peft_model_state_dict(unwrapped, load_file(adapter))
         else:
             load_model(unwrapped, checkpoint / "model.safetensors")
-    # accelerate's hook to choose what load_state reads: not the weights, loaded just above
+    # accelerate's hook: load_state reads no weights (loaded above)
     hook = accelerator.register_load_state_pre_hook(lambda models, _: models.clear())
     accelerator.load_state(checkpoint / "state")
     hook.remove()
@@ -758,9 +762,7 @@ def main(args: Args):
     with loading("--model_name_or_path", args.model_name_or_path):
         tokenizer = common.load_tokenizer(args.model_name_or_path)
     train_dataset = load_split(args, args.dataset_train_split)
-    eval_dataset = None
-    if args.eval_strategy == "steps":
-        eval_dataset = load_split(args, args.dataset_test_split)
+    eval_dataset = load_split(args, args.dataset_test_split)
     available = len(train_dataset)
     require(available >= args.prompts_per_step, f"--prompts_per_step: over the {available} rows")
     train_texts = prompt_texts(tokenizer, train_dataset, args, args.dataset_train_split)
@@ -770,7 +772,7 @@ def main(args: Args):
 
     # ---- plumbing: reward functions ----
     prepare = lambda model: prepare_frozen(accelerator, model)
-    reward_funcs = load_reward_funcs(args, device, prepare=prepare)
+    reward_funcs = load_reward_funcs(args, device, prepare)
     weights = reward_weights(args.reward_weights, reward_funcs)
     check_columns(reward_funcs, train_dataset, args.dataset_train_split)
     check_columns(reward_funcs, eval_dataset, args.dataset_test_split)
@@ -799,7 +801,10 @@ def main(args: Args):
     value_group = {"params": [p for p in value_model.parameters() if p.requires_grad]}
     # fused: one kernel for every parameter, as transformers' adamw_torch_fused
     optimizer = torch.optim.AdamW(
-        [policy_group, value_group], args.learning_rate, weight_decay=args.weight_decay, fused=True
+        [policy_group, value_group],
+        args.learning_rate,
+        weight_decay=args.weight_decay,
+        fused=True,
     )
     warmup = int(args.warmup_ratio * total_updates)
     schedule = args.lr_scheduler_type
@@ -807,8 +812,7 @@ def main(args: Args):
     model, value_model, optimizer, scheduler = accelerator.prepare(
         model, value_model, optimizer, scheduler
     )
-    # Under bf16, prepare wraps forward to return float32 outputs: a float32 copy of the logits.
-    # The log-probs and values upcast themselves, so this documented call removes the wrappers
+    # Under bf16 prepare's wrappers make float32 copies of the outputs, which the losses upcast
     # (one call per model: a loop variable would hold a DDP wrapper past end_training)
     accelerator.unwrap_model(model, keep_fp32_wrapper=False)
     accelerator.unwrap_model(value_model, keep_fp32_wrapper=False)
@@ -1094,8 +1098,8 @@ def main(args: Args):
         sampled = f"{first_eval[key]:.3f} → {last_eval[key]:.3f}"
         greedy = f"{first_eval[key + '_greedy']:.3f} → {last_eval[key + '_greedy']:.3f}"
         accelerator.print(f"held-out {key}: {sampled} sampled, {greedy} greedy")
-    # The DDP wrapper holds the process group: freed first, end_training stops gloo's workers
-    # with the GIL released (freed after, it stops them holding the GIL a worker needs: a hang)
+    # The DDP wrapper holds the process group: freed after end_training, it
+    # leaves gloo's workers waiting on the GIL (a hang)
     if torch.distributed.is_initialized():  # one process has no group
         model, optimizer, scheduler = accelerator.free_memory(model, optimizer, scheduler)
     accelerator.end_training()

@@ -11,11 +11,9 @@ scores r_c = 2, r_r = 0 give −log σ(2) = 0.127; with m = 2 the pair costs −
 and with c = 0.01 centering adds 0.01 · (2 + 0)² = 0.04. accuracy is the fraction of pairs scored
 r_c > r_r (a tie counts one half), margin the mean of r_c − r_r.
 
-The model, a sequence classifier with one label built from a causal LM (its backbone and a new
-scalar head `score`) or from a reward model, reads the last token that is not padding. A pair is
-rendered as rewards.reward_model_function renders what it scores (prompt and completion through
-the chat template, or joined strings), and the saved folder is what the RL scripts'
---reward_model_path loads.
+The model, a one-label sequence classifier (a causal LM with a new head `score`, or a reward
+model), reads a text's last token that is not padding: a pair rendered as the RL scripts'
+--reward_model_path reads it (rewards.reward_model_text).
 
 The built-in pairs, data/arithmetic_preferences, are sft.py's demonstrator's right and wrong
 answers; data/arithmetic_preferences_number's differ in the number alone (see
@@ -27,9 +25,7 @@ docs/sft-and-reward-model.md).
         --model_name_or_path Qwen/Qwen2.5-0.5B --dataset_name trl-lib/ultrafeedback_binarized \\
         --learning_rate 1e-5 --max_length 1024 --bf16
 
-Data: `chosen` and `rejected` columns, strings or conversations, an optional `prompt` column (else
-chosen and rejected hold the whole text) and an optional numeric `margin` (None is 0), in a hub
-dataset, a folder, or a json, jsonl, csv or parquet file.
+Data: `chosen` and `rejected` columns, an optional `prompt` and `margin` (docs/sft-and-reward-model.md).
 
 Copy reward_model.py with common.py (text ↔ tokens) and rewards.py (the text a reward model reads).
 """
@@ -76,7 +72,7 @@ class Args:
     dataset_name: str = arg(str(HERE / "data/arithmetic_preferences"), "hub dataset, folder, file")
     dataset_config: str | None = arg(None, "the dataset's configuration, if it has several")
     dataset_train_split: str = arg("train", "split to train on")
-    dataset_test_split: str = arg("test", "held-out split to evaluate (skipped if absent)")
+    dataset_test_split: str = arg("test", "held-out split to evaluate (if absent: none)")
     max_length: int = arg(128, "drop pairs with a longer text, as TRL does")
     # Bradley-Terry
     center_rewards_coefficient: float | None = arg(None, "c of the (r_c + r_r)² term (None: off)")
@@ -258,13 +254,12 @@ def parse_args(args_class):
     """The command line's flags, over a --config YAML file's (a TRL recipe, args.json)."""
     parser = HfArgumentParser(args_class, allow_abbrev=False)
     parser.add_argument("--config", help="a YAML file of flag: value, overridden by the flags")
-    parser.error = lambda message: fail(message.replace("argument ", ""))  # without the usage
-    typed = []  # the config's flags as typed (a list: its items); null and []: the default
+    parser.error = lambda message: fail(message.replace("argument ", ""))  # no usage
+    typed = []  # the config's flags; null and [] leave the default
     if path := parser.parse_args().config:
         with loading("--config", path):
-            config = yaml.safe_load(Path(path).read_text())
-        require(isinstance(config, dict), f"--config {path}: expected flag: value")
-        for key, value in [(k, v) for k, v in config.items() if v not in (None, [])]:
+            config = yaml.safe_load(Path(path).read_text()).items()
+        for key, value in [(k, v) for k, v in config if v not in (None, [])]:
             values = value if isinstance(value, list) else [value]
             typed += [f"--{key}", *(v if isinstance(v, str) else json.dumps(v) for v in values)]
         parser.error = lambda message: fail(f"--config {path}: {message.replace('argument ', '')}")
@@ -279,7 +274,10 @@ def parse_args(args_class):
 
 # ---- plumbing: data ----
 def load_split(args, split: str):
-    """A split of --dataset_name (hub dataset, folder, or a file: its train split), or None."""
+    """A split of --dataset_name (hub dataset, folder, or file: its train split), or None."""
+    is_train = split == args.dataset_train_split
+    if not is_train and args.eval_strategy == "no":
+        return None
     path = Path(args.dataset_name)
     empty = path.is_file() and path.stat().st_size == 0
     require(not empty, f"--dataset_name {path}: the file is empty")
@@ -288,15 +286,15 @@ def load_split(args, split: str):
             splits = load_dataset(str(path.resolve().parent), data_files={"train": path.name})
         else:
             splits = load_dataset(args.dataset_name, args.dataset_config)
-    is_train = split == args.dataset_train_split
-    require(split in splits or not is_train, f"--dataset_train_split: no {split!r}")
+    flag = "--dataset_train_split" if is_train else "--dataset_test_split"
+    optional = split == "test" and not is_train  # the default held-out split
+    require(split in splits or optional, f"{flag}: no {split!r} in {sorted(splits)}")
     return splits.get(split)
 
 
 # ---- plumbing: models ----
 def load_for_training(args, path: str, model_class=AutoModelForCausalLM, **options):
-    """A model to train: float32 master weights (a frozen LoRA base: bf16 under --bf16, or 4-bit),
-    dropout off. `options`: from_pretrained's, with LoRA's `task_type` and the `flag` to blame."""
+    """A model to train: float32, dropout off (a frozen LoRA base: bf16 or 4-bit)."""
     from peft import LoraConfig, get_peft_model
 
     task_type = options.pop("task_type", "CAUSAL_LM")
@@ -349,16 +347,30 @@ def claim_output_dir(args) -> Path | None:
     """The checkpoint to resume from, its later metrics dropped; None for a fresh folder."""
     out = Path(args.output_dir)
     metrics = out / "metrics.jsonl"
-    checkpoint = None
+    require(args.output_dir, "--output_dir '': the working folder; name one")
+    for flag, value in asdict(args).items():
+        own = flag in ("output_dir", "resume_from_checkpoint")
+        read = not own and Path(str(value)).exists()
+        inside = read and value and Path(value).resolve().is_relative_to(out.resolve())
+        require(not inside, f"--output_dir {out}: it holds --{flag} {value}")
+    checkpoint = Path(args.resume_from_checkpoint) if args.resume_from_checkpoint else None
     if args.resume_from_checkpoint == "latest":
         found = checkpoints(out)
         require(found, f"--resume_from_checkpoint: none in {out}")
         checkpoint = found[-1]
-    elif args.resume_from_checkpoint:
-        checkpoint = Path(args.resume_from_checkpoint)
     if checkpoint is not None:
-        saved = (checkpoint / "trainer_state.json").is_file()
-        require(saved, f"--resume_from_checkpoint: none in {checkpoint}")
+        with loading("--resume_from_checkpoint", checkpoint):
+            saved = json.loads((checkpoint / "args.json").read_text())
+        resumable = (checkpoint / "state").is_dir()
+        require(resumable, f"--resume_from_checkpoint {checkpoint}: a run's final model")
+        ours = set(saved) <= set(asdict(args))
+        require(ours, f"--resume_from_checkpoint {checkpoint}: another script's checkpoint")
+        skip = {"resume_from_checkpoint", "overwrite_output_dir"}
+        changed = [k for k, v in asdict(args).items() if k not in skip and saved.get(k, v) != v]
+        said = "".join(f"; --{k} {getattr(args, k)} (was {saved[k]})" for k in changed)
+        for key in ("learning_rate", "weight_decay", "lr_scheduler_type", "warmup_ratio"):
+            require(key not in changed, f"--{key} {getattr(args, key)}: resumes keep {saved[key]}")
+        print(f"resuming from {checkpoint}{said}")
     with loading("--output_dir", out):
         out.mkdir(parents=True, exist_ok=True)
     if checkpoint is not None:
@@ -367,16 +379,12 @@ def claim_output_dir(args) -> Path | None:
             records = metrics.read_text().splitlines(keepends=True)
             metrics.write_text("".join(r for r in records if json.loads(r)["step"] <= step))
         return checkpoint
-    used = checkpoints(out)
-    if metrics.is_file():
-        used.append(metrics)
+    used = [*checkpoints(out), *out.glob("metrics.jsonl")]
     hint = "continue it with --resume_from_checkpoint latest, or add --overwrite_output_dir"
     require(not used or args.overwrite_output_dir, f"--output_dir: {out} holds a run: {hint}")
-    for path in used:  # --overwrite_output_dir
-        if path.is_dir():
-            shutil.rmtree(path)
-        else:
-            path.unlink()
+    for folder in checkpoints(out):  # --overwrite_output_dir
+        shutil.rmtree(folder)
+    metrics.unlink(missing_ok=True)
     return None
 
 
@@ -397,12 +405,11 @@ def save_model(accelerator, args, model, tokenizer, folder: Path, state: dict):
 
 
 def save_checkpoint(accelerator, args, model, tokenizer, state: dict) -> Path:
-    """checkpoint-{step}: `save_model`, and accelerate's state (optimizer, scheduler, RNG; sharded
-    weights under DeepSpeed or FSDP), renamed into place when complete."""
+    """checkpoint-{step}: `save_model` and accelerate's state/, renamed when complete."""
     folder = Path(args.output_dir) / f"checkpoint-{state['step']}"
     tmp = folder.with_name(f".{folder.name}.tmp")
     save_model(accelerator, args, model, tokenizer, tmp, state)
-    # accelerate's hook to choose what save_state writes: not the weights, saved just above
+    # accelerate's hook: save_state writes no weights (saved above)
     hook = accelerator.register_save_state_pre_hook(lambda models, weights, _: weights.clear())
     accelerator.save_state(tmp / "state")
     hook.remove()
@@ -418,15 +425,10 @@ def save_checkpoint(accelerator, args, model, tokenizer, state: dict) -> Path:
 
 
 def load_checkpoint(accelerator, args, model, checkpoint: Path) -> dict:
-    """Restore what `save_checkpoint` saved; flags that differ from its args.json are said."""
+    """Restore what `save_checkpoint` saved."""
     from peft import set_peft_model_state_dict
     from safetensors.torch import load_file, load_model
 
-    saved = json.loads((checkpoint / "args.json").read_text())
-    skip = {"resume_from_checkpoint", "overwrite_output_dir"}
-    changed = [k for k, v in asdict(args).items() if k not in skip and saved.get(k, v) != v]
-    said = "".join(f"; --{k} {getattr(args, k)} (was {saved[k]})" for k in changed)
-    accelerator.print(f"resuming from {checkpoint}{said}")
     unwrapped = accelerator.unwrap_model(model)
     # DeepSpeed and FSDP keep the weights in state/
     if accelerator.distributed_type not in (DistributedType.DEEPSPEED, DistributedType.FSDP):
@@ -435,7 +437,7 @@ def load_checkpoint(accelerator, args, model, checkpoint: Path) -> dict:
             set_peft_model_state_dict(unwrapped, load_file(adapter))
         else:
             load_model(unwrapped, checkpoint / "model.safetensors")
-    # accelerate's hook to choose what load_state reads: not the weights, loaded just above
+    # accelerate's hook: load_state reads no weights (loaded above)
     hook = accelerator.register_load_state_pre_hook(lambda models, _: models.clear())
     accelerator.load_state(checkpoint / "state")
     hook.remove()
@@ -480,9 +482,7 @@ def main(args: Args):
     with loading("--model_name_or_path", args.model_name_or_path):
         tokenizer = common.load_tokenizer(args.model_name_or_path)
     train_dataset = load_split(args, args.dataset_train_split)
-    eval_dataset = None
-    if args.eval_strategy == "steps":
-        eval_dataset = load_split(args, args.dataset_test_split)
+    eval_dataset = load_split(args, args.dataset_test_split)
     rows = tokenize_pairs(tokenizer, train_dataset, args, args.dataset_train_split)
     enough = len(rows) >= args.train_batch_size
     require(enough, f"--train_batch_size: more than the {len(rows)} pairs")
@@ -624,8 +624,8 @@ def main(args: Args):
         merged = Path(args.output_dir) / "merged"  # a model that loads without peft
         accelerator.unwrap_model(model).merge_and_unload().save_pretrained(merged)
         tokenizer.save_pretrained(merged)
-    # The DDP wrapper holds the process group: freed first, end_training stops gloo's workers
-    # with the GIL released (freed after, it stops them holding the GIL a worker needs: a hang)
+    # The DDP wrapper holds the process group: freed after end_training, it
+    # leaves gloo's workers waiting on the GIL (a hang)
     if torch.distributed.is_initialized():  # one process has no group
         model, optimizer, scheduler = accelerator.free_memory(model, optimizer, scheduler)
     accelerator.end_training()

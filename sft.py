@@ -14,10 +14,8 @@ that π_θ gives probabilities 1/2, 1/4, 1 and 1/2 has L = (ln 2 + ln 4 + 0 + ln
 0.693, whatever π_θ makes of its prompt. mean_token_accuracy: the share of completion tokens that
 π_θ ranks first.
 
-The held-out split is scored twice: eval/loss and eval/mean_token_accuracy as above, and, where it
-has a `solution` or `ground_truth` column, completions sampled from its prompts
-(num_generations_eval each, and one greedy) scored with the accuracy and format rewards
-(eval/accuracy, eval/format), as the RL scripts score theirs.
+The held-out split gives eval/loss, eval/mean_token_accuracy and, with a `solution` or
+`ground_truth` column, the accuracy of completions sampled from its prompts, as the RL scripts'.
 
 The built-in data, data/arithmetic_sft, is a noisy demonstrator's (docs/sft-and-reward-model.md).
 models/tiny-arith is this script's default run on an untrained model:
@@ -28,9 +26,7 @@ models/tiny-arith is this script's default run on an untrained model:
         --model_name_or_path Qwen/Qwen2.5-0.5B --dataset_name my_data --learning_rate 2e-5 \\
         --max_length 1024 --bf16
 
-Data: `prompt` and `completion` columns, both strings or both conversations (the completion's last
-message is the assistant's answer), in a hub dataset, a folder, or a json, jsonl, csv or parquet
-file.
+Data: `prompt` and `completion` columns, strings or conversations (docs/sft-and-reward-model.md).
 
 Copy sft.py with common.py (text ↔ tokens) and rewards.py (the held-out rewards).
 """
@@ -77,7 +73,7 @@ class Args:
     dataset_name: str = arg(str(HERE / "data/arithmetic_sft"), "hub dataset, folder or file")
     dataset_config: str | None = arg(None, "the dataset's configuration, if it has several")
     dataset_train_split: str = arg("train", "split to train on")
-    dataset_test_split: str = arg("test", "held-out split to evaluate (skipped if absent)")
+    dataset_test_split: str = arg("test", "held-out split to evaluate (if absent: none)")
     max_length: int = arg(128, "tokens of prompt and completion kept, the first ones")
     chat_template_kwargs: dict | str | None = arg(None, "the chat template's arguments, as JSON")
     # optimization
@@ -250,13 +246,12 @@ def parse_args(args_class):
     """The command line's flags, over a --config YAML file's (a TRL recipe, args.json)."""
     parser = HfArgumentParser(args_class, allow_abbrev=False)
     parser.add_argument("--config", help="a YAML file of flag: value, overridden by the flags")
-    parser.error = lambda message: fail(message.replace("argument ", ""))  # without the usage
-    typed = []  # the config's flags as typed (a list: its items); null and []: the default
+    parser.error = lambda message: fail(message.replace("argument ", ""))  # no usage
+    typed = []  # the config's flags; null and [] leave the default
     if path := parser.parse_args().config:
         with loading("--config", path):
-            config = yaml.safe_load(Path(path).read_text())
-        require(isinstance(config, dict), f"--config {path}: expected flag: value")
-        for key, value in [(k, v) for k, v in config.items() if v not in (None, [])]:
+            config = yaml.safe_load(Path(path).read_text()).items()
+        for key, value in [(k, v) for k, v in config if v not in (None, [])]:
             values = value if isinstance(value, list) else [value]
             typed += [f"--{key}", *(v if isinstance(v, str) else json.dumps(v) for v in values)]
         parser.error = lambda message: fail(f"--config {path}: {message.replace('argument ', '')}")
@@ -271,7 +266,10 @@ def parse_args(args_class):
 
 # ---- plumbing: data ----
 def load_split(args, split: str):
-    """A split of --dataset_name (hub dataset, folder, or a file: its train split), or None."""
+    """A split of --dataset_name (hub dataset, folder, or file: its train split), or None."""
+    is_train = split == args.dataset_train_split
+    if not is_train and args.eval_strategy == "no":
+        return None
     path = Path(args.dataset_name)
     empty = path.is_file() and path.stat().st_size == 0
     require(not empty, f"--dataset_name {path}: the file is empty")
@@ -280,14 +278,15 @@ def load_split(args, split: str):
             splits = load_dataset(str(path.resolve().parent), data_files={"train": path.name})
         else:
             splits = load_dataset(args.dataset_name, args.dataset_config)
-    is_train = split == args.dataset_train_split
-    require(split in splits or not is_train, f"--dataset_train_split: no {split!r}")
+    flag = "--dataset_train_split" if is_train else "--dataset_test_split"
+    optional = split == "test" and not is_train  # the default held-out split
+    require(split in splits or optional, f"{flag}: no {split!r} in {sorted(splits)}")
     return splits.get(split)
 
 
 # ---- plumbing: prompts ----
 def prompt_texts(tokenizer, dataset, args, split: str) -> list[str]:
-    """Every prompt of a split as the model reads it; a row that cannot be rendered is named."""
+    """Every prompt of a split as the model reads it; an unrenderable row is named."""
     columns = dataset.column_names
     require("prompt" in columns, f"--dataset_name: the {split} split has no 'prompt' column")
     texts = []
@@ -307,8 +306,7 @@ def check_context(model, tokenizer, texts: list[str], length: int):
 
 # ---- plumbing: models ----
 def load_for_training(args, path: str, model_class=AutoModelForCausalLM, **options):
-    """A model to train: float32 master weights (a frozen LoRA base: bf16 under --bf16, or 4-bit),
-    dropout off. `options`: from_pretrained's, with LoRA's `task_type` and the `flag` to blame."""
+    """A model to train: float32, dropout off (a frozen LoRA base: bf16 or 4-bit)."""
     from peft import LoraConfig, get_peft_model
 
     task_type = options.pop("task_type", "CAUSAL_LM")
@@ -359,7 +357,7 @@ def load_for_training(args, path: str, model_class=AutoModelForCausalLM, **optio
 # ---- plumbing: sampling ----
 @contextlib.contextmanager
 def unwrapped_for_generation(accelerator, model):
-    """The plain policy in eval mode, to sample from; under ZeRO-3 with its parameters gathered."""
+    """The plain policy in eval mode, to sample from; its parameters gathered under ZeRO-3."""
     plugin = accelerator.state.deepspeed_plugin
     policy = accelerator.unwrap_model(model)
     gathered = contextlib.nullcontext()
@@ -368,16 +366,14 @@ def unwrapped_for_generation(accelerator, model):
 
         gathered = deepspeed.zero.GatheredParameters(list(model.parameters()))
     with gathered, accelerator.autocast():
-        # eval mode: in train mode, checkpointing turns generate's cache off
-        yield policy.eval()
+        yield policy.eval()  # in train mode, checkpointing turns generate's cache off
     policy.train()
 
 
 # ---- plumbing: evaluation ----
 @torch.no_grad()
 def evaluate(accelerator, model, tokenizer, eval_dataset, eval_texts, reward_funcs, weights, args):
-    """eval/reward and eval/<function>: means over num_generations_eval samples of each held-out
-    prompt, and one greedy (`_greedy`). Its own RNG: training samples the same without it."""
+    """eval/reward, eval/<function>: means of num_generations_eval samples and a greedy one."""
     if eval_dataset is None:
         return {}
     my_rows = range(accelerator.process_index, len(eval_dataset), accelerator.num_processes)
@@ -411,16 +407,30 @@ def claim_output_dir(args) -> Path | None:
     """The checkpoint to resume from, its later metrics dropped; None for a fresh folder."""
     out = Path(args.output_dir)
     metrics = out / "metrics.jsonl"
-    checkpoint = None
+    require(args.output_dir, "--output_dir '': the working folder; name one")
+    for flag, value in asdict(args).items():
+        own = flag in ("output_dir", "resume_from_checkpoint")
+        read = not own and Path(str(value)).exists()
+        inside = read and value and Path(value).resolve().is_relative_to(out.resolve())
+        require(not inside, f"--output_dir {out}: it holds --{flag} {value}")
+    checkpoint = Path(args.resume_from_checkpoint) if args.resume_from_checkpoint else None
     if args.resume_from_checkpoint == "latest":
         found = checkpoints(out)
         require(found, f"--resume_from_checkpoint: none in {out}")
         checkpoint = found[-1]
-    elif args.resume_from_checkpoint:
-        checkpoint = Path(args.resume_from_checkpoint)
     if checkpoint is not None:
-        saved = (checkpoint / "trainer_state.json").is_file()
-        require(saved, f"--resume_from_checkpoint: none in {checkpoint}")
+        with loading("--resume_from_checkpoint", checkpoint):
+            saved = json.loads((checkpoint / "args.json").read_text())
+        resumable = (checkpoint / "state").is_dir()
+        require(resumable, f"--resume_from_checkpoint {checkpoint}: a run's final model")
+        ours = set(saved) <= set(asdict(args))
+        require(ours, f"--resume_from_checkpoint {checkpoint}: another script's checkpoint")
+        skip = {"resume_from_checkpoint", "overwrite_output_dir"}
+        changed = [k for k, v in asdict(args).items() if k not in skip and saved.get(k, v) != v]
+        said = "".join(f"; --{k} {getattr(args, k)} (was {saved[k]})" for k in changed)
+        for key in ("learning_rate", "weight_decay", "lr_scheduler_type", "warmup_ratio"):
+            require(key not in changed, f"--{key} {getattr(args, key)}: resumes keep {saved[key]}")
+        print(f"resuming from {checkpoint}{said}")
     with loading("--output_dir", out):
         out.mkdir(parents=True, exist_ok=True)
     if checkpoint is not None:
@@ -429,16 +439,12 @@ def claim_output_dir(args) -> Path | None:
             records = metrics.read_text().splitlines(keepends=True)
             metrics.write_text("".join(r for r in records if json.loads(r)["step"] <= step))
         return checkpoint
-    used = checkpoints(out)
-    if metrics.is_file():
-        used.append(metrics)
+    used = [*checkpoints(out), *out.glob("metrics.jsonl")]
     hint = "continue it with --resume_from_checkpoint latest, or add --overwrite_output_dir"
     require(not used or args.overwrite_output_dir, f"--output_dir: {out} holds a run: {hint}")
-    for path in used:  # --overwrite_output_dir
-        if path.is_dir():
-            shutil.rmtree(path)
-        else:
-            path.unlink()
+    for folder in checkpoints(out):  # --overwrite_output_dir
+        shutil.rmtree(folder)
+    metrics.unlink(missing_ok=True)
     return None
 
 
@@ -459,12 +465,11 @@ def save_model(accelerator, args, model, tokenizer, folder: Path, state: dict):
 
 
 def save_checkpoint(accelerator, args, model, tokenizer, state: dict) -> Path:
-    """checkpoint-{step}: `save_model`, and accelerate's state (optimizer, scheduler, RNG; sharded
-    weights under DeepSpeed or FSDP), renamed into place when complete."""
+    """checkpoint-{step}: `save_model` and accelerate's state/, renamed when complete."""
     folder = Path(args.output_dir) / f"checkpoint-{state['step']}"
     tmp = folder.with_name(f".{folder.name}.tmp")
     save_model(accelerator, args, model, tokenizer, tmp, state)
-    # accelerate's hook to choose what save_state writes: not the weights, saved just above
+    # accelerate's hook: save_state writes no weights (saved above)
     hook = accelerator.register_save_state_pre_hook(lambda models, weights, _: weights.clear())
     accelerator.save_state(tmp / "state")
     hook.remove()
@@ -480,15 +485,10 @@ def save_checkpoint(accelerator, args, model, tokenizer, state: dict) -> Path:
 
 
 def load_checkpoint(accelerator, args, model, checkpoint: Path) -> dict:
-    """Restore what `save_checkpoint` saved; flags that differ from its args.json are said."""
+    """Restore what `save_checkpoint` saved."""
     from peft import set_peft_model_state_dict
     from safetensors.torch import load_file, load_model
 
-    saved = json.loads((checkpoint / "args.json").read_text())
-    skip = {"resume_from_checkpoint", "overwrite_output_dir"}
-    changed = [k for k, v in asdict(args).items() if k not in skip and saved.get(k, v) != v]
-    said = "".join(f"; --{k} {getattr(args, k)} (was {saved[k]})" for k in changed)
-    accelerator.print(f"resuming from {checkpoint}{said}")
     unwrapped = accelerator.unwrap_model(model)
     # DeepSpeed and FSDP keep the weights in state/
     if accelerator.distributed_type not in (DistributedType.DEEPSPEED, DistributedType.FSDP):
@@ -497,7 +497,7 @@ def load_checkpoint(accelerator, args, model, checkpoint: Path) -> dict:
             set_peft_model_state_dict(unwrapped, load_file(adapter))
         else:
             load_model(unwrapped, checkpoint / "model.safetensors")
-    # accelerate's hook to choose what load_state reads: not the weights, loaded just above
+    # accelerate's hook: load_state reads no weights (loaded above)
     hook = accelerator.register_load_state_pre_hook(lambda models, _: models.clear())
     accelerator.load_state(checkpoint / "state")
     hook.remove()
@@ -542,9 +542,7 @@ def main(args: Args):
     with loading("--model_name_or_path", args.model_name_or_path):
         tokenizer = common.load_tokenizer(args.model_name_or_path)
     train_dataset = load_split(args, args.dataset_train_split)
-    eval_dataset = None
-    if args.eval_strategy == "steps":
-        eval_dataset = load_split(args, args.dataset_test_split)
+    eval_dataset = load_split(args, args.dataset_test_split)
     rows = tokenize(tokenizer, train_dataset, args, args.dataset_train_split)
     enough = len(rows) >= args.train_batch_size
     require(enough, f"--train_batch_size: more than the {len(rows)} rows")
@@ -686,8 +684,8 @@ def main(args: Args):
         merged = Path(args.output_dir) / "merged"  # a model that loads without peft
         accelerator.unwrap_model(model).merge_and_unload().save_pretrained(merged)
         tokenizer.save_pretrained(merged)
-    # The DDP wrapper holds the process group: freed first, end_training stops gloo's workers
-    # with the GIL released (freed after, it stops them holding the GIL a worker needs: a hang)
+    # The DDP wrapper holds the process group: freed after end_training, it
+    # leaves gloo's workers waiting on the GIL (a hang)
     if torch.distributed.is_initialized():  # one process has no group
         model, optimizer, scheduler = accelerator.free_memory(model, optimizer, scheduler)
     accelerator.end_training()

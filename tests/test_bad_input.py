@@ -4,6 +4,7 @@ Whatever goes wrong while a flag's input is loaded or first used is `error: --fl
 first line), exit status 2, nothing written; a row that cannot be read is named by its number; the error is the log's
 last line; --max_grad_norm 0 is no clipping; a completion length that cannot fit the model's context is refused."""
 
+import dataclasses
 import gzip
 import json
 import re
@@ -264,10 +265,13 @@ def test_resuming_where_there_is_no_checkpoint_names_the_folder_and_writes_nothi
         "--resume_from_checkpoint",
         "latest" if resume == "latest" else folder,
     ]
-    assert (
-        one_line_error(module, *flags, capsys=capsys)
-        == f"error: --resume_from_checkpoint: none in {folder}"
-    )
+    line = one_line_error(module, *flags, capsys=capsys)
+    if resume == "latest":
+        assert line == f"error: --resume_from_checkpoint: none in {folder}"
+    else:  # the file a checkpoint of this project holds, and this folder does not
+        assert (
+            line.startswith(f"error: --resume_from_checkpoint {folder}: ") and "args.json" in line
+        )
     assert not (tmp_path / "out").exists()
 
 
@@ -313,3 +317,103 @@ def test_a_recipes_scale_rewards_true_is_group_as_in_trl(tmp_path):
         args = parsed(grpo, "--config", recipe)
         grpo.check_args(args)
         assert args.scale_rewards == meant
+
+
+def a_run_folder(module, folder, *, checkpoint: bool, **flags):
+    """What `module` saves into `folder`, as far as a resume reads it before loading anything: args.json,
+    trainer_state.json and, in a checkpoint, state/."""
+    folder.mkdir(parents=True)
+    saved = dataclasses.asdict(module.Args(**flags))
+    (folder / "args.json").write_text(json.dumps(saved, default=str))
+    (folder / "trainer_state.json").write_text(json.dumps({"step": 1, "num_tokens": 0}))
+    if checkpoint:
+        (folder / "state").mkdir()
+    return folder
+
+
+@pytest.mark.parametrize("module", SCRIPTS)
+def test_a_folder_that_is_not_this_scripts_checkpoint_is_named_and_nothing_is_written(
+    module, tmp_path, capsys
+):
+    """A finished run's output folder, or another script's checkpoint, to resume from (issue #45)."""
+    final = a_run_folder(module, tmp_path / "done", checkpoint=False)
+    flags = [*small(module, tmp_path / "out"), "--resume_from_checkpoint", final]
+    line = one_line_error(module, *flags, capsys=capsys)
+    assert line == f"error: --resume_from_checkpoint {final}: a run's final model"
+    other = sft if module is not sft else rloo
+    foreign = a_run_folder(other, tmp_path / "other" / "checkpoint-500", checkpoint=True)
+    flags[-1] = foreign
+    line = one_line_error(module, *flags, capsys=capsys)
+    assert line == f"error: --resume_from_checkpoint {foreign}: another script's checkpoint"
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    "flag, value",
+    [("learning_rate", "0.002"), ("weight_decay", "0.1"), ("lr_scheduler_type", "constant")],
+)
+def test_a_resume_refuses_what_its_optimizer_and_scheduler_would_restore(
+    flag, value, tmp_path, capsys
+):
+    """The restored optimizer and scheduler would put the checkpoint's value back: refused, nothing written."""
+    out = tmp_path / "out"
+    run_main(rloo, *small(rloo, out), "--save_steps", "1")
+    before = (out / "metrics.jsonl").read_text()
+    old = json.loads((out / "checkpoint-1" / "args.json").read_text())[flag]
+    flags = [
+        *small(rloo, out),
+        "--max_steps",
+        "2",
+        "--save_steps",
+        "1",
+        "--resume_from_checkpoint",
+        "latest",
+        f"--{flag}",
+        value,
+    ]
+    assert (
+        one_line_error(rloo, *flags, capsys=capsys)
+        == f"error: --{flag} {value}: resumes keep {old}"
+    )
+    assert (out / "metrics.jsonl").read_text() == before and not (out / "checkpoint-2").exists()
+
+
+@pytest.mark.parametrize("module", SCRIPTS)
+def test_an_output_folder_that_is_or_holds_an_input_of_the_run_is_refused(
+    module, tmp_path, capsys
+):
+    """The model's folder (its weights would be overwritten), the data's, or '' (the working folder) (issue #45)."""
+    shutil.copytree(EMBEDDED, tmp_path / "model")
+    before = sorted(path.name for path in (tmp_path / "model").iterdir())
+    model = ["--model_name_or_path", tmp_path / "model"]
+    for out, input_flag in (
+        (tmp_path / "model", "model_name_or_path"),
+        (tmp_path, "model_name_or_path"),
+    ):
+        line = one_line_error(module, *small(module, out), *model, capsys=capsys)
+        assert line == f"error: --output_dir {out}: it holds --{input_flag} {tmp_path / 'model'}"
+    data = shutil.copytree(ROOT / "data/arithmetic", tmp_path / "data")
+    if module in DATA:
+        data = shutil.copy(DATA[module], tmp_path / "data" / "pairs.jsonl")
+    data_before = sorted(path.name for path in (tmp_path / "data").iterdir())
+    line = one_line_error(
+        module, *small(module, tmp_path / "data"), "--dataset_name", data, capsys=capsys
+    )
+    assert line == f"error: --output_dir {tmp_path / 'data'}: it holds --dataset_name {data}"
+    line = one_line_error(module, *small(module, ""), capsys=capsys)
+    assert line == "error: --output_dir '': the working folder; name one"
+    assert sorted(path.name for path in (tmp_path / "model").iterdir()) == before
+    assert sorted(path.name for path in (tmp_path / "data").iterdir()) == data_before
+
+
+@pytest.mark.parametrize("module", SCRIPTS)
+def test_a_typed_held_out_split_that_does_not_exist_is_refused_the_default_may_be_absent(
+    module, tmp_path, capsys
+):
+    """As in TRL, a --dataset_test_split that was asked for must exist; only the default 'test' may be absent."""
+    data = DATA.get(module, ROOT / "data/arithmetic/train.jsonl")  # a file: its one split, train
+    assert module.load_split(module.Args(dataset_name=str(data)), "test") is None
+    flags = [*small(module, tmp_path / "out"), "--dataset_name", data, "--eval_strategy", "steps"]
+    line = one_line_error(module, *flags, "--dataset_test_split", "validation", capsys=capsys)
+    assert line == "error: --dataset_test_split: no 'validation' in ['train']"
+    assert not (tmp_path / "out").exists()
