@@ -15,7 +15,7 @@ baselines and statistics, as TRL does.
     --reward_model_path my-rm             a one-label classifier, one more function
 """
 
-import importlib
+import asyncio
 import importlib.util
 import inspect
 import math
@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForSequenceClassification, AutoTokenizer
+from transformers import AutoModelForSequenceClassification, AutoTokenizer, logging
 
 
 class RewardError(ValueError):
@@ -48,9 +48,10 @@ def extract_answer(text: str) -> str | None:
 
 
 def same_answer(answer: str | None, truth) -> bool:
-    """'84' matches '84', 84 and 84.0."""
+    """'84' matches '84', 84 and 84.0, and a list of accepted answers that holds one of them."""
+    truths = truth if isinstance(truth, list) else [truth]
     try:
-        return answer == str(truth) or float(answer) == float(truth)
+        return answer in map(str, truths) or any(float(answer) == float(t) for t in truths)
     except (TypeError, ValueError):
         return False
 
@@ -162,8 +163,7 @@ def import_function(spec: str):
 
 
 def reward_model_function(path: str, device, prepare=None, batch_size: int = 32):
-    """Scores (prompt, completion) pairs with a one-label classifier, through its own
-    tokenizer. `prepare(model)` readies it (default: eval mode on `device`)."""
+    """Scores (prompt, completion) pairs with a one-label classifier and its own tokenizer."""
     try:  # any failure is one line naming the flag
         model = AutoModelForSequenceClassification.from_pretrained(path)
         tokenizer = AutoTokenizer.from_pretrained(path)
@@ -214,7 +214,8 @@ def load_reward_funcs(args, device="cpu", prepare=None) -> dict:
         else:
             unknown = f"unknown reward function {spec!r}"
             raise RewardError(f"--reward_funcs: {unknown} (built in: {', '.join(BUILTIN)})")
-        functions[getattr(function, "__name__", spec)] = function
+        name = getattr(function, "__name__", spec)
+        functions[spec if name in functions else name] = function  # two files' `score`: both
     if args.reward_model_path:
         function = reward_model_function(args.reward_model_path, device, prepare)
         functions[function.__name__] = function
@@ -239,8 +240,7 @@ def reward_weights(weights: list[str], reward_funcs: dict) -> torch.Tensor:
 
 
 def check_columns(reward_funcs: dict, dataset, split: str):
-    """Fails before training if a function needs a missing column (or one of its
-    `one_of_columns`), or takes no **kwargs (TRL's all do)."""
+    """Fails before training on a missing column (or `one_of_columns`), or no **kwargs."""
     if dataset is None:  # no held-out split
         return
     columns = dataset.column_names
@@ -270,8 +270,7 @@ def as_completion(prompt, text: str):
 
 
 def compute_rewards(reward_funcs, weights, prompts, texts, completion_ids, columns):
-    """Rewards per function (B, F), NaN for None, and the weighted sum (B,), NaN where none
-    applies. A function must return one number or None per completion."""
+    """Per function (B, F), NaN for None, and the weighted sum (B,), NaN where none applies."""
     pairs = [as_completion(p, t) for p, t in zip(prompts, texts)]
     prompts, completions = map(list, zip(*pairs))
     per_func = torch.full((len(prompts), len(reward_funcs)), math.nan)
@@ -279,6 +278,7 @@ def compute_rewards(reward_funcs, weights, prompts, texts, completion_ids, colum
         values = function(
             prompts=prompts, completions=completions, completion_ids=completion_ids, **columns
         )
+        values = asyncio.run(values) if inspect.iscoroutine(values) else values  # async def
         if hasattr(values, "tolist"):  # a numpy array, a tensor
             values = values.tolist()
         said = f"reward function {name} returned"
@@ -295,4 +295,6 @@ def compute_rewards(reward_funcs, weights, prompts, texts, completion_ids, colum
         per_func[:, j] = torch.tensor(numbers)
     rewards = (per_func * weights).nansum(1)
     rewards[per_func.isnan().all(1)] = math.nan  # unscorable
+    if rewards.isnan().all():  # as TRL warns: such a batch has no learning signal
+        logging.get_logger(__name__).warning_once("warning: no reward function scored the batch")
     return rewards, per_func

@@ -154,6 +154,10 @@ def tokenize(tokenizer, dataset, args, split: str) -> list[dict]:
     completion_ids = token_ids(tokenizer, completions)
     rows = []
     for prompt, completion in zip(prompt_ids, completion_ids):
+        require(
+            len(prompt) < args.max_length,
+            f"--max_length {args.max_length}: a {len(prompt)}-token prompt leaves no completion token",
+        )
         completion = completion + [tokenizer.eos_token_id]
         input_ids = (prompt + completion)[: args.max_length]
         labels = ([-100] * len(prompt) + completion)[: args.max_length]

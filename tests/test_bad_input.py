@@ -417,3 +417,52 @@ def test_a_typed_held_out_split_that_does_not_exist_is_refused_the_default_may_b
     line = one_line_error(module, *flags, "--dataset_test_split", "validation", capsys=capsys)
     assert line == "error: --dataset_test_split: no 'validation' in ['train']"
     assert not (tmp_path / "out").exists()
+
+
+def test_a_batch_that_no_reward_function_scores_is_said_once(tmp_path, caplog):
+    """Every completion None: the step has no learning signal, as TRL warns (issue #45). The line goes to the
+    logger `rewards`, which Python prints as it is on stderr (pytest captures it here)."""
+    from transformers.utils import logging
+
+    logging.get_logger().warning_once.cache_clear()
+    (tmp_path / "mine.py").write_text(
+        "def abstain(completions, **kwargs):\n    return [None] * len(completions)\n"
+    )
+    flags = ["--reward_funcs", f"{tmp_path / 'mine.py'}:abstain", "--max_steps", "2"]
+    run_main(rloo, *small(rloo, tmp_path / "out"), *flags)
+    said = [r.getMessage() for r in caplog.records if r.name == "rewards"]
+    assert said == ["warning: no reward function scored the batch"]
+
+
+def test_sft_refuses_a_max_length_that_leaves_a_prompt_no_completion_token(tmp_path, capsys):
+    """Such a row trains on nothing: loss 0, gradient 0 (issue #45)."""
+    flags = [*small(sft, tmp_path / "out"), "--max_length", "5"]
+    line = one_line_error(sft, *flags, capsys=capsys)
+    assert re.fullmatch(
+        r"error: --max_length 5: a \d+-token prompt leaves no completion token", line
+    )
+    assert not (tmp_path / "out").exists()
+
+
+def test_reward_functions_as_trl_takes_them(tmp_path):
+    """Two files' functions of one name both score; an async def function is awaited; a ground_truth that lists
+    the accepted answers matches any of them (issue #45)."""
+    import rewards
+
+    for name, body in (
+        ("a", "return [1.0] * len(completions)"),
+        ("b", "return [2.0] * len(completions)"),
+    ):
+        (tmp_path / f"{name}.py").write_text(
+            f"async def score(completions, **kwargs):\n    {body}\n"
+        )
+    specs = [f"{tmp_path / 'a.py'}:score", f"{tmp_path / 'b.py'}:score"]
+    functions = rewards.load_reward_funcs(rloo.Args(reward_funcs=specs))
+    assert len(functions) == 2
+    total, per_func = rewards.compute_rewards(
+        functions, rewards.reward_weights([], functions), ["1 + 1"], ["2"], [[5]], {}
+    )
+    assert per_func.tolist() == [[1.0, 2.0]] and total.tolist() == [3.0]
+    completions = ["<answer>4</answer>", "<answer>5</answer>", "<answer>7</answer>"]
+    truths = [["4", "four"], [3, 6.0], 7]
+    assert rewards.accuracy_reward(completions, ground_truth=truths) == [1.0, 0.0, 1.0]
