@@ -254,7 +254,8 @@ def frontier(folder: Path, config) -> dict:
     steps = [r["step"] for r in read_metrics(folder) if "eval/reward" in r]
     paths = {0: config.model_name_or_path, config.max_steps: str(folder)}
     policies = [paths.get(s, str(folder / f"checkpoint-{s}")) for s in steps]
-    measured = heldout_measurements(policies, config)
+    with torch.autocast(DEVICE, torch.bfloat16, enabled=config.bf16):  # as the run's own sampling
+        measured = heldout_measurements(policies, config)
     for checkpoint in folder.glob("checkpoint-*"):  # measured: no longer needed
         shutil.rmtree(checkpoint)
     curves = {k: [m[k] for m in measured] for k in ("kl", "proxy", "gold")}
