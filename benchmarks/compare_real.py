@@ -77,7 +77,7 @@ class Args:
         8, "pairs at most per prompt, each a right sample against a wrong one"
     )
     reward_model_args: str = arg(
-        "--bf16 --learning_rate 3e-5 --train_batch_size 16 --max_steps 150",
+        "--bf16 --learning_rate 5e-5 --train_batch_size 16 --max_steps 80",
         "reward_model.py's flags",
     )
     algorithms: str = arg(",".join(ALGORITHMS), "comma-separated, in the report's order")
@@ -85,8 +85,8 @@ class Args:
     learning_rates: str = arg("1e-5,3e-5", "the sweep, the same for every algorithm")
     beta: float = arg(0.05, "every script's KL coefficient")
     completions_per_step: int = arg(16, "completions sampled per step by every algorithm")
-    max_steps: int = arg(12, "steps per run, the same for every algorithm")
-    eval_steps: int = arg(6, "gold, proxy and KL every this many steps (and at 0 and the end)")
+    max_steps: int = arg(10, "steps per run, the same for every algorithm")
+    eval_steps: int = arg(5, "gold, proxy and KL every this many steps (and at 0 and the end)")
     num_generations_eval: int = arg(2, "samples per held-out prompt for gold, proxy and KL")
     frontier_kls: str = arg("0.5,1.5", "the KLs at which gold and proxy are read off each run")
     script_args: str = arg("--bf16", "more flags for every RL run")
@@ -398,8 +398,8 @@ difference and its binomial standard error:
 {
         table(
             [
-                "gap",
-                "final gold",
+                "neighbours",
+                "gap in final gold",
                 "seeds' standard error",
                 "binomial standard error",
                 "beyond both",
