@@ -82,7 +82,7 @@ HERE = Path(__file__).resolve().parent
 
 
 def arg(default, help: str):
-    """A flag's default and its line of --help; a list default is copied for each Args."""
+    """A flag's default and --help line; a list default is copied for each Args."""
     if isinstance(default, list):
         return field(default_factory=lambda: list(default), metadata={"help": help})
     return field(default=default, metadata={"help": help})
@@ -174,11 +174,11 @@ def check_args(args: Args):
     positive = (
         "max_steps prompts_per_step learning_rate max_completion_length temperature"
         " logging_steps num_generations_eval per_device_eval_batch_size num_ppo_epochs"
-        " num_mini_batches cliprange cliprange_value kl_target kl_horizon"
+        " num_mini_batches cliprange cliprange_value kl_target kl_horizon save_total_limit"
     )
     for name in positive.split():
         value = getattr(args, name)
-        require(value > 0, f"--{name}: must be positive, got {value}")
+        require(value is None or value > 0, f"--{name}: must be positive, got {value}")
     non_negative = (
         "kl_coef vf_coef micro_batch_size top_k eval_steps save_steps weight_decay max_grad_norm"
     )
@@ -190,8 +190,9 @@ def check_args(args: Args):
         require(0 <= value <= 1, f"--{name}: must be in [0, 1], got {value}")
     require(0 < args.top_p <= 1, f"--top_p: must be in (0, 1], got {args.top_p}")
     require(0 <= args.seed < 2**32, f"--seed: must be in [0, 2**32), got {args.seed}")  # numpy's
-    limit = args.save_total_limit
-    require(limit is None or limit > 0, "--save_total_limit: must be positive")
+    for name, default in asdict(type(args)()).items():
+        if name.startswith("lora_") and not args.use_peft:
+            require(getattr(args, name) == default, f"--{name}: it needs --use_peft")
     quantized = "--load_in_4bit: ppo.py trains a value model beside the policy; not with QLoRA"
     require(not args.load_in_4bit, quantized)
     if args.adaptive_kl:
@@ -362,7 +363,7 @@ TOKEN_STATS = (
 
 # ---- plumbing: the command line ----
 class BadInput(Exception):
-    """A bad flag, file, column or output folder: one line, exit status 2, nothing written."""
+    """Bad input: one line, exit status 2, nothing written."""
 
 
 def require(condition: bool, message: str):
@@ -372,7 +373,7 @@ def require(condition: bool, message: str):
 
 @contextlib.contextmanager
 def loading(flag: str, value):
-    """An error while a flag's input loads is bad input: the flag, its value, the first line."""
+    """A flag's input that fails to load: the flag, its value, the error's first line."""
     try:
         yield
     except Exception as error:
@@ -400,8 +401,7 @@ def parse_args(args_class):
         parser.error = lambda message: fail(f"--config {path}: {message.replace('argument ', '')}")
     namespace = parser.parse_args(namespace=parser.parse_args(typed))
     del namespace.config
-    template_kwargs = getattr(namespace, "chat_template_kwargs", None)
-    if isinstance(template_kwargs, str):  # JSON, as TrainingArguments reads a dict flag
+    if isinstance(template_kwargs := getattr(namespace, "chat_template_kwargs", None), str):
         with loading("--chat_template_kwargs", template_kwargs):
             namespace.chat_template_kwargs = json.loads(template_kwargs)
     return args_class(**vars(namespace))
@@ -440,9 +440,9 @@ def prompt_texts(tokenizer, dataset, args, split: str) -> list[str]:
 
 
 def check_context(model, tokenizer, texts: list[str], length: int):
-    """The longest prompt and --max_completion_length tokens after it fit the model's context."""
+    """The longest prompt and --max_completion_length tokens fit the model's context."""
     longest = max(len(ids) for ids in tokenizer(texts, add_special_tokens=False).input_ids)
-    room = model.config.max_position_embeddings - longest
+    room = getattr(model.config, "max_position_embeddings", math.inf) - longest
     message = f"{room} fit the context after a {longest}-token prompt"
     require(length <= room, f"--max_completion_length {length}: {message}")
 
@@ -662,7 +662,7 @@ def checkpoints(output_dir) -> list[Path]:
 
 
 def save_model(accelerator, args, model, tokenizer, folder: Path, state: dict):
-    """`save_pretrained`'s model (or adapter), the tokenizer, trainer_state.json and args.json."""
+    """The model (or adapter), the tokenizer, trainer_state.json and args.json."""
     weights = accelerator.get_state_dict(model)  # every process: gathers sharded weights
     if accelerator.is_main_process:
         accelerator.unwrap_model(model).save_pretrained(folder, state_dict=weights)

@@ -59,7 +59,7 @@ HERE = Path(__file__).resolve().parent
 
 
 def arg(default, help: str):
-    """A flag's default and its line of --help; a list default is copied for each Args."""
+    """A flag's default and --help line; a list default is copied for each Args."""
     if isinstance(default, list):
         return field(default_factory=lambda: list(default), metadata={"help": help})
     return field(default=default, metadata={"help": help})
@@ -120,11 +120,11 @@ def check_args(args: Args):
     """The flags in range."""
     positive = (
         "max_steps train_batch_size learning_rate max_length logging_steps num_generations_eval"
-        " per_device_eval_batch_size max_completion_length temperature"
+        " per_device_eval_batch_size max_completion_length temperature save_total_limit"
     )
     for name in positive.split():
         value = getattr(args, name)
-        require(value > 0, f"--{name}: must be positive, got {value}")
+        require(value is None or value > 0, f"--{name}: must be positive, got {value}")
     for name in "top_k eval_steps save_steps weight_decay max_grad_norm".split():
         value = getattr(args, name)
         require(value >= 0, f"--{name}: must be ≥ 0, got {value}")
@@ -133,9 +133,9 @@ def check_args(args: Args):
         0 <= args.warmup_ratio <= 1, f"--warmup_ratio: must be in [0, 1], got {args.warmup_ratio}"
     )
     require(0 <= args.seed < 2**32, f"--seed: must be in [0, 2**32), got {args.seed}")  # numpy's
-    limit = args.save_total_limit
-    require(limit is None or limit > 0, "--save_total_limit: must be positive")
-    require(args.use_peft or not args.load_in_4bit, "--load_in_4bit: it needs --use_peft")
+    for name, default in asdict(type(args)()).items():
+        if name.startswith(("lora_", "load_in", "save_merged")) and not args.use_peft:
+            require(getattr(args, name) == default, f"--{name}: it needs --use_peft")
     test_split = args.dataset_test_split
     require(args.dataset_train_split != test_split, "--dataset_test_split: the training split")
 
@@ -223,7 +223,7 @@ def evaluate_loss(accelerator, model, rows: list[dict], pad_token_id: int, args)
 
 # ---- plumbing: the command line ----
 class BadInput(Exception):
-    """A bad flag, file, column or output folder: one line, exit status 2, nothing written."""
+    """Bad input: one line, exit status 2, nothing written."""
 
 
 def require(condition: bool, message: str):
@@ -233,7 +233,7 @@ def require(condition: bool, message: str):
 
 @contextlib.contextmanager
 def loading(flag: str, value):
-    """An error while a flag's input loads is bad input: the flag, its value, the first line."""
+    """A flag's input that fails to load: the flag, its value, the error's first line."""
     try:
         yield
     except Exception as error:
@@ -261,8 +261,7 @@ def parse_args(args_class):
         parser.error = lambda message: fail(f"--config {path}: {message.replace('argument ', '')}")
     namespace = parser.parse_args(namespace=parser.parse_args(typed))
     del namespace.config
-    template_kwargs = getattr(namespace, "chat_template_kwargs", None)
-    if isinstance(template_kwargs, str):  # JSON, as TrainingArguments reads a dict flag
+    if isinstance(template_kwargs := getattr(namespace, "chat_template_kwargs", None), str):
         with loading("--chat_template_kwargs", template_kwargs):
             namespace.chat_template_kwargs = json.loads(template_kwargs)
     return args_class(**vars(namespace))
@@ -301,9 +300,9 @@ def prompt_texts(tokenizer, dataset, args, split: str) -> list[str]:
 
 
 def check_context(model, tokenizer, texts: list[str], length: int):
-    """The longest prompt and --max_completion_length tokens after it fit the model's context."""
+    """The longest prompt and --max_completion_length tokens fit the model's context."""
     longest = max(len(ids) for ids in tokenizer(texts, add_special_tokens=False).input_ids)
-    room = model.config.max_position_embeddings - longest
+    room = getattr(model.config, "max_position_embeddings", math.inf) - longest
     message = f"{room} fit the context after a {longest}-token prompt"
     require(length <= room, f"--max_completion_length {length}: {message}")
 
@@ -458,7 +457,7 @@ def checkpoints(output_dir) -> list[Path]:
 
 
 def save_model(accelerator, args, model, tokenizer, folder: Path, state: dict):
-    """`save_pretrained`'s model (or adapter), the tokenizer, trainer_state.json and args.json."""
+    """The model (or adapter), the tokenizer, trainer_state.json and args.json."""
     weights = accelerator.get_state_dict(model)  # every process: gathers sharded weights
     if accelerator.is_main_process:
         accelerator.unwrap_model(model).save_pretrained(folder, state_dict=weights)

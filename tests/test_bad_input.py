@@ -466,3 +466,24 @@ def test_reward_functions_as_trl_takes_them(tmp_path):
     completions = ["<answer>4</answer>", "<answer>5</answer>", "<answer>7</answer>"]
     truths = [["4", "four"], [3, 6.0], 7]
     assert rewards.accuracy_reward(completions, ground_truth=truths) == [1.0, 0.0, 1.0]
+
+
+@pytest.mark.parametrize("module", SCRIPTS)
+def test_a_lora_flag_without_use_peft_is_refused(module, tmp_path, capsys):
+    """Without --use_peft the run would be a full fine-tune, whatever --lora_r says (issue #45)."""
+    flags = [*small(module, tmp_path / "out"), "--lora_r", "8"]
+    assert one_line_error(module, *flags, capsys=capsys) == "error: --lora_r: it needs --use_peft"
+    if module in (sft, reward_model):  # the merged model of an adapter
+        flags = [*small(module, tmp_path / "out"), "--save_merged_model"]
+        line = one_line_error(module, *flags, capsys=capsys)
+        assert line == "error: --save_merged_model: it needs --use_peft"
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("module", [*RL, sft])
+def test_the_context_check_takes_a_config_without_max_position_embeddings(module, tiny_tokenizer):
+    """BLOOM's config names no context length (ALiBi has none): nothing to check (issue #45)."""
+    from types import SimpleNamespace
+
+    model = SimpleNamespace(config=SimpleNamespace(hidden_size=8))
+    module.check_context(model, tiny_tokenizer, ["Compute 7 × 8."], 10**6)
