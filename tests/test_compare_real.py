@@ -1,0 +1,59 @@
+"""benchmarks/compare_real.py's own pieces, on the embedded model: the pairs it samples and labels with the gold,
+and a chosen run written as a --config file that its script reads back as the same flags."""
+
+import json
+import sys
+
+import pytest
+
+import rloo
+from conftest import ARITHMETIC, EMBEDDED, ROOT
+from rewards import accuracy_reward
+
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import compare_real  # noqa: E402
+
+
+def test_each_pair_sets_a_right_sample_against_a_wrong_one_of_a_prompt_of_its_split():
+    args = compare_real.Args(samples_per_prompt=4, pairs_per_prompt=2)
+    pairs = compare_real.sample_pairs(EMBEDDED, "test", args)
+    rows = [json.loads(line) for line in open(f"{ARITHMETIC}/test.jsonl")]
+    truth = {row["prompt"][0]["content"]: row["ground_truth"] for row in rows}
+    assert pairs  # the embedded model is right about half of the time
+    for pair in pairs:
+        answer = [truth[pair["prompt"][0]["content"]]]
+        assert accuracy_reward([pair["chosen"]], ground_truth=answer) == [1.0]
+        assert accuracy_reward([pair["rejected"]], ground_truth=answer) == [0.0]
+        assert pair["chosen"] != pair["rejected"]
+    per_prompt = [sum(p["prompt"] == row["prompt"] for p in pairs) for row in rows]
+    assert max(per_prompt) == 2
+
+
+def test_a_chosen_run_as_a_config_file_reads_back_as_the_flags_it_ran_with(tmp_path, monkeypatch):
+    flags = [
+        "--num_generations",
+        "4",
+        "--learning_rate",
+        "3e-5",
+        "--bf16",
+        "--reward_funcs",
+        "none",
+    ]
+    flags += ["--reward_model_path", "outputs/real/reward_model", "--output_dir", "somewhere"]
+    monkeypatch.setattr(sys, "argv", ["rloo.py", *flags])
+    ran = rloo.parse_args(rloo.Args)
+    run = {"algorithm": "rloo_k4", "config": {k: v for k, v in vars(ran).items()}}
+    compare_real.write_config(tmp_path / "rloo_k4.yaml", run)
+    monkeypatch.setattr(sys, "argv", ["rloo.py", "--config", str(tmp_path / "rloo_k4.yaml")])
+    read = rloo.parse_args(rloo.Args)
+    assert read.output_dir == "outputs/real/rloo_k4"
+    assert vars(read) == vars(ran) | {"output_dir": "outputs/real/rloo_k4"}
+
+
+@pytest.mark.parametrize("flag", ["--algorithms no_such", "--completions_per_step 6"])
+def test_a_bad_flag_prints_one_line_and_exits_2(tmp_path, capsys, flag):
+    with pytest.raises(SystemExit) as stop:
+        compare_real.cli([*flag.split(), "--output_dir", str(tmp_path / "out")])
+    assert stop.value.code == 2
+    assert capsys.readouterr().err.count("\n") == 1
+    assert not (tmp_path / "out").exists()
