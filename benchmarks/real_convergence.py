@@ -20,7 +20,7 @@ from matplotlib.figure import Figure
 from bench import BadInput, arg, fail, parse_args, read_metrics
 from compare import SAMPLES, run_script, sequence_kl
 
-RLOO_ARGS = "--bf16 --num_generations 4 --prompts_per_step 4 --learning_rate 1e-5 --max_steps 100"
+RLOO_ARGS = "--bf16 --num_generations 4 --prompts_per_step 4 --learning_rate 1e-5 --max_steps 60"
 RLOO_ARGS += " --eval_steps 10 --save_steps 0"
 
 
