@@ -72,19 +72,19 @@ class Args:
     sft_args: str = arg(
         "--bf16 --learning_rate 5e-5 --train_batch_size 16 --max_steps 60", "sft.py's flags"
     )
-    samples_per_prompt: int = arg(8, "completions the SFT model samples per prompt, for the pairs")
+    samples_per_prompt: int = arg(4, "completions the SFT model samples per prompt, for the pairs")
     pairs_per_prompt: int = arg(
-        8, "pairs at most per prompt, each a right sample against a wrong one"
+        4, "pairs at most per prompt, each a right sample against a wrong one"
     )
     reward_model_args: str = arg(
-        "--bf16 --learning_rate 5e-5 --train_batch_size 16 --max_steps 80",
+        "--bf16 --learning_rate 5e-5 --train_batch_size 16 --max_steps 60",
         "reward_model.py's flags",
     )
     algorithms: str = arg(",".join(ALGORITHMS), "comma-separated, in the report's order")
     seeds: str = arg("0,1,2", "comma-separated; the learning rates are swept on the first")
-    learning_rates: str = arg("1e-5,3e-5", "the sweep, the same for every algorithm")
+    learning_rates: str = arg("1e-5", "the sweep, the same for every algorithm")
     beta: float = arg(0.05, "every script's KL coefficient")
-    completions_per_step: int = arg(16, "completions sampled per step by every algorithm")
+    completions_per_step: int = arg(8, "completions sampled per step by every algorithm")
     max_steps: int = arg(10, "steps per run, the same for every algorithm")
     eval_steps: int = arg(5, "gold, proxy and KL every this many steps (and at 0 and the end)")
     num_generations_eval: int = arg(2, "samples per held-out prompt for gold, proxy and KL")
