@@ -466,18 +466,13 @@ def main(args: Args, command: str):
     paths = {"sft": out / "sft", "pairs": out / "pairs", "reward_model": out / "reward_model"}
     if args.model_name_or_path == SMOLLM2 and not (ROOT / SMOLLM2).exists():
         run_script("tools/convert_gguf.py", [], "[convert]")
-    model = (
-        str(ROOT / args.model_name_or_path)
-        if args.model_name_or_path == SMOLLM2
-        else args.model_name_or_path
-    )
     report = {
         "model": args.model_name_or_path,
         "command": command,
         "args": dataclasses.asdict(args),
     }
 
-    flags = [*shlex.split(args.sft_args), "--model_name_or_path", model]
+    flags = [*shlex.split(args.sft_args), "--model_name_or_path", args.model_name_or_path]
     flags += ["--output_dir", str(paths["sft"]), "--overwrite_output_dir"]
     print(f"[SFT] python sft.py {shlex.join(flags)}", flush=True)
     report["sft"] = {
