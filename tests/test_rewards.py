@@ -219,3 +219,29 @@ def test_a_reward_model_scores_text_through_its_own_tokenizer(tmp_path, tiny_tok
     tiny_tokenizer.save_pretrained(tmp_path / "two")
     with pytest.raises(RewardError, match="has 2 labels; a reward model has one"):
         reward_model_function(str(tmp_path / "two"), "cpu")
+
+
+def test_a_reward_model_whose_pad_token_is_its_end_token_scores_a_text_alike_alone_and_in_a_batch(
+    tmp_path,
+):
+    """SmolLM2-135M-Instruct pads with its end token, <|im_end|>: the score must still be read at the text's end."""
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    from conftest import EMBEDDED
+
+    tokenizer = AutoTokenizer.from_pretrained(EMBEDDED)
+    tokenizer.pad_token = tokenizer.eos_token
+    model = AutoModelForSequenceClassification.from_pretrained(EMBEDDED, num_labels=1)
+    model.config.pad_token_id = tokenizer.pad_token_id
+    model.save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    score = reward_model_function(str(tmp_path), "cpu")
+    prompt = [{"role": "user", "content": "Compute 7 × 8. Answer in the form <answer>N</answer>."}]
+    short = [{"role": "assistant", "content": "<answer>56</answer>"}]
+    long = [
+        {"role": "assistant", "content": "7 × 8 = 56, since 7 × 8 = 7 × 4 × 2 <answer>56</answer>"}
+    ]
+    alone = score(prompts=[prompt], completions=[short])
+    batch = score(prompts=[prompt, prompt], completions=[short, long])
+    assert batch[0] == pytest.approx(alone[0], abs=1e-5)
+    assert batch[1] != pytest.approx(batch[0], abs=1e-5)
