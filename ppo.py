@@ -72,7 +72,6 @@ from transformers import (
     AutoModelForCausalLM,
     AutoModelForSequenceClassification,
     HfArgumentParser,
-    SchedulerType,
 )
 
 import common
@@ -137,7 +136,15 @@ class Args:
     micro_batch_size: int = arg(0, "completions per forward and backward (0: the mini-batch)")
     max_steps: int = arg(25, "training steps, one batch each")
     learning_rate: float = arg(1e-4, "AdamW learning rate of both models (~3e-6 for 0.5B)")
-    lr_scheduler_type: SchedulerType = arg("cosine", "transformers' learning-rate schedule")
+    lr_scheduler_type: Literal[
+        "linear",
+        "cosine",
+        "cosine_with_restarts",
+        "polynomial",
+        "constant",
+        "constant_with_warmup",
+        "inverse_sqrt",
+    ] = arg("cosine", "transformers' schedules that need no kwargs and no metric")
     warmup_ratio: float = arg(0.03, "fraction of the optimizer steps spent warming up")
     weight_decay: float = arg(0.0, "AdamW weight decay")
     max_grad_norm: float = arg(1.0, "gradient clipping norm of each model (0: none)")

@@ -49,7 +49,7 @@ from accelerate.tracking import get_available_trackers
 from accelerate.utils import broadcast_object_list, set_seed
 from datasets import load_dataset
 from tqdm.auto import tqdm
-from transformers import AutoModelForCausalLM, HfArgumentParser, SchedulerType
+from transformers import AutoModelForCausalLM, HfArgumentParser
 
 import common
 from rewards import reward_model_text
@@ -80,7 +80,15 @@ class Args:
     train_batch_size: int = arg(32, "pairs per step, over all processes")
     max_steps: int = arg(100, "training steps, one batch each")
     learning_rate: float = arg(5e-4, "AdamW learning rate (~1e-5 for a 0.5B model)")
-    lr_scheduler_type: SchedulerType = arg("cosine", "transformers' learning-rate schedule")
+    lr_scheduler_type: Literal[
+        "linear",
+        "cosine",
+        "cosine_with_restarts",
+        "polynomial",
+        "constant",
+        "constant_with_warmup",
+        "inverse_sqrt",
+    ] = arg("cosine", "transformers' schedules that need no kwargs and no metric")
     warmup_ratio: float = arg(0.05, "fraction of the steps spent warming up")
     weight_decay: float = arg(0.0, "AdamW weight decay")
     max_grad_norm: float = arg(1.0, "gradient clipping norm (0: none)")

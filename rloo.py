@@ -53,7 +53,7 @@ from accelerate.tracking import get_available_trackers
 from accelerate.utils import broadcast_object_list, gather_object, set_seed
 from datasets import load_dataset
 from tqdm.auto import tqdm
-from transformers import AutoModelForCausalLM, HfArgumentParser, SchedulerType
+from transformers import AutoModelForCausalLM, HfArgumentParser
 
 import common
 from rewards import RewardError, check_columns, compute_rewards, load_reward_funcs, reward_weights
@@ -108,7 +108,15 @@ class Args:
     micro_batch_size: int = arg(0, "completions per forward and backward (0: the batch)")
     max_steps: int = arg(100, "training steps, one batch each")
     learning_rate: float = arg(2e-4, "AdamW learning rate (~1e-6 for a 0.5B model)")
-    lr_scheduler_type: SchedulerType = arg("cosine", "transformers' learning-rate schedule")
+    lr_scheduler_type: Literal[
+        "linear",
+        "cosine",
+        "cosine_with_restarts",
+        "polynomial",
+        "constant",
+        "constant_with_warmup",
+        "inverse_sqrt",
+    ] = arg("cosine", "transformers' schedules that need no kwargs and no metric")
     warmup_ratio: float = arg(0.03, "fraction of the optimizer steps spent warming up")
     weight_decay: float = arg(0.0, "AdamW weight decay")
     max_grad_norm: float = arg(1.0, "gradient clipping norm (0: none)")

@@ -50,7 +50,7 @@ from accelerate.tracking import get_available_trackers
 from accelerate.utils import broadcast_object_list, gather_object, set_seed
 from datasets import load_dataset
 from tqdm.auto import tqdm
-from transformers import AutoModelForCausalLM, HfArgumentParser, SchedulerType
+from transformers import AutoModelForCausalLM, HfArgumentParser
 
 import common
 from rewards import accuracy_reward, compute_rewards, format_reward, text_of
@@ -80,7 +80,15 @@ class Args:
     train_batch_size: int = arg(64, "sequences per step, over all processes")
     max_steps: int = arg(1500, "training steps, one batch each")
     learning_rate: float = arg(3e-3, "AdamW learning rate (~2e-5 for a 0.5B model)")
-    lr_scheduler_type: SchedulerType = arg("cosine", "transformers' learning-rate schedule")
+    lr_scheduler_type: Literal[
+        "linear",
+        "cosine",
+        "cosine_with_restarts",
+        "polynomial",
+        "constant",
+        "constant_with_warmup",
+        "inverse_sqrt",
+    ] = arg("cosine", "transformers' schedules that need no kwargs and no metric")
     warmup_ratio: float = arg(0.05, "fraction of the steps spent warming up")
     weight_decay: float = arg(0.0, "AdamW weight decay")
     max_grad_norm: float = arg(1.0, "gradient clipping norm (0: none)")

@@ -10,8 +10,11 @@ import json
 import re
 import shutil
 import sys
+import typing
 
 import pytest
+import torch
+import transformers
 from accelerate.tracking import get_available_trackers
 from datasets import Dataset
 from safetensors.torch import load_file
@@ -487,3 +490,22 @@ def test_the_context_check_takes_a_config_without_max_position_embeddings(module
 
     model = SimpleNamespace(config=SimpleNamespace(hidden_size=8))
     module.check_context(model, tiny_tokenizer, ["Compute 7 × 8."], 10**6)
+
+
+@pytest.mark.parametrize("module", SCRIPTS)
+def test_only_the_schedules_that_run_are_offered(module, tmp_path, capsys):
+    """A schedule that needs --lr_scheduler_kwargs (open-r1's cosine_with_min_lr) or a metric (reduce_lr_on_plateau)
+    is refused by the parser, where it was a traceback; each one offered steps as the loop steps it (issue #45)."""
+    for schedule in ("cosine_with_min_lr", "reduce_lr_on_plateau"):
+        flags = [*small(module, tmp_path / "out"), "--lr_scheduler_type", schedule]
+        line = one_line_error(module, *flags, capsys=capsys)
+        assert line.startswith("error: --lr_scheduler_type")
+        assert f"invalid choice: '{schedule}'" in line
+    assert not (tmp_path / "out").exists()
+    field = next(f for f in dataclasses.fields(module.Args) if f.name == "lr_scheduler_type")
+    for schedule in typing.get_args(field.type):
+        optimizer = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))])
+        scheduler = transformers.get_scheduler(schedule, optimizer, 1, 3)
+        for _ in range(3):
+            optimizer.step()
+            scheduler.step()
