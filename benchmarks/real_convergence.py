@@ -37,6 +37,12 @@ def main(args: Args, command: str):
     flags = [*shlex.split(args.rloo_args), "--model_name_or_path", args.model_name_or_path]
     flags += ["--output_dir", args.output_dir, "--overwrite_output_dir"]
     run = run_script("rloo.py", flags, "[rloo.py]")
+    run["wall_time_s"] = time.perf_counter() - start
+    write_report(args, command, flags, run)
+
+
+def write_report(args: Args, command: str, flags: list[str], run: dict):
+    """The run's held-out gold and KL against completions sampled, with its start, best and end."""
     records = read_metrics(args.output_dir)
     config = json.loads((Path(args.output_dir) / "args.json").read_text())
     C = config["prompts_per_step"] * config["num_generations"]  # completions per step
@@ -54,7 +60,7 @@ def main(args: Args, command: str):
     summary |= {"best_at_completions": curve["completions"][best]}
     summary |= {f"{k}_greedy": curve["gold_greedy"][i] for k, i in (("start", 0), ("end", -1))}
     report = {"command": command, "rloo_command": shlex.join(["python", "rloo.py", *flags])}
-    report |= {"wall_time_s": time.perf_counter() - start, "peak_mib": run["peak_mib"]}
+    report |= {"wall_time_s": run["wall_time_s"], "peak_mib": run["peak_mib"]}
     report |= {"summary": summary, "curve": curve}
     path = Path(args.report)
     path.with_suffix(".json").write_text(json.dumps(report, indent=1))
@@ -72,7 +78,7 @@ def main(args: Args, command: str):
     left.set_title("rloo.py on SmolLM2-135M-Instruct after SFT, exact-match reward")
     left.legend(fontsize=8)
     right.plot(curve["kl_completions"], curve["kl"], color="C2")
-    right.set(xlabel=SAMPLES, ylabel="KL to the SFT model (nats per completion, training batches)")
+    right.set(xlabel=SAMPLES, ylabel="KL to the SFT model, training batch (nats)")
     for ax in (left, right):
         ax.grid(alpha=0.3)
     figure.tight_layout()
