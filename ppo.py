@@ -71,13 +71,18 @@ from tqdm.auto import tqdm
 from transformers import (
     AutoModelForCausalLM,
     AutoModelForSequenceClassification,
+    BitsAndBytesConfig,
     HfArgumentParser,
+    get_scheduler,
 )
 
 import common
 from rewards import RewardError, check_columns, compute_rewards, load_reward_funcs, reward_weights
 
 HERE = Path(__file__).resolve().parent
+SCHEDULES = tuple(
+    "linear cosine cosine_with_restarts polynomial constant constant_with_warmup inverse_sqrt".split()
+)
 
 
 def arg(default, help: str):
@@ -136,15 +141,7 @@ class Args:
     micro_batch_size: int = arg(0, "completions per forward and backward (0: the mini-batch)")
     max_steps: int = arg(25, "training steps, one batch each")
     learning_rate: float = arg(1e-4, "AdamW learning rate of both models (~3e-6 for 0.5B)")
-    lr_scheduler_type: Literal[
-        "linear",
-        "cosine",
-        "cosine_with_restarts",
-        "polynomial",
-        "constant",
-        "constant_with_warmup",
-        "inverse_sqrt",
-    ] = arg("cosine", "transformers' schedules that need no kwargs and no metric")
+    lr_scheduler_type: Literal[SCHEDULES] = arg("cosine", "a schedule needing no kwargs or metric")
     warmup_ratio: float = arg(0.03, "fraction of the optimizer steps spent warming up")
     weight_decay: float = arg(0.0, "AdamW weight decay")
     max_grad_norm: float = arg(1.0, "gradient clipping norm of each model (0: none)")
@@ -463,7 +460,7 @@ def load_for_training(args, path: str, model_class=AutoModelForCausalLM, **optio
     flag = options.pop("flag", "--model_name_or_path")
     four_bit = None
     if args.load_in_4bit:
-        four_bit = transformers.BitsAndBytesConfig(
+        four_bit = BitsAndBytesConfig(
             load_in_4bit=True,
             bnb_4bit_quant_type=args.bnb_4bit_quant_type,
             bnb_4bit_compute_dtype=torch.bfloat16 if args.bf16 else torch.float32,
@@ -814,8 +811,7 @@ def main(args: Args):
         fused=True,
     )
     warmup = int(args.warmup_ratio * total_updates)
-    schedule = args.lr_scheduler_type
-    scheduler = transformers.get_scheduler(schedule, optimizer, warmup, total_updates)
+    scheduler = get_scheduler(args.lr_scheduler_type, optimizer, warmup, total_updates)
     model, value_model, optimizer, scheduler = accelerator.prepare(
         model, value_model, optimizer, scheduler
     )

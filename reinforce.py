@@ -45,19 +45,21 @@ from typing import Literal
 
 import torch
 import torch.utils.checkpoint
-import transformers
 import yaml
 from accelerate import Accelerator, DistributedType
 from accelerate.tracking import get_available_trackers
 from accelerate.utils import broadcast_object_list, gather_object, set_seed
 from datasets import load_dataset
 from tqdm.auto import tqdm
-from transformers import AutoModelForCausalLM, HfArgumentParser
+from transformers import AutoModelForCausalLM, BitsAndBytesConfig, HfArgumentParser, get_scheduler
 
 import common
 from rewards import RewardError, check_columns, compute_rewards, load_reward_funcs, reward_weights
 
 HERE = Path(__file__).resolve().parent
+SCHEDULES = tuple(
+    "linear cosine cosine_with_restarts polynomial constant constant_with_warmup inverse_sqrt".split()
+)
 
 
 def arg(default, help: str):
@@ -108,15 +110,7 @@ class Args:
     micro_batch_size: int = arg(0, "completions per forward and backward (0: the batch)")
     max_steps: int = arg(100, "training steps, one batch each")
     learning_rate: float = arg(2e-4, "AdamW learning rate (~1e-6 for a 0.5B model)")
-    lr_scheduler_type: Literal[
-        "linear",
-        "cosine",
-        "cosine_with_restarts",
-        "polynomial",
-        "constant",
-        "constant_with_warmup",
-        "inverse_sqrt",
-    ] = arg("cosine", "transformers' schedules that need no kwargs and no metric")
+    lr_scheduler_type: Literal[SCHEDULES] = arg("cosine", "a schedule needing no kwargs or metric")
     warmup_ratio: float = arg(0.03, "fraction of the optimizer steps spent warming up")
     weight_decay: float = arg(0.0, "AdamW weight decay")
     max_grad_norm: float = arg(1.0, "gradient clipping norm (0: none)")
@@ -361,7 +355,7 @@ def load_for_training(args, path: str, model_class=AutoModelForCausalLM, **optio
     flag = options.pop("flag", "--model_name_or_path")
     four_bit = None
     if args.load_in_4bit:
-        four_bit = transformers.BitsAndBytesConfig(
+        four_bit = BitsAndBytesConfig(
             load_in_4bit=True,
             bnb_4bit_quant_type=args.bnb_4bit_quant_type,
             bnb_4bit_compute_dtype=torch.bfloat16 if args.bf16 else torch.float32,
@@ -650,8 +644,7 @@ def main(args: Args):
         trained, args.learning_rate, weight_decay=args.weight_decay, fused=True
     )
     warmup = int(args.warmup_ratio * total_updates)
-    schedule = args.lr_scheduler_type
-    scheduler = transformers.get_scheduler(schedule, optimizer, warmup, total_updates)
+    scheduler = get_scheduler(args.lr_scheduler_type, optimizer, warmup, total_updates)
     model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
     # Under bf16 prepare's wrapper makes float32 copies of the logits, which the log-probs upcast
     accelerator.unwrap_model(model, keep_fp32_wrapper=False)
@@ -757,7 +750,6 @@ def main(args: Args):
             shaped_rewards, all_shaped_rewards, baseline=args.baseline, **moving_average
         )
         state |= moving_average  # b_MA's, with this batch's R: saved in trainer_state.json
-        # w_i = m_i · is_i / B
         off_policy = args.vllm_importance_sampling_correction and "sampler_logprobs" in rollout
         is_weights = torch.ones(local_batch_size, 1, device=device)
         if off_policy:  # vLLM sampled, not π_θ
@@ -771,7 +763,7 @@ def main(args: Args):
         in_loss = torch.ones(local_batch_size, device=device)  # m_i
         if args.mask_truncated_completions:
             in_loss = (~is_truncated).float()
-        loss_weights = is_weights[:, 0] * in_loss / local_batch_size
+        loss_weights = is_weights[:, 0] * in_loss / local_batch_size  # w_i
 
         # ==== 6. loss and update: num_iterations passes over the batch, in micro-batches ====
         # each process's loss is its completions' mean; DDP's mean over processes is the batch's

@@ -49,12 +49,15 @@ from accelerate.tracking import get_available_trackers
 from accelerate.utils import broadcast_object_list, set_seed
 from datasets import load_dataset
 from tqdm.auto import tqdm
-from transformers import AutoModelForCausalLM, HfArgumentParser
+from transformers import AutoModelForCausalLM, BitsAndBytesConfig, HfArgumentParser, get_scheduler
 
 import common
 from rewards import reward_model_text
 
 HERE = Path(__file__).resolve().parent
+SCHEDULES = tuple(
+    "linear cosine cosine_with_restarts polynomial constant constant_with_warmup inverse_sqrt".split()
+)
 
 
 def arg(default, help: str):
@@ -80,15 +83,7 @@ class Args:
     train_batch_size: int = arg(32, "pairs per step, over all processes")
     max_steps: int = arg(100, "training steps, one batch each")
     learning_rate: float = arg(5e-4, "AdamW learning rate (~1e-5 for a 0.5B model)")
-    lr_scheduler_type: Literal[
-        "linear",
-        "cosine",
-        "cosine_with_restarts",
-        "polynomial",
-        "constant",
-        "constant_with_warmup",
-        "inverse_sqrt",
-    ] = arg("cosine", "transformers' schedules that need no kwargs and no metric")
+    lr_scheduler_type: Literal[SCHEDULES] = arg("cosine", "a schedule needing no kwargs or metric")
     warmup_ratio: float = arg(0.05, "fraction of the steps spent warming up")
     weight_decay: float = arg(0.0, "AdamW weight decay")
     max_grad_norm: float = arg(1.0, "gradient clipping norm (0: none)")
@@ -308,7 +303,7 @@ def load_for_training(args, path: str, model_class=AutoModelForCausalLM, **optio
     flag = options.pop("flag", "--model_name_or_path")
     four_bit = None
     if args.load_in_4bit:
-        four_bit = transformers.BitsAndBytesConfig(
+        four_bit = BitsAndBytesConfig(
             load_in_4bit=True,
             bnb_4bit_quant_type=args.bnb_4bit_quant_type,
             bnb_4bit_compute_dtype=torch.bfloat16 if args.bf16 else torch.float32,
@@ -512,8 +507,7 @@ def main(args: Args):
         trained, args.learning_rate, weight_decay=args.weight_decay, fused=True
     )
     warmup = int(args.warmup_ratio * args.max_steps)
-    schedule = args.lr_scheduler_type
-    scheduler = transformers.get_scheduler(schedule, optimizer, warmup, args.max_steps)
+    scheduler = get_scheduler(args.lr_scheduler_type, optimizer, warmup, args.max_steps)
     model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
     # Under bf16, prepare makes forward return float32 copies of the outputs; the losses upcast
     # what they read, so this documented call removes that wrapper.

@@ -13,8 +13,8 @@ from conftest import ROOT, run_script
 
 BUDGETS = {
     "rloo.py": 900,
-    "reinforce.py": 908,
-    "grpo.py": 1085,
+    "reinforce.py": 900,
+    "grpo.py": 1080,
     "ppo.py": 1130,
     "sft.py": 720,
     "reward_model.py": 720,
