@@ -513,7 +513,8 @@ def main(args: Args, command: str):
     proxy |= {"command": shlex.join(["python", "reward_model.py", *flags]), "wall_s": None}
     if not (args.reuse and (paths["reward_model"] / "model.safetensors").exists()):
         proxy |= run_script("reward_model.py", flags, "[reward model]")
-    proxy["accuracy"] = pair_accuracy(str(paths["reward_model"]), paths["pairs"])
+    with torch.autocast(DEVICE, torch.bfloat16):  # as the --bf16 runs score
+        proxy["accuracy"] = pair_accuracy(str(paths["reward_model"]), paths["pairs"])
     proxy["heldout_pair_accuracy"] = proxy["accuracy"]["sampled pairs, all"]["test"]["accuracy"]
     print(
         f"[reward model] held-out pair accuracy {proxy['heldout_pair_accuracy']:.3f}", flush=True
