@@ -250,7 +250,7 @@ def heldout_measurements(policy_paths: list[str], config) -> list[dict]:
 
 
 def frontier(folder: Path, config) -> dict:
-    """KL, proxy and gold at every evaluation: of the reference at step 0, then of the checkpoint saved there."""
+    """KL, proxy and gold of the reference (step 0), of each checkpoint the run saved, and of its final model."""
     saved = [int(path.name.removeprefix("checkpoint-")) for path in folder.glob("checkpoint-*")]
     steps = sorted({0, *saved, config.max_steps})  # the reference, the checkpoints, the end
     paths = {0: config.model_name_or_path, config.max_steps: str(folder)}

@@ -147,13 +147,6 @@ def sample_pairs(model_path: str, split: str, args: Args, seed: int = 0) -> list
     return pairs
 
 
-def pair_kind(pair: dict) -> str:
-    rejected = pair["rejected"][0]["content"]
-    if rewards.extract_answer(rejected) is None:
-        return "rejected has no <answer>N</answer>"
-    return "rejected in the form, another number"
-
-
 def pair_accuracy(reward_model: str, pairs_dir: Path) -> dict:
     """Pair accuracy (r_chosen > r_rejected, ties one half) by kind, on the sampled and on the built-in pairs."""
     score = rewards.reward_model_function(reward_model, DEVICE)
@@ -166,12 +159,11 @@ def pair_accuracy(reward_model: str, pairs_dir: Path) -> dict:
         chosen = torch.tensor(score(prompts=prompts, completions=[r["chosen"] for r in rows]))
         rejected = torch.tensor(score(prompts=prompts, completions=[r["rejected"] for r in rows]))
         correct = (chosen > rejected).float() + 0.5 * (chosen == rejected).float()
-        kinds = torch.tensor(
-            [pair_kind(row) == "rejected has no <answer>N</answer>" for row in rows]
-        )
-        groups = {"sampled pairs, all": torch.ones_like(kinds)}
-        groups |= {"sampled, rejected in the form, another number": ~kinds}
-        groups |= {"sampled, rejected has no <answer>N</answer>": kinds}
+        rejected_texts = [row["rejected"][0]["content"] for row in rows]
+        no_answer = torch.tensor([rewards.extract_answer(t) is None for t in rejected_texts])
+        groups = {"sampled pairs, all": torch.ones_like(no_answer)}
+        groups |= {"sampled, rejected in the form, another number": ~no_answer}
+        groups |= {"sampled, rejected has no <answer>N</answer>": no_answer}
         for kind, keep in groups.items():
             accuracy = {"accuracy": correct[keep].mean().item(), "pairs": int(keep.sum())}
             accuracies.setdefault(kind, {})[split] = accuracy
@@ -204,7 +196,6 @@ def compare_args(args: Args, learning_rate: float, paths: dict) -> compare.Args:
 def train_and_measure(job: tuple) -> dict:
     """One run in a subprocess, then gold, proxy and KL of each of its checkpoints (in this worker process)."""
     cargs, name, seed, learning_rate = job
-    torch.set_num_threads(1)
     script = ALGORITHMS[name][1]
     folder = compare.run_dir(cargs, name, seed)
     flags = compare.run_flags(cargs, name, seed)
