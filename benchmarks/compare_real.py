@@ -82,7 +82,7 @@ class Args:
     )
     algorithms: str = arg(",".join(ALGORITHMS), "comma-separated, in the report's order")
     seeds: str = arg("0,1,2", "comma-separated; the learning rates are swept on the first")
-    learning_rates: str = arg("1e-5", "the sweep, the same for every algorithm")
+    learning_rates: str = arg("1e-5,3e-5", "the sweep, the same for every algorithm")
     beta: float = arg(0.05, "every script's KL coefficient")
     completions_per_step: int = arg(8, "completions sampled per step by every algorithm")
     max_steps: int = arg(10, "steps per run, the same for every algorithm")
