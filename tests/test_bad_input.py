@@ -67,10 +67,8 @@ def unloadable(case: str, tmp_path) -> list:
         return ["--use_peft", "--lora_target_modules", "q_projection"]
     if case == "a tracker that is not installed":
         installed = [str(tracker) for tracker in get_available_trackers()]
-        return [
-            "--report_to",
-            next(t for t in ("wandb", "mlflow", "comet_ml", "aim") if t not in installed),
-        ]
+        missing = next(t for t in ("wandb", "mlflow", "comet_ml", "aim") if t not in installed)
+        return ["--report_to", missing]
     if case == "a misspelt tracker":
         return ["--report_to", "tensorbord"]
     if case == "an output folder inside a file":
@@ -112,7 +110,8 @@ def test_an_input_that_cannot_be_loaded_is_one_line_naming_its_flag(
     line = one_line_error(module, *small(module, tmp_path / "out"), *flags, capsys=capsys)
     value = True if flag == "--use_vllm" else flags[flags.index(flag) + 1]
     named = line.split(": ")[1]  # error: --flag value: the library's first line
-    assert named.startswith(f"{flag} ") and str(value) in named, line
+    assert named.startswith(f"{flag} "), line
+    assert str(value) in named, line
     assert not (tmp_path / "out").exists() or not list((tmp_path / "out").iterdir())
     assert (
         not (tmp_path / "notes.txt").exists() or (tmp_path / "notes.txt").read_text() == "a file"
@@ -209,7 +208,8 @@ def test_a_data_file_is_read_by_its_last_extension(module, tmp_path):
     (tmp_path / "arith.csv.gz").write_bytes(gzip.compress(rows.encode()))
     for name in ("arith.v2.csv", "arith.csv.gz"):
         split = module.load_split(module.Args(dataset_name=str(tmp_path / name)), "train")
-        assert split.column_names == ["prompt", "ground_truth"] and split[3]["ground_truth"] == 4
+        assert split.column_names == ["prompt", "ground_truth"]
+        assert split[3]["ground_truth"] == 4
 
 
 def test_a_row_that_cannot_be_read_is_named_by_its_number_in_every_script(tiny_tokenizer):
@@ -263,18 +263,14 @@ def test_resuming_where_there_is_no_checkpoint_names_the_folder_and_writes_nothi
 ):
     (tmp_path / "notes").mkdir()
     folder = tmp_path / "out" if resume == "latest" else tmp_path / "notes"
-    flags = [
-        *small(module, tmp_path / "out"),
-        "--resume_from_checkpoint",
-        "latest" if resume == "latest" else folder,
-    ]
+    checkpoint = "latest" if resume == "latest" else folder
+    flags = [*small(module, tmp_path / "out"), "--resume_from_checkpoint", checkpoint]
     line = one_line_error(module, *flags, capsys=capsys)
     if resume == "latest":
         assert line == f"error: --resume_from_checkpoint: none in {folder}"
     else:  # the file a checkpoint of this project holds, and this folder does not
-        assert (
-            line.startswith(f"error: --resume_from_checkpoint {folder}: ") and "args.json" in line
-        )
+        assert line.startswith(f"error: --resume_from_checkpoint {folder}: ")
+        assert "args.json" in line
     assert not (tmp_path / "out").exists()
 
 
@@ -363,22 +359,14 @@ def test_a_resume_refuses_what_its_optimizer_and_scheduler_would_restore(
     run_main(rloo, *small(rloo, out), "--save_steps", "1")
     before = (out / "metrics.jsonl").read_text()
     old = json.loads((out / "checkpoint-1" / "args.json").read_text())[flag]
-    flags = [
-        *small(rloo, out),
-        "--max_steps",
-        "2",
-        "--save_steps",
-        "1",
-        "--resume_from_checkpoint",
-        "latest",
-        f"--{flag}",
-        value,
-    ]
+    resume = "--max_steps 2 --save_steps 1 --resume_from_checkpoint latest".split()
+    flags = [*small(rloo, out), *resume, f"--{flag}", value]
     assert (
         one_line_error(rloo, *flags, capsys=capsys)
         == f"error: --{flag} {value}: resumes keep {old}"
     )
-    assert (out / "metrics.jsonl").read_text() == before and not (out / "checkpoint-2").exists()
+    assert (out / "metrics.jsonl").read_text() == before
+    assert not (out / "checkpoint-2").exists()
 
 
 @pytest.mark.parametrize("module", SCRIPTS)
@@ -465,7 +453,8 @@ def test_reward_functions_as_trl_takes_them(tmp_path):
     total, per_func = rewards.compute_rewards(
         functions, rewards.reward_weights([], functions), ["1 + 1"], ["2"], [[5]], {}
     )
-    assert per_func.tolist() == [[1.0, 2.0]] and total.tolist() == [3.0]
+    assert per_func.tolist() == [[1.0, 2.0]]
+    assert total.tolist() == [3.0]
     completions = ["<answer>4</answer>", "<answer>5</answer>", "<answer>7</answer>"]
     truths = [["4", "four"], [3, 6.0], 7]
     assert rewards.accuracy_reward(completions, ground_truth=truths) == [1.0, 0.0, 1.0]

@@ -55,7 +55,8 @@ def test_tiny_bench_prints_a_table_and_writes_positive_figures(tmp_path, capsys)
         "rss_above_baseline_mb",
     ]:
         assert row[name] > 0, name
-    assert row["peak_rss_mb"] > row["baseline_rss_mb"] and row["parameters"] > 0
+    assert row["peak_rss_mb"] > row["baseline_rss_mb"]
+    assert row["parameters"] > 0
     (run,) = report["runs"]
     assert len(run["step_times_s"]) == 3  # every step logged; the median is over the last two
     assert run["completions_per_s"] == pytest.approx(8 / run["median_step_time_s"])
@@ -71,7 +72,8 @@ def test_phases_are_timed_inside_the_step_and_each_has_a_positive_bound(tmp_path
     phases = row["phases"]
     assert list(phases) == [*bench.PHASES, "rest", "step"]
     for name in bench.PHASES:
-        assert phases[name]["seconds"] > 0 and phases[name]["bound"] > 0, name
+        assert phases[name]["seconds"] > 0, name
+        assert phases[name]["bound"] > 0, name
         shown = [line for line in printed if line.startswith(f"| {name} | ")]
         assert any(line.endswith("× |") for line in shown), name
     assert sum(phases[name]["seconds"] for name in bench.PHASES) <= phases["step"]["seconds"]
@@ -81,37 +83,38 @@ def test_phases_are_timed_inside_the_step_and_each_has_a_positive_bound(tmp_path
     assert phases["step"]["bound"] == pytest.approx(
         sum(phases[name]["bound"] for name in bench.PHASES)
     )
-    assert phases["rest"]["bound"] is None and "| rest | " in "\n".join(printed)
+    assert phases["rest"]["bound"] is None
+    assert "| rest | " in "\n".join(printed)
 
 
 @pytest.mark.parametrize(
     "flags, message",
     [
         (
-            ["--algorithms", "sft"],
+            "--algorithms sft",
             "--algorithms: unknown algorithm 'sft' (choose from rloo, grpo, reinforce, ppo, trl_rloo)",
         ),
         (
-            ["--configs", "huge"],
+            "--configs huge",
             "--configs: unknown config 'huge' (choose from embedded, llama135m, qwen0.5b)",
         ),
-        (["--algorithms", "trl_rloo", "--phases"], "--phases: for the scripts, not for trl_rloo"),
+        ("--algorithms trl_rloo --phases", "--phases: for the scripts, not for trl_rloo"),
         (
-            ["--phases", "--warmup_steps", "0"],
+            "--phases --warmup_steps 0",
             "--phases: needs --warmup_steps ≥ 1 (step 1 has no CPU time)",
         ),
         (
-            ["--steps", "2", "--warmup_steps", "2"],
+            "--steps 2 --warmup_steps 2",
             "--steps: 2 leaves no measured step after --warmup_steps 2",
         ),
         (
-            ["--completions_per_step", "30"],
+            "--completions_per_step 30",
             "--completions_per_step: 30 is not a multiple of --num_generations 4",
         ),
-        (["--steps", "x"], "--steps: invalid int value: 'x'"),
-        (["--no_such_flag"], "unrecognized arguments: --no_such_flag"),
+        ("--steps x", "--steps: invalid int value: 'x'"),
+        ("--no_such_flag", "unrecognized arguments: --no_such_flag"),
         (
-            ["--algorithms", "trl_rloo", "--trl_python", "/nonexistent/python"],
+            "--algorithms trl_rloo --trl_python /nonexistent/python",
             "--trl_python: /nonexistent/python cannot import trl; install it in a separate environment (pip install "
             "'trl==1.16.*') and pass its python",
         ),
@@ -120,16 +123,9 @@ def test_phases_are_timed_inside_the_step_and_each_has_a_positive_bound(tmp_path
 def test_bad_input_prints_one_line_and_exits_2_before_anything_is_written(
     tmp_path, capsys, flags, message
 ):
+    where = ["--work_dir", str(tmp_path / "work"), "--output_json", str(tmp_path / "bench.json")]
     with pytest.raises(SystemExit) as stopped:
-        bench.cli(
-            [
-                *flags,
-                "--work_dir",
-                str(tmp_path / "work"),
-                "--output_json",
-                str(tmp_path / "bench.json"),
-            ]
-        )
+        bench.cli([*flags.split(), *where])
     assert stopped.value.code == 2
     assert capsys.readouterr().err.strip().splitlines() == [f"error: {message}"]
     assert not (tmp_path / "work").exists()

@@ -29,12 +29,14 @@ def test_the_shipped_model_loads_like_a_hub_model_and_is_small():
     assert {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"} <= files
     assert sum(p.stat().st_size for p in Path(EMBEDDED).iterdir()) <= 10 * 2**20
     model = AutoModelForCausalLM.from_pretrained(EMBEDDED)
-    assert 0.5e6 < model.num_parameters() < 2e6 and type(model).__name__ == "Qwen2ForCausalLM"
+    assert 0.5e6 < model.num_parameters() < 2e6
+    assert type(model).__name__ == "Qwen2ForCausalLM"
 
 
 def test_the_tokenizer_pads_on_the_left_and_has_a_pad_token(tmp_path):
     tokenizer = common.load_tokenizer(EMBEDDED)
-    assert tokenizer.padding_side == "left" and tokenizer.eos_token == "<|im_end|>"
+    assert tokenizer.padding_side == "left"
+    assert tokenizer.eos_token == "<|im_end|>"
     no_pad = AutoTokenizer.from_pretrained(EMBEDDED)
     no_pad.pad_token = None
     no_pad.save_pretrained(tmp_path)
@@ -52,7 +54,9 @@ def test_prompt_text_renders_strings_conversations_and_continues_an_assistant_tu
 
 def test_encode_pads_on_the_left(tiny_tokenizer):
     ids, mask = common.encode(tiny_tokenizer, ["a", "a b c"], "cpu")
-    assert mask[0].tolist()[0] == 0 and mask[0].tolist()[-1] == 1 and mask[1].all()
+    assert mask[0].tolist()[0] == 0
+    assert mask[0].tolist()[-1] == 1
+    assert mask[1].all()
     assert ids[0, 0] == tiny_tokenizer.pad_token_id
 
 
@@ -66,10 +70,10 @@ def test_sampling_takes_nothing_from_a_checkpoints_generation_config(
     torch.manual_seed(3)
     plain = common.generate(tiny_model, tiny_tokenizer, texts, config)["completion_ids"]
     shipped = tiny_model.generation_config
-    monkeypatch.setattr(tiny_model, "generation_config", GenerationConfig(
-        do_sample=True, temperature=0.1, top_k=2, top_p=0.5, repetition_penalty=2.0, min_new_tokens=10,
-        eos_token_id=shipped.eos_token_id, pad_token_id=shipped.pad_token_id,
-    ))  # fmt: skip
+    sampling = dict(do_sample=True, temperature=0.1, top_k=2, top_p=0.5, repetition_penalty=2.0)
+    ends = dict(eos_token_id=shipped.eos_token_id, pad_token_id=shipped.pad_token_id)
+    hub_config = GenerationConfig(**sampling, min_new_tokens=10, **ends)
+    monkeypatch.setattr(tiny_model, "generation_config", hub_config)
     torch.manual_seed(3)
     out = common.generate(tiny_model, tiny_tokenizer, texts, config)
     assert torch.equal(out["completion_ids"], plain)
@@ -84,7 +88,8 @@ def test_a_policy_whose_logits_are_nan_still_samples(tiny_tokenizer):
     config = common.sampling_config(model, tiny_tokenizer, ARGS)
     texts = [common.prompt_text(tiny_tokenizer, p) for p in prompts(2)]
     completion_ids = common.generate(model, tiny_tokenizer, texts, config)["completion_ids"]
-    assert completion_ids.shape[0] == 2 and completion_ids.max() < len(tiny_tokenizer)
+    assert completion_ids.shape[0] == 2
+    assert completion_ids.max() < len(tiny_tokenizer)
 
 
 @pytest.mark.parametrize("bf16, tolerance", [(False, 1e-5), (True, 0.1)])
@@ -107,7 +112,8 @@ def test_the_samplers_log_probs_equal_completion_logprobs(
         with torch.no_grad():
             logprobs = rloo.completion_logprobs(tiny_model, input_ids, attention_mask, T, 0.7)[0]
     sampler = out["sampler_logprobs"]
-    assert sampler.shape == (6, T) and sampler.dtype == torch.float32
+    assert sampler.shape == (6, T)
+    assert sampler.dtype == torch.float32
     assert ((logprobs - sampler).abs() * mask).max() < tolerance
     # only when asked
     assert "sampler_logprobs" not in common.generate(tiny_model, tiny_tokenizer, texts, config)
@@ -133,7 +139,8 @@ def test_decode_stops_at_the_end_and_drops_special_tokens(tiny_tokenizer):
     ids = torch.cat([ids, torch.tensor([[tiny_tokenizer.pad_token_id] * 2])], 1)
     mask, _ = common.end_of_completion(ids, [tiny_tokenizer.eos_token_id])
     texts, id_lists = common.decode(tiny_tokenizer, ids, mask)
-    assert texts == ["<answer>7</answer>"] and id_lists[0][-1] == tiny_tokenizer.eos_token_id
+    assert texts == ["<answer>7</answer>"]
+    assert id_lists[0][-1] == tiny_tokenizer.eos_token_id
 
 
 @pytest.mark.parametrize("top_k, top_p", [(0, 1.0), (3, 1.0), (0, 0.6)])

@@ -41,7 +41,8 @@ def test_vanilla_pg_is_ppo_with_lambda_1_one_epoch_no_whitening_and_ppo_keeps_it
     vanilla_pg = script_config("vanilla_pg", compare.run_flags(args, "vanilla_pg", seed=0))
     ppo = script_config("ppo", compare.run_flags(args, "ppo", seed=0))
     assert (vanilla_pg.lam, vanilla_pg.num_ppo_epochs, vanilla_pg.num_mini_batches) == (1.0, 1, 1)
-    assert not vanilla_pg.whiten_advantages and compare.updates_per_batch(vanilla_pg) == 1
+    assert not vanilla_pg.whiten_advantages
+    assert compare.updates_per_batch(vanilla_pg) == 1
     assert (ppo.lam, ppo.whiten_advantages) == (0.95, True)
     assert compare.updates_per_batch(ppo) == ppo.num_ppo_epochs * ppo.num_mini_batches > 1
 
@@ -97,31 +98,28 @@ def test_value_at_kl_follows_each_run_from_kl_0_and_interpolates():
     "flags, message",
     [
         (
-            ["--completions_per_step", "12"],
+            "--completions_per_step 12",
             "--completions_per_step: 12 is not a multiple of 8, the completions per prompt of grpo",
         ),
         (
-            ["--algorithms", "rloo_k3"],
+            "--algorithms rloo_k3",
             "--algorithms: unknown algorithm 'rloo_k3' (choose from rloo_k4, rloo_k2, reinforce_ma, vanilla_pg, ppo, "
             "grpo)",
         ),
-        (["--seeds", "0,one"], "--seeds: expected comma-separated numbers, got '0,one'"),
-        (["--max_steps", "x"], "--max_steps: invalid int value: 'x'"),
+        ("--seeds 0,one", "--seeds: expected comma-separated numbers, got '0,one'"),
+        ("--max_steps x", "--max_steps: invalid int value: 'x'"),
         (
-            ["--experiment", "judge"],
+            "--experiment judge",
             "--experiment: expected one of accuracy, reward_model, got 'judge'",
         ),
-        (
-            ["--frontier_kls", "0,1"],
-            "--frontier_kls: must be positive, got '0,1'",
-        ),
+        ("--frontier_kls 0,1", "--frontier_kls: must be positive, got '0,1'"),
     ],
 )
 def test_bad_flag_prints_one_line_and_exits_2_before_anything_is_written(
     tmp_path, capsys, flags, message
 ):
     with pytest.raises(SystemExit) as stopped:
-        compare.cli([*flags, "--output_dir", str(tmp_path / "out")])
+        compare.cli([*flags.split(), "--output_dir", str(tmp_path / "out")])
     assert stopped.value.code == 2
     assert capsys.readouterr().err.strip().splitlines() == [f"error: {message}"]
     assert not (tmp_path / "out").exists()
@@ -177,7 +175,9 @@ def test_quick_comparison_writes_the_table_the_figure_and_the_raw_results(tmp_pa
     assert re.fullmatch(r"-?\d+\.\d{2} ± \d+\.\d{2}", heldout_kl), row
     assert re.fullmatch(r"\d\.\d{3}", variance), row
     (run,) = json.loads((tmp_path / "compare.json").read_text())["runs"]
-    assert run["completions"] == 16 and run["peak_mib"] > 0 and run["wall_s"] > 0
+    assert run["completions"] == 16
+    assert run["peak_mib"] > 0
+    assert run["wall_s"] > 0
     assert run["eval_steps"] == [0, 2]  # evaluated at step 0 and at the end
 
 
@@ -196,7 +196,8 @@ def test_quick_reward_model_comparison_scores_the_proxy_and_measures_the_frontie
     flags = "--experiment reward_model --quick --algorithms rloo_k4".split()
     compare.cli([*flags, "--reward_model_path", str(proxy), "--output_dir", str(tmp_path / "out")])
     out = capsys.readouterr().out
-    assert "1 of 1 runs done" in out and "[reward model] held-out pair accuracy" in out
+    assert "1 of 1 runs done" in out
+    assert "[reward model] held-out pair accuracy" in out
     assert (tmp_path / "out" / "compare_rm.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     table = (tmp_path / "out" / "compare_rm.md").read_text()
     assert re.search(
@@ -206,9 +207,11 @@ def test_quick_reward_model_comparison_scores_the_proxy_and_measures_the_frontie
     (run,) = json.loads((tmp_path / "out" / "compare_rm.json").read_text())["runs"]
     frontier = run["frontier"]
     # step 0: the reference
-    assert frontier["steps"] == run["eval_steps"] == [0, 2] and frontier["kl"][0] == 0.0
+    assert frontier["steps"] == run["eval_steps"] == [0, 2]
+    assert frontier["kl"][0] == 0.0
     assert all(isinstance(v, float) for v in frontier["proxy"] + frontier["gold"])
     assert frontier["prompts"] == 78
     assert run["accuracy"] == frontier["gold"]  # gold: the proxy run logs no accuracy of its own
-    assert "--reward_funcs none" in run["command"] and "--beta 0.05" in run["command"]
+    assert "--reward_funcs none" in run["command"]
+    assert "--beta 0.05" in run["command"]
     assert not list((tmp_path / "out" / "runs" / "rm" / "rloo_k4" / "seed0").glob("checkpoint-*"))

@@ -30,16 +30,8 @@ def test_each_pair_sets_a_right_sample_against_a_wrong_one_of_a_prompt_of_its_sp
 
 
 def test_a_chosen_run_as_a_config_file_reads_back_as_the_flags_it_ran_with(tmp_path, monkeypatch):
-    flags = [
-        "--num_generations",
-        "4",
-        "--learning_rate",
-        "3e-5",
-        "--bf16",
-        "--reward_funcs",
-        "none",
-    ]
-    flags += ["--reward_model_path", "outputs/real/reward_model", "--output_dir", "somewhere"]
+    flags = "--num_generations 4 --learning_rate 3e-5 --bf16 --reward_funcs none".split()
+    flags += "--reward_model_path outputs/real/reward_model --output_dir somewhere".split()
     monkeypatch.setattr(sys, "argv", ["rloo.py", *flags])
     ran = rloo.parse_args(rloo.Args)
     run = {"algorithm": "rloo_k4", "config": {k: v for k, v in vars(ran).items()}}
