@@ -26,9 +26,9 @@ import common
 import fixed_rollouts
 from conftest import EMBEDDED, ROOT, read_metrics, run_main
 
-FLAGS = ["--num_generations", "2", "--prompts_per_step", "4", "--max_steps", "2", "--beta", "0.05",
-         "--normalize_advantages", "True", "--reward_funcs", "accuracy,format", "--learning_rate", "1e-3",
-         "--logging_steps", "1", "--save_steps", "1", "--eval_steps", "0", "--num_generations_eval", "2"]  # fmt: skip
+FLAGS = "--num_generations 2 --prompts_per_step 4 --max_steps 2 --beta 0.05".split()
+FLAGS += "--normalize_advantages True --reward_funcs accuracy,format --learning_rate 1e-3".split()
+FLAGS += "--logging_steps 1 --save_steps 1 --eval_steps 0 --num_generations_eval 2".split()
 DDP = ["--multi_gpu"]  # with CPU_DDP's environment
 CPU_DDP = {"ACCELERATE_USE_CPU": "1", "CHECK_END_TRAINING": "1"}
 NO_PLUGIN = {"zero_stage": None, "fsdp_version": None}
@@ -44,8 +44,9 @@ def launch(
     script: str, launcher: list[str], output_dir, *flags, env: dict | None = None, timeout=300
 ):
     """`accelerate launch {launcher} --num_processes 2 tests/fixed_rollouts.py {script} {flags}`, on the CPU only."""
-    accelerate = [sys.executable, "-m", "accelerate.commands.launch", *launcher, "--num_processes", "2",
-                  "--num_machines", "1", "--mixed_precision", "no", "--main_process_port", free_port()]  # fmt: skip
+    accelerate = [sys.executable, "-m", "accelerate.commands.launch", *launcher]
+    accelerate += "--num_processes 2 --num_machines 1 --mixed_precision no".split()
+    accelerate += ["--main_process_port", free_port()]
     driver = [str(ROOT / "tests" / "fixed_rollouts.py"), script, *map(str, flags)]
     driver += ["--output_dir", str(output_dir)]
     cpu_only = {"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "CUDA_VISIBLE_DEVICES": ""}
@@ -76,7 +77,8 @@ def assert_same_records(a: list[dict], b: list[dict], rel=1e-4):
 
 def assert_same_update(a: torch.Tensor, b: torch.Tensor):
     """Equal to float noise, which Adam's first steps, lr · m / (√v + ε), amplify where a gradient is near ε."""
-    assert b.abs().max() > 0 and (a - b).norm() < 1e-3 * b.norm(), (a - b).abs().max()
+    assert b.abs().max() > 0
+    assert (a - b).norm() < 1e-3 * b.norm(), (a - b).abs().max()
 
 
 def update(output_dir) -> torch.Tensor:
