@@ -4,9 +4,11 @@
 - the README's steps, **Step** (rloo.py:A-B), run from the phase comment `# ==== k.` to the phase's last line.
 
 A pointer in any other form fails. When the code moves, each failure names the pointer (page:line) and the line it
-should have, so re-pointing is a find-and-replace."""
+should have, so re-pointing is a find-and-replace. Every relative link lands on a file (and a heading, where it names
+one), and the README stays a guide of at most 150 lines: tables of results and speed go to docs/."""
 
 import re
+from pathlib import Path
 
 import pytest
 
@@ -18,6 +20,8 @@ PAGES = ["README.md"] + sorted(
 POINTER = re.compile(r"\b([\w/]+\.py):(\d+)(?:[-–](\d+))?")
 FUNCTION_POINTER = re.compile(r"`(\w+)`(?:,\s+|\s+\()([\w/]+\.py):(\d+)\b(?![-–]\d)")
 STEP_POINTER = re.compile(r"\*\*([^*]+)\*\* \(([\w/]+\.py):(\d+)-(\d+)\)")
+LINK = re.compile(r"\]\(([^)\s]+)\)")
+FENCE = re.compile(r"^```.*?^```", re.DOTALL | re.MULTILINE)
 README = (ROOT / "README.md").read_text()
 
 
@@ -47,6 +51,24 @@ def phase_span(lines: list[str], k: int) -> tuple[int, int] | None:
     while not lines[end - 1].strip():
         end -= 1
     return starts[0], end
+
+
+def outside_code_blocks(text: str) -> str:
+    """The text with each fenced block blanked, its newlines kept, so that page_line still holds."""
+    return FENCE.sub(lambda block: "\n" * block.group().count("\n"), text)
+
+
+def heading_anchors(page: Path) -> set[str]:
+    """GitHub's anchors: a heading in lower case, punctuation dropped, spaces as hyphens; -1, -2 on repeats."""
+    anchors = set()
+    counts = {}
+    text = outside_code_blocks(page.read_text())
+    for heading in re.findall(r"^#{1,6} (.+)$", text, re.MULTILINE):
+        slug = re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+        repeat = counts.get(slug, 0)
+        counts[slug] = repeat + 1
+        anchors.add(f"{slug}-{repeat}" if repeat else slug)
+    return anchors
 
 
 def fail_if(misses: list[str], heading: str = "re-point"):
@@ -108,3 +130,29 @@ def test_every_pointer_names_what_it_points_at(page):
         if not any(start <= match.start() < end for start, end in checked)
     ]
     fail_if(unchecked, "write these as `name`, file.py:N (one name per pointer)")
+
+
+def test_readme_is_a_guide_of_at_most_150_lines():
+    lines = len(README.splitlines())
+    assert lines <= 150, (
+        f"README.md has {lines} lines: move tables and figures to docs/, link them"
+    )
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_every_relative_link_lands(page):
+    text = outside_code_blocks((ROOT / page).read_text())
+    misses = []
+    for match in LINK.finditer(text):
+        target = match.group(1)
+        if re.match(r"[a-z]+:", target):
+            continue
+        file, _, anchor = target.partition("#")
+        destination = (ROOT / page).parent / file if file else ROOT / page
+        if not destination.exists():
+            misses.append(f"{page}:{page_line(text, match.start())}: ({target}) -> no {file}")
+        elif anchor and destination.suffix == ".md" and anchor not in heading_anchors(destination):
+            misses.append(
+                f"{page}:{page_line(text, match.start())}: ({target}) -> no heading #{anchor}"
+            )
+    fail_if(misses, "fix these links")
