@@ -173,7 +173,8 @@ def test_each_loss_type_on_a_hand_example(loss_type, expected):
         epsilon=0.2,
         epsilon_high=0.2,
     )
-    assert loss.item() == pytest.approx(expected) and policy_loss.item() == pytest.approx(expected)
+    assert loss.item() == pytest.approx(expected)
+    assert policy_loss.item() == pytest.approx(expected)
     assert ratio.tolist() == [[1.0] * 4] * 2
     loss.backward()  # on-policy, ∂L/∂logp_{i,t} = −w_{i,t} A_i: the plain policy gradient; padding gets none
     assert torch.allclose(logprobs.grad, -weights * TOY_ADVANTAGES[:, None])
@@ -388,7 +389,8 @@ def test_gspo_clips_the_completions_mean_ratio_as_one_and_reaches_every_token():
         loss.backward()
         assert loss.item() == pytest.approx(expected_loss)
         assert logprobs.grad[0].tolist() == pytest.approx(expected_grad)
-    assert ratio.shape == (1, 1) and ratio.item() == pytest.approx(1.0)  # one s per completion
+    assert ratio.shape == (1, 1)  # one s per completion
+    assert ratio.item() == pytest.approx(1.0)
 
 
 @pytest.mark.parametrize("loss_type", LOSS_TYPES)
@@ -552,7 +554,8 @@ def test_dynamic_sampling_drops_groups_whose_rewards_are_all_equal_and_samples_m
     assert batch["rewards"].tolist() == [0, 1, 1, 0, 1, 0, 0, 1]
     assert dropped_frac == 4 / 8
     # rounds of different widths: the prompts stay left-padded, the completions right-padded
-    assert batch["prompt_mask"].shape == (8, 5) and batch["completion_mask"].shape == (8, 4)
+    assert batch["prompt_mask"].shape == (8, 5)
+    assert batch["completion_mask"].shape == (8, 4)
     assert batch["prompt_mask"][0].tolist() == [0, 0, 0, 1, 1]
     assert batch["prompt_ids"][0].tolist() == [0, 0, 0, 7, 7]
     assert batch["completion_mask"][0].tolist() == [1, 0, 0, 0]
@@ -564,7 +567,8 @@ def test_dynamic_sampling_fills_up_with_equal_reward_groups_when_the_rounds_run_
     batch, dropped_frac = dynamic_sampling(
         [only], num_prompts=4, num_generations=2, pad_token_id=0
     )
-    assert batch["texts"] == only["texts"] and dropped_frac == 3 / 4
+    assert batch["texts"] == only["texts"]
+    assert dropped_frac == 3 / 4
 
 
 @pytest.mark.parametrize("rewards, rounds", [("constant", 4), ("alternating", 1)])
@@ -622,7 +626,8 @@ def test_a_run_logs_trls_metrics_with_the_kl_term_and_dynamic_sampling(tmp_path)
     ):
         assert all(key in r for r in train), key
     # π_θ = π_ref until the first update
-    assert train[0]["kl"] == pytest.approx(0.0, abs=1e-6) and train[1]["kl"] > 0
+    assert train[0]["kl"] == pytest.approx(0.0, abs=1e-6)
+    assert train[1]["kl"] > 0
     for r in train:  # the entropy bonus: loss = policy_loss − c · H̄, H̄ the logged entropy
         assert r["policy_loss"] - r["loss"] == pytest.approx(0.01 * r["entropy"], rel=1e-4)
     # up to 3 rounds of 4 prompts: a batch holds a group of equal rewards only if fewer than 4 of 12 groups differed
@@ -643,7 +648,8 @@ def test_beta_zero_loads_no_reference_model_and_logs_no_kl(tmp_path, monkeypatch
 
     monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", counting_load)
     grpo.main(args(tmp_path, max_steps=1))
-    assert len(loads) == 1 and "kl" not in training(tmp_path / "out")[0]
+    assert len(loads) == 1
+    assert "kl" not in training(tmp_path / "out")[0]
 
 
 @pytest.mark.parametrize("loss_type", LOSS_TYPES)
@@ -719,7 +725,8 @@ def test_a_sampler_that_is_not_the_policy_gets_importance_weights(
 def test_bf16_samples_from_the_policy_itself_with_no_correction(tmp_path):
     grpo.main(args(tmp_path, max_steps=1, bf16=True))
     (record,) = training(tmp_path / "out")
-    assert record["grad_norm"] > 0 and not any(key.startswith("sampling/") for key in record)
+    assert record["grad_norm"] > 0
+    assert not any(key.startswith("sampling/") for key in record)
 
 
 @pytest.mark.parametrize(

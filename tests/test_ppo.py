@@ -155,7 +155,8 @@ def test_whitening_reads_only_the_real_tokens():
     values = torch.tensor([[1.0, 2.0, 100.0], [3.0, 4.0, -50.0]])  # 100 and −50 sit on padding
     mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 0.0]])
     mean, variance = masked_moments(values, mask, Accelerator())
-    assert mean.item() == 2.5 and variance.item() == pytest.approx(5 / 3)
+    assert mean.item() == 2.5
+    assert variance.item() == pytest.approx(5 / 3)
     whitened = masked_whiten(values, mask, Accelerator())
     assert whitened[mask.bool()].mean().item() == pytest.approx(0.0, abs=1e-6)
     assert whitened[mask.bool()].std().item() == pytest.approx(1.0, abs=1e-4)
@@ -310,7 +311,8 @@ def test_the_value_model_starts_from_the_reward_model(tmp_path, tiny_tokenizer):
         Accelerator(), ppo.Args(reward_model_path=rm), tiny_tokenizer
     )
     head = AutoModelForSequenceClassification.from_pretrained(rm).score.weight
-    assert head.abs().sum() > 0 and torch.equal(value_model.score.weight, head)
+    assert head.abs().sum() > 0
+    assert torch.equal(value_model.score.weight, head)
 
 
 def test_a_reward_model_with_another_tokenizer_scores_and_the_value_model_starts_from_the_policy(
@@ -327,14 +329,8 @@ def test_a_reward_model_with_another_tokenizer_scores_and_the_value_model_starts
     assert record["loss/value_avg"] > 0
     value_config = AutoConfig.from_pretrained(tmp_path / "out" / "value_model")
     assert value_config.model_type == "qwen2"  # the policy's
-    flags = [
-        "--value_model_path",
-        rm,
-        "--prompts_per_step",
-        "4",
-        "--output_dir",
-        tmp_path / "again",
-    ]
+    flags = ["--value_model_path", rm, "--prompts_per_step", "4"]
+    flags += ["--output_dir", tmp_path / "again"]
     assert "--value_model_path: " in one_line_error(ppo, *flags, capsys=capsys)
 
 
@@ -345,7 +341,8 @@ def test_a_run_writes_trls_ppo_metrics_the_value_model_and_checkpoints(tmp_path)
     out = tmp_path / "out"
     first, second = training(out)
     for key in TRL_METRICS:
-        assert key in first and key in second, key
+        assert key in first, key
+        assert key in second, key
     assert first["objective/kl"] == pytest.approx(0.0, abs=1e-6)  # step 1 samples from π_θ = π_ref
     assert second["objective/kl"] > 0
     assert second["objective/entropy"] > 0
@@ -354,7 +351,8 @@ def test_a_run_writes_trls_ppo_metrics_the_value_model_and_checkpoints(tmp_path)
     assert second["objective/rlhf_reward"] == pytest.approx(rlhf_reward)
     assert [p.name for p in ppo.checkpoints(out)] == ["checkpoint-2"]
     state = json.loads((out / "checkpoint-2" / "trainer_state.json").read_text())
-    assert state["step"] == 2 and state["kl_coef"] == 0.05
+    assert state["step"] == 2
+    assert state["kl_coef"] == 0.05
     # in Hugging Face's format
     final = AutoModelForSequenceClassification.from_pretrained(out / "value_model")
     saved = AutoModelForSequenceClassification.from_pretrained(out / "checkpoint-2/value_model")
@@ -415,7 +413,8 @@ def test_kl_coef_zero_loads_no_reference_model(tmp_path, monkeypatch):
 
     monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", counted_load)
     ppo.main(args(tmp_path, max_steps=1, kl_coef=0.0))
-    assert len(loads) == 1 and training(tmp_path / "out")[0]["objective/kl"] == 0.0
+    assert len(loads) == 1
+    assert training(tmp_path / "out")[0]["objective/kl"] == 0.0
 
 
 def test_lora_trains_adapters_of_both_models_and_resumes(tmp_path):

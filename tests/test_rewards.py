@@ -36,7 +36,8 @@ def funcs(specs: str, max_completion_length: int = 24, reward_model_path=None) -
 
 
 def test_extract_answer_and_the_arithmetic_check():
-    assert extract_answer("so <answer> 84 </answer>") == "84" and extract_answer("no tags") is None
+    assert extract_answer("so <answer> 84 </answer>") == "84"
+    assert extract_answer("no tags") is None
     completions = [
         "<answer>84</answer>",
         "<answer>84.0</answer>",
@@ -107,7 +108,8 @@ def test_the_weighted_sum_skips_none_and_an_unscorable_completion_is_nan():
     rewards, per_func = compute_rewards(
         functions, weights, ["q"] * 3, completions, [[1]] * 3, {"ground_truth": ["84", "84", None]}
     )
-    assert rewards.tolist() == pytest.approx([1.2, 0.2, 0.0]) and math.isnan(per_func[2, 0])
+    assert rewards.tolist() == pytest.approx([1.2, 0.2, 0.0])
+    assert math.isnan(per_func[2, 0])
     nothing = lambda completions, **kwargs: [None] * len(completions)
     rewards, _ = compute_rewards({"nothing": nothing}, torch.ones(1), ["q"], ["x"], [[1]], {})
     assert math.isnan(rewards[0])  # unscorable: left out of baselines and statistics, not 0
@@ -136,7 +138,8 @@ def test_columns_completion_ids_and_trls_completion_format_reach_the_functions()
     )
     assert seen["prompts"] == [prefilled[:1]]  # the continued turn is the completion's start
     assert seen["completions"] == [said("<answer>7</answer>")]
-    assert seen["completion_ids"] == [[5, 6]] and seen["difficulty"] == ["hard"]
+    assert seen["completion_ids"] == [[5, 6]]
+    assert seen["difficulty"] == ["hard"]
 
 
 def test_a_function_returning_the_wrong_count_or_non_numbers_is_one_error_naming_it():
@@ -208,7 +211,8 @@ def test_a_reward_model_scores_text_through_its_own_tokenizer(tmp_path, tiny_tok
     score = reward_model_function(str(tmp_path / "rm"), "cpu")
     assert score.__name__ == "rm"
     scores = score(prompts=["a", "b"], completions=["<answer>1</answer>", "<answer>2</answer>"])
-    assert len(scores) == 2 and scores[0] != scores[1]
+    assert len(scores) == 2
+    assert scores[0] != scores[1]
     conversational = score(
         prompts=[[{"role": "user", "content": "a"}]], completions=[said("<answer>1</answer>")]
     )

@@ -48,10 +48,8 @@ def test_kl_estimators_on_known_values():
     )
     # identical policies: both zero; k3 is never negative, k1 can be
     same = torch.tensor([-1.3])
-    assert (
-        per_token_kl(same, same, "k1").item() == 0.0
-        and per_token_kl(same, same, "k3").item() == 0.0
-    )
+    assert per_token_kl(same, same, "k1").item() == 0.0
+    assert per_token_kl(same, same, "k3").item() == 0.0
     assert (
         per_token_kl(ref_logprobs, logprobs, "k1").item()
         < 0
@@ -124,7 +122,8 @@ def test_masked_rows_get_no_loss():
         epsilon_high=0.2,
     )
     loss.backward()
-    assert logprobs.grad[1].item() == 0.0 and logprobs.grad[0].item() == pytest.approx(-0.5)
+    assert logprobs.grad[1].item() == 0.0
+    assert logprobs.grad[0].item() == pytest.approx(-0.5)
 
 
 def test_loss_gradient_raises_the_probability_of_positive_advantage_completions(
@@ -171,7 +170,7 @@ def test_loss_gradient_raises_the_probability_of_positive_advantage_completions(
 
 
 def test_the_log_probs_made_in_pieces_equal_the_whole_computation(monkeypatch):
-    """completion_logprobs' float32 log-softmax runs in pieces of `chunk` elements; its log-probs,
+    """log_softmax_and_gather's float32 log-softmax runs in pieces of `chunk` elements; its log-probs,
     their gradient and the entropy −Σ p log p equal those of the whole (B, T, V) log-softmax."""
     import transformers
 
@@ -192,9 +191,8 @@ def test_the_log_probs_made_in_pieces_equal_the_whole_computation(monkeypatch):
         return log_softmax(x, *args, **kwargs)
 
     monkeypatch.setattr(torch, "log_softmax", recorded)
-    logprobs, entropy = rloo.completion_logprobs(
-        model, input_ids, attention_mask, T, 0.7, entropy=True, chunk=chunk
-    )
+    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, P - 1 : -1]
+    logprobs, entropy = rloo.log_softmax_and_gather(logits, input_ids[:, P:], 0.7, True, chunk)
     weight = model.model.layers[0].mlp.down_proj.weight
     (gradient,) = torch.autograd.grad(logprobs.sum(), weight)
     assert sorted(sizes) == [chunk // 2] * 2 + [chunk] * 4  # each made again in the backward

@@ -84,6 +84,7 @@ def fake_vllm(monkeypatch):
     module.LLM = FakeLLM
     module.SamplingParams = lambda **kwargs: types.SimpleNamespace(**kwargs)
     monkeypatch.setitem(sys.modules, "vllm", module)
+    monkeypatch.delitem(sys.modules, "vllm_colocate", raising=False)  # imports this module
     FakeLLM.instances.clear()
     # the engine sets RANK, WORLD_SIZE, MASTER_PORT, ... for vLLM: undone after
     environment = dict(os.environ)
@@ -117,9 +118,9 @@ def training(output_dir) -> list[dict]:
 def test_rollouts_come_from_vllm_and_the_weights_follow_every_update(tmp_path):
     rloo.main(args(tmp_path))
     (llm,) = FakeLLM.instances
-    assert (
-        llm.calls == 2 and llm.kwargs["gpu_memory_utilization"] == 0.3 and llm.kwargs["seed"] == 0
-    )
+    assert llm.calls == 2
+    assert llm.kwargs["gpu_memory_utilization"] == 0.3
+    assert llm.kwargs["seed"] == 0
     assert len(llm.loads) == 3  # at the start, then after each of the 2 updates
     final = AutoModelForCausalLM.from_pretrained(tmp_path / "out").state_dict()
     # tied embeddings may be sent once
@@ -147,13 +148,12 @@ def test_vllm_samples_softmax_over_temperature_and_reports_the_log_probs_of_its_
     vllm = VLLMGenerator(
         Accelerator(), args(tmp_path, temperature=0.8), tokenizer, model, [tokenizer.eos_token_id]
     )
-    assert (
-        vllm.llm.kwargs["generation_config"] == "vllm"
-        and vllm.llm.kwargs["logprobs_mode"] == "processed_logprobs"
-    )
-    neutral = dict(temperature=0.8, top_p=1.0, top_k=-1, min_p=0.0, repetition_penalty=1.0, presence_penalty=0.0,
-                   frequency_penalty=0.0, min_tokens=0, max_tokens=12, stop_token_ids=[tokenizer.eos_token_id],
-                   logprobs=0)  # fmt: skip
+    assert vllm.llm.kwargs["generation_config"] == "vllm"
+    assert vllm.llm.kwargs["logprobs_mode"] == "processed_logprobs"
+    sampling = dict(temperature=0.8, top_p=1.0, top_k=-1, min_p=0.0, logprobs=0)
+    no_penalty = dict(repetition_penalty=1.0, presence_penalty=0.0, frequency_penalty=0.0)
+    length = dict(min_tokens=0, max_tokens=12, stop_token_ids=[tokenizer.eos_token_id])
+    neutral = sampling | no_penalty | length
     assert {key: getattr(vllm.sampling_params, key) for key in neutral} == neutral
     out = vllm.generate(["a", "Compute 1 + 2.", "c"], "cpu")
     (llm,) = FakeLLM.instances
@@ -205,7 +205,8 @@ def test_a_lora_policy_reaches_vllm_merged_under_base_names_and_its_bf16_base_ne
         + q.lora_B["default"].weight @ q.lora_A["default"].weight * q.scaling["default"]
     )
     loaded = sent["model.layers.0.self_attn.q_proj.weight"]
-    assert loaded.dtype == torch.bfloat16 and torch.equal(loaded, expected.to(torch.bfloat16))
+    assert loaded.dtype == torch.bfloat16
+    assert torch.equal(loaded, expected.to(torch.bfloat16))
     assert not torch.equal(loaded, q.base_layer.weight)
 
 
@@ -234,7 +235,8 @@ def test_the_correction_weights_the_loss_when_vllm_is_not_the_policy(tmp_path):
         return training(tmp_path / name)[0]
 
     off = first_step("off", vllm_importance_sampling_correction=False)
-    assert "sampling/importance_sampling_ratio/mean" not in off and off["grad_norm"] > 0
+    assert "sampling/importance_sampling_ratio/mean" not in off
+    assert off["grad_norm"] > 0
     truncated = first_step(
         "truncated", vllm_importance_sampling_mode="sequence_truncate", **{CAP: cap}
     )
