@@ -1,7 +1,9 @@
 """rloo.py end to end: what a run writes, resume, stops, micro-batching, bad input, and a run that learns."""
 
+import ast
 import dataclasses
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -15,11 +17,13 @@ from transformers import AutoModelForCausalLM
 import rloo
 from conftest import ROOT, error_line, one_line_error, read_metrics, run_main, run_script
 from hub_like import (
+    arithmetic_rows,
     make_bf16_checkpoint,
     make_deepmath_like_dataset,
     make_hub_like_checkpoint,
     make_turn_end_checkpoint,
 )
+from rewards import accuracy_reward
 
 
 def args(tmp_path, **overrides) -> rloo.Args:
@@ -58,9 +62,23 @@ def test_a_run_writes_trls_metrics_a_loadable_model_and_checkpoints(tmp_path):
     )
     train = training(out)
     assert [r["step"] for r in train] == [1, 2, 3]
-    for key in ("reward", "reward_std", "frac_reward_zero_std", "rewards/accuracy_reward/mean", "kl", "entropy",
-                "completions/mean_length", "completions/clipped_ratio", "loss", "grad_norm", "clip_ratio/low_mean",
-                "clip_ratio/high_mean", "clip_ratio/region_mean", "learning_rate", "num_tokens"):  # fmt: skip
+    for key in (
+        "reward",
+        "reward_std",
+        "frac_reward_zero_std",
+        "rewards/accuracy_reward/mean",
+        "kl",
+        "entropy",
+        "completions/mean_length",
+        "completions/clipped_ratio",
+        "loss",
+        "grad_norm",
+        "clip_ratio/low_mean",
+        "clip_ratio/high_mean",
+        "clip_ratio/region_mean",
+        "learning_rate",
+        "num_tokens",
+    ):
         assert all(key in r for r in train), key
     # --save_total_limit 2
     assert [p.name for p in rloo.checkpoints(out)] == ["checkpoint-2", "checkpoint-3"]
@@ -96,22 +114,29 @@ def test_resume_gives_the_uninterrupted_runs_metrics_and_weights(tmp_path):
 
 def test_resume_from_a_stopped_run_equals_the_uninterrupted_run(tmp_path):
     """Ctrl-C after step 2 saves checkpoint-2; resuming it gives the uninterrupted run's metrics.jsonl exactly."""
-    flags = ["--max_steps", "4", "--prompts_per_step", "4", "--logging_steps", "1", "--eval_steps", "0",
-             "--save_steps", "0", "--eval_strategy", "steps"]  # fmt: skip
+    flags = "--max_steps 4 --prompts_per_step 4 --logging_steps 1 --eval_steps 0".split()
+    flags += "--save_steps 0 --eval_strategy steps".split()
     run_main(rloo, *flags, "--output_dir", tmp_path / "full")
     out = tmp_path / "stopped"
     command = [sys.executable, str(ROOT / "rloo.py"), *flags, "--output_dir", str(out)]
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # fmt: skip
+    process = subprocess.Popen(
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     deadline = time.time() + 240
     while '"step": 2' not in (
         (out / "metrics.jsonl").read_text() if (out / "metrics.jsonl").exists() else ""
     ):
-        assert process.poll() is None and time.time() < deadline, process.communicate()
+        assert process.poll() is None, process.communicate()
+        assert time.time() < deadline
         time.sleep(0.1)
     process.send_signal(signal.SIGINT)
     stdout, stderr = process.communicate(timeout=240)
-    assert process.returncode == 130 and "Traceback" not in stderr, stderr
+    assert process.returncode == 130, stderr
+    assert "Traceback" not in stderr, stderr
     (checkpoint,) = rloo.checkpoints(out)
     assert f"interrupted at step {checkpoint.name.split('-')[1]}: saved {checkpoint}" in stdout
     run_main(rloo, *flags, "--output_dir", out, "--resume_from_checkpoint", "latest")
@@ -121,18 +146,21 @@ def test_resume_from_a_stopped_run_equals_the_uninterrupted_run(tmp_path):
 
 def test_sigterm_in_the_loop_saves_a_checkpoint_and_exits_143(tmp_path):
     out = tmp_path / "out"
-    command = [sys.executable, str(ROOT / "rloo.py"), "--max_steps", "1000", "--prompts_per_step", "4",
-               "--eval_strategy", "no", "--logging_steps", "1", "--output_dir", str(out)]  # fmt: skip
+    flags = "--max_steps 1000 --prompts_per_step 4 --eval_strategy no --logging_steps 1".split()
+    command = [sys.executable, str(ROOT / "rloo.py"), *flags, "--output_dir", str(out)]
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 240
     while not (out / "metrics.jsonl").exists():
-        assert process.poll() is None and time.time() < deadline, process.communicate()
+        assert process.poll() is None, process.communicate()
+        assert time.time() < deadline
         time.sleep(0.1)
     process.send_signal(signal.SIGTERM)
     stdout, stderr = process.communicate(timeout=240)
-    assert process.returncode == 143 and "Traceback" not in stderr, stderr
+    assert process.returncode == 143, stderr
+    assert "Traceback" not in stderr, stderr
     (checkpoint,) = rloo.checkpoints(out)
-    assert stdout.count("interrupted at step") == 1 and str(checkpoint) in stdout
+    assert stdout.count("interrupted at step") == 1
+    assert str(checkpoint) in stdout
 
 
 def test_micro_batching_does_not_change_the_update(tmp_path, recorded_gradients):
@@ -148,9 +176,8 @@ def test_micro_batching_does_not_change_the_update(tmp_path, recorded_gradients)
     rloo.main(whole)
     rloo.main(dataclasses.replace(whole, micro_batch_size=2, output_dir=str(tmp_path / "b")))
     one_batch, micro_batches = recorded_gradients
-    assert one_batch.abs().max() > 0 and torch.allclose(
-        one_batch, micro_batches, rtol=1e-4, atol=1e-7
-    )
+    assert one_batch.abs().max() > 0
+    assert torch.allclose(one_batch, micro_batches, rtol=1e-4, atol=1e-7)
     assert training(tmp_path / "a")[0]["loss"] == pytest.approx(
         training(tmp_path / "b")[0]["loss"], abs=1e-6
     )
@@ -163,7 +190,8 @@ def test_beta_zero_loads_no_reference_model(tmp_path, monkeypatch):
         AutoModelForCausalLM, "from_pretrained", lambda *a, **k: loads.append(a) or load(*a, **k)
     )
     rloo.main(args(tmp_path, beta=0.0, max_steps=1))
-    assert len(loads) == 1 and "kl" not in training(tmp_path / "out")[0]
+    assert len(loads) == 1
+    assert "kl" not in training(tmp_path / "out")[0]
     rloo.main(args(tmp_path, beta=0.05, max_steps=1, output_dir=str(tmp_path / "with_reference")))
     assert len(loads) == 3
 
@@ -200,7 +228,8 @@ def test_hub_like_checkpoints_train_in_float32_without_dropout(tmp_path, make, m
 def test_lora_trains_an_adapter_whose_reference_is_the_base(tmp_path):
     rloo.main(args(tmp_path, use_peft=True, lora_r=4, learning_rate=1e-3, save_steps=1))
     out = tmp_path / "out"
-    assert (out / "adapter_config.json").exists() and not (out / "model.safetensors").exists()
+    assert (out / "adapter_config.json").exists()
+    assert not (out / "model.safetensors").exists()
     (first, _) = training(out)
     # step 1: the adapter is zero, so π_θ = π_ref
     assert first["kl"] == pytest.approx(0.0, abs=1e-6)
@@ -220,10 +249,9 @@ def test_lora_trains_an_adapter_whose_reference_is_the_base(tmp_path):
 def test_bf16_and_gradient_checkpointing_train_float32_master_weights(tmp_path):
     rloo.main(args(tmp_path, bf16=True, gradient_checkpointing=True, max_steps=1))
     (record,) = training(tmp_path / "out")
-    assert record["grad_norm"] > 0 and all(
-        t.dtype == torch.float32
-        for t in load_file(tmp_path / "out" / "model.safetensors").values()
-    )
+    assert record["grad_norm"] > 0
+    weights = load_file(tmp_path / "out" / "model.safetensors")
+    assert all(t.dtype == torch.float32 for t in weights.values())
 
 
 def test_a_config_file_is_read_and_the_command_line_wins(tmp_path):
@@ -232,17 +260,8 @@ def test_a_config_file_is_read_and_the_command_line_wins(tmp_path):
         "max_steps: 1\nnum_generations: 4\nprompts_per_step: 2\nreward_funcs: [accuracy, format]\n"
     )
     out = tmp_path / "out"
-    run_main(
-        rloo,
-        "--config",
-        config,
-        "--num_generations",
-        "2",
-        "--eval_strategy",
-        "no",
-        "--output_dir",
-        out,
-    )
+    flags = "--num_generations 2 --eval_strategy no".split()
+    run_main(rloo, "--config", config, *flags, "--output_dir", out)
     saved = json.loads((out / "args.json").read_text())
     assert (saved["max_steps"], saved["num_generations"], saved["reward_funcs"]) == (
         1,
@@ -255,11 +274,14 @@ def test_a_config_file_is_read_and_the_command_line_wins(tmp_path):
 
 
 def test_string_prompts_from_a_compressed_file_and_log_completions(tmp_path, capsys):
+    """A string prompt reaches the model as it is, with no chat template: these close the user's turn and open the
+    assistant's, as the embedded model's template does, so that the model answers them."""
     import gzip
 
+    assistant_turn = "<|im_end|>\n<|im_start|>assistant\n"
     rows = [
         {
-            "prompt": f"Compute {a} + 2. Answer in the form <answer>N</answer>.",
+            "prompt": f"Compute {a} + 2. Answer in the form <answer>N</answer>.{assistant_turn}",
             "ground_truth": str(a + 2),
         }
         for a in range(8)
@@ -272,10 +294,20 @@ def test_string_prompts_from_a_compressed_file_and_log_completions(tmp_path, cap
             dataset_name=str(tmp_path / "data.jsonl.gz"),
             max_steps=1,
             log_completions=True,
+            num_completions_to_print=8,
         )
     )
-    assert "[step 1] 'Compute" in capsys.readouterr().out  # tqdm.write: stdout
-    assert 0.0 <= training(tmp_path / "out")[0]["rewards/accuracy_reward/mean"] <= 1.0
+    out = capsys.readouterr().out  # tqdm.write: stdout
+    assert "[step 1] 'Compute" in out
+    # the logged accuracy is that of the 8 printed completions, each checked against its row's answer
+    answers = {row["prompt"]: row["ground_truth"] for row in rows}
+    lines = [line for line in out.splitlines() if line.startswith("[step 1] ")]
+    printed = [re.fullmatch(r"\[step 1\] (.+?) → (.+)  reward \S+", line) for line in lines]
+    prompts = [ast.literal_eval(match[1]) for match in printed]
+    completions = [ast.literal_eval(match[2]) for match in printed]
+    right = accuracy_reward(completions, ground_truth=[answers[p] for p in prompts])
+    assert len(right) == 8
+    assert training(tmp_path / "out")[0]["rewards/accuracy_reward/mean"] == sum(right) / 8
 
 
 def test_unscorable_completions_stay_out_of_the_statistics(tmp_path):
@@ -289,9 +321,8 @@ def test_unscorable_completions_stay_out_of_the_statistics(tmp_path):
         args(tmp_path, dataset_name=str(tmp_path / "data.jsonl"), max_steps=1, prompts_per_step=8)
     )
     (record,) = training(tmp_path / "out")
-    assert (
-        record["reward"] == record["rewards/accuracy_reward/mean"] and record["reward"] is not None
-    )
+    assert record["reward"] == record["rewards/accuracy_reward/mean"]
+    assert record["reward"] is not None
 
 
 def test_a_data_file_named_without_its_folder_loads_from_the_working_directory(
@@ -335,16 +366,7 @@ def test_report_to_tensorboard_writes_its_events(tmp_path):
 def test_a_non_finite_update_stops_before_it_is_applied(tmp_path, capsys):
     """A learning rate of 1e30 makes step 1's update blow the weights up: step 2's loss is not finite, and step 2 is
     not applied or saved."""
-    flags = [
-        "--learning_rate",
-        "1e30",
-        "--max_steps",
-        "3",
-        "--prompts_per_step",
-        "4",
-        "--eval_strategy",
-        "no",
-    ]
+    flags = "--learning_rate 1e30 --max_steps 3 --prompts_per_step 4 --eval_strategy no".split()
     line = one_line_error(
         rloo, *flags, "--save_steps", "1", "--output_dir", tmp_path / "out", capsys=capsys
     )
@@ -410,7 +432,8 @@ def test_the_script_itself_says_bad_input_in_one_line(tmp_path):
 def test_a_fresh_run_refuses_another_runs_folder_unless_told(tmp_path, capsys):
     rloo.main(args(tmp_path, max_steps=1))
     line = one_line_error(rloo, "--output_dir", tmp_path / "out", capsys=capsys)
-    assert "--output_dir: " in line and "--resume_from_checkpoint latest" in line
+    assert "--output_dir: " in line
+    assert "--resume_from_checkpoint latest" in line
     rloo.main(args(tmp_path, max_steps=1, overwrite_output_dir=True, save_steps=1))
     assert [r["step"] for r in read_metrics(tmp_path / "out")] == [1]
 
@@ -426,7 +449,9 @@ def test_the_quick_start_learns(tmp_path):
 
 
 def test_trls_math_recipe_layout_trains_with_math_verify(tmp_path):
-    """trl-lib/DeepMath-103K's layout (a dataset card, parquet shards, a LaTeX `solution`), by --dataset_config."""
+    """trl-lib/DeepMath-103K's layout (a dataset card, parquet shards, a LaTeX `solution`), by --dataset_config.
+    math-verify scores the LaTeX solutions ($7$, -2, \\frac{56}{8}) as the plain check scores the same questions'
+    ground_truth: the same completions get the same held-out accuracy."""
     data = str(make_deepmath_like_dataset(tmp_path / "deepmath"))
     evaluation = dict(eval_strategy="steps", num_generations_eval=1)
     rloo.main(
@@ -439,6 +464,13 @@ def test_trls_math_recipe_layout_trains_with_math_verify(tmp_path):
         )
     )
     records = read_metrics(tmp_path / "out")
-    assert (
-        0.0 <= records[0]["eval/accuracy"] <= 1.0 and "rewards/accuracy_reward/mean" in records[1]
-    )
+    assert "rewards/accuracy_reward/mean" in records[1]
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    for split, n in (("train", 64), ("test", 16)):  # the same rows as the DeepMath-like folder
+        lines = [json.dumps(row) + "\n" for row in arithmetic_rows(split)[:n]]
+        (plain / f"{split}.jsonl").write_text("".join(lines))
+    plain_run = dict(dataset_name=str(plain), output_dir=str(tmp_path / "plain_out"))
+    rloo.main(args(tmp_path, max_steps=1, **plain_run, **evaluation))
+    # step 0's evaluation samples from the seed: the same completions in both runs
+    assert records[0]["eval/accuracy"] == read_metrics(tmp_path / "plain_out")[0]["eval/accuracy"]
