@@ -46,6 +46,12 @@ def small_data(tmp_path) -> str:
     return str(folder)
 
 
+def scores(score, pairs: list[dict], side: str) -> list[float]:
+    """`score`'s reward of each pair's `side` ("chosen" or "rejected") after its prompt."""
+    prompts, completions = zip(*(as_completion(p["prompt"], p[side][0]["content"]) for p in pairs))
+    return score(prompts=list(prompts), completions=list(completions))
+
+
 def args(tmp_path, **overrides) -> reward_model.Args:
     """A run of a second or two: 3 steps of 8 pairs, no evaluation, no checkpoint."""
     small = dict(
@@ -72,7 +78,8 @@ def test_the_bradley_terry_loss_of_the_worked_example():
     loss = lambda m=0.0, c=None: bradley_terry_loss(
         torch.tensor([2.0]), torch.tensor([0.0]), torch.tensor([m]), center_rewards_coefficient=c
     ).item()
-    assert loss() == pytest.approx(math.log1p(math.exp(-2))) and round(loss(), 3) == 0.127
+    assert loss() == pytest.approx(math.log1p(math.exp(-2)))
+    assert round(loss(), 3) == 0.127
     assert loss(m=2.0) == pytest.approx(math.log(2))
     assert loss(c=0.01) == pytest.approx(math.log1p(math.exp(-2)) + 0.04)
 
@@ -137,8 +144,15 @@ def test_a_run_saves_a_model_that_rewards_py_scores_as_training_did(tmp_path):
     out = tmp_path / "out"
     evals = [r for r in read_metrics(out) if "eval/accuracy" in r]
     assert [r["step"] for r in evals] == [0, 2, 3]
-    assert all(0 <= r["eval/accuracy"] <= 1 for r in evals)
-    assert all("eval/loss" in r and "eval/margin" in r for r in evals)
+    # the last evaluation is the saved model's: as rewards.py scores it, it wins that share of the held-out pairs
+    score = reward_model_function(str(out), "cpu")
+    lines = (tmp_path / "data" / "test.jsonl").read_text().splitlines()
+    held_out = [json.loads(line) for line in lines]
+    r_chosen, r_rejected = (scores(score, held_out, side) for side in ("chosen", "rejected"))
+    wins = [c > r for c, r in zip(r_chosen, r_rejected)]
+    assert evals[-1]["eval/accuracy"] == sum(wins) / len(wins)
+    assert all("eval/loss" in r for r in evals)
+    assert all("eval/margin" in r for r in evals)
     train = training(out)
     assert [r["step"] for r in train] == [1, 2, 3]
     for key in (
@@ -155,7 +169,8 @@ def test_a_run_saves_a_model_that_rewards_py_scores_as_training_did(tmp_path):
     assert [p.name for p in reward_model.checkpoints(out)] == ["checkpoint-2"]
     model = AutoModelForSequenceClassification.from_pretrained(out)
     tokenizer = common.load_tokenizer(str(out))
-    assert model.config.num_labels == 1 and model.config.pad_token_id == tokenizer.pad_token_id
+    assert model.config.num_labels == 1
+    assert model.config.pad_token_id == tokenizer.pad_token_id
     assert all(p.dtype == torch.float32 for p in model.parameters())
 
     pairs = rows("arithmetic_preferences/test.jsonl")[:5]
@@ -168,13 +183,7 @@ def test_a_run_saves_a_model_that_rewards_py_scores_as_training_did(tmp_path):
         chosen, _ = reward_model.pair_rewards(
             model.eval(), tokenized, tokenizer.pad_token_id, "cpu"
         )
-    prompts, completions = zip(
-        *(as_completion(p["prompt"], p["chosen"][0]["content"]) for p in pairs)
-    )
-    scored = reward_model_function(str(out), "cpu")(
-        prompts=list(prompts), completions=list(completions)
-    )
-    assert scored == pytest.approx(chosen.tolist(), abs=1e-5)
+    assert scores(score, pairs, "chosen") == pytest.approx(chosen.tolist(), abs=1e-5)
 
 
 def test_string_pairs_without_a_prompt_with_margins_some_none(tmp_path, capsys):
@@ -219,7 +228,8 @@ def test_a_bf16_checkpoint_trains_float32_weights_and_resume_gives_the_uninterru
     ]
     assert strip(read_metrics(tmp_path / "resumed")) == strip(read_metrics(tmp_path / "out"))
     final, again = (load_file(tmp_path / run / "model.safetensors") for run in ("out", "resumed"))
-    assert all(final[k].dtype == torch.float32 and torch.equal(final[k], again[k]) for k in final)
+    assert all(final[k].dtype == torch.float32 for k in final)
+    assert all(torch.equal(final[k], again[k]) for k in final)
 
 
 def test_a_lora_reward_model_resumes_exactly_and_is_saved_merged_for_the_rl_scripts(tmp_path):
@@ -234,7 +244,8 @@ def test_a_lora_reward_model_resumes_exactly_and_is_saved_merged_for_the_rl_scri
     )
     reward_model.main(lora)
     out = tmp_path / "out"
-    assert (out / "adapter_config.json").exists() and not (out / "model.safetensors").exists()
+    assert (out / "adapter_config.json").exists()
+    assert not (out / "model.safetensors").exists()
     adapter = load_file(out / "adapter_model.safetensors")
     assert all(t.dtype == torch.float32 for t in adapter.values())
     assert any("score" in k for k in adapter)
@@ -246,7 +257,8 @@ def test_a_lora_reward_model_resumes_exactly_and_is_saved_merged_for_the_rl_scri
     )
     assert training(tmp_path / "resumed") == training(out)[2:]
     merged = AutoModelForSequenceClassification.from_pretrained(out / "merged")
-    assert merged.config.num_labels == 1 and merged.score.weight.abs().sum() > 0
+    assert merged.config.num_labels == 1
+    assert merged.score.weight.abs().sum() > 0
     score = reward_model_function(str(out / "merged"), "cpu")
     assert len(score(prompts=["a"], completions=["b"])) == 1
 
@@ -259,13 +271,16 @@ def test_sigterm_in_the_loop_saves_a_checkpoint_and_exits_143(tmp_path):
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 240
     while not (out / "metrics.jsonl").exists():
-        assert process.poll() is None and time.time() < deadline, process.communicate()
+        assert process.poll() is None, process.communicate()
+        assert time.time() < deadline
         time.sleep(0.1)
     process.send_signal(signal.SIGTERM)
     stdout, stderr = process.communicate(timeout=240)
-    assert process.returncode == 143 and "Traceback" not in stderr, stderr
+    assert process.returncode == 143, stderr
+    assert "Traceback" not in stderr, stderr
     (checkpoint,) = reward_model.checkpoints(out)
-    assert stdout.count("interrupted at step") == 1 and str(checkpoint) in stdout
+    assert stdout.count("interrupted at step") == 1
+    assert str(checkpoint) in stdout
 
 
 @pytest.mark.parametrize(
@@ -299,14 +314,8 @@ def test_bad_input_is_one_line_with_exit_status_2_and_nothing_written(
         (tmp_path / f"{name[1:-1]}.jsonl").write_text(text * 8)
     flags = [str(tmp_path / f"{f[1:-1]}.jsonl") if f in files else f for f in flags]
     out = tmp_path / "out"
-    defaults = [
-        "--dataset_name",
-        small_data(tmp_path),
-        "--train_batch_size",
-        "8",
-        "--eval_strategy",
-        "no",
-    ]
+    defaults = ["--dataset_name", small_data(tmp_path)]
+    defaults += "--train_batch_size 8 --eval_strategy no".split()
     assert line in one_line_error(
         reward_model, *defaults, *flags, "--output_dir", out, capsys=capsys
     )
@@ -317,4 +326,5 @@ def test_bad_input_is_one_line_with_exit_status_2_and_nothing_written(
 def test_the_default_run_reaches_the_held_out_accuracy_target(tmp_path):
     reward_model.main(reward_model.Args(output_dir=str(tmp_path / "out")))
     evals = [r for r in read_metrics(tmp_path / "out") if "eval/accuracy" in r]
-    assert evals[0]["eval/accuracy"] < 0.7 and evals[-1]["eval/accuracy"] >= 0.9
+    assert evals[0]["eval/accuracy"] < 0.7
+    assert evals[-1]["eval/accuracy"] >= 0.9
