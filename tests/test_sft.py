@@ -20,7 +20,7 @@ from transformers import AutoModelForCausalLM
 import common
 import sft
 from conftest import EMBEDDED, ROOT, one_line_error, read_metrics, run_main
-from rewards import extract_answer, format_reward
+from rewards import accuracy_reward, extract_answer, format_reward
 
 
 def small_data(tmp_path) -> str:
@@ -45,6 +45,33 @@ def args(tmp_path, **overrides) -> sft.Args:
         dataset_name=small_data(tmp_path),
     )
     return sft.Args(**{**small, "output_dir": str(tmp_path / "out"), **overrides})
+
+
+def token_accuracy(model, tokenizer, rows: list[dict]) -> float:
+    """The share of the completion tokens of `rows` that `model` ranks first, one row at a time."""
+    right = total = 0
+    for row in sft.tokenize(tokenizer, Dataset.from_list(rows), sft.Args(), "test"):
+        with torch.no_grad():
+            logits = model(input_ids=torch.tensor([row["input_ids"]])).logits[0]
+        labels = torch.tensor(row["labels"][1:])  # position t predicts token t + 1
+        scored = labels != -100
+        right += (logits[:-1].argmax(-1)[scored] == labels[scored]).sum().item()
+        total += scored.sum().item()
+    return right / total
+
+
+def answer_scores(model, tokenizer, rows: list[dict], greedy: bool) -> tuple[float, float]:
+    """The accuracy and the format of `model`'s completions of the prompts of `rows`, sampled as sft.py's
+    evaluation samples them: from the seed, every prompt in one call."""
+    texts = [common.prompt_text(tokenizer, row["prompt"]) for row in rows]
+    config = common.sampling_config(model, tokenizer, sft.Args(), greedy=greedy)
+    torch.manual_seed(sft.Args().seed)
+    ids = common.generate(model.eval(), tokenizer, texts, config)["completion_ids"]
+    mask, _ = common.end_of_completion(ids, config.eos_token_id)
+    completions, _ = common.decode(tokenizer, ids, mask)
+    truths = [row["ground_truth"] for row in rows]
+    accuracy = accuracy_reward(completions, ground_truth=truths)
+    return sum(accuracy) / len(rows), sum(format_reward(completions)) / len(rows)
 
 
 def training(output_dir) -> list[dict]:
@@ -73,7 +100,8 @@ def test_the_prompt_is_masked_and_the_completion_ends_with_eos(tiny_tokenizer):
     prompt = common.prompt_text(tiny_tokenizer, row["prompt"])  # as the RL scripts render it
     n = len(tiny_tokenizer(prompt, add_special_tokens=False).input_ids)
     labels = tokenized["labels"]
-    assert labels[:n] == [-100] * n and labels[n:] == tokenized["input_ids"][n:]
+    assert labels[:n] == [-100] * n
+    assert labels[n:] == tokenized["input_ids"][n:]
     assert labels[-1] == tiny_tokenizer.eos_token_id
     assert tiny_tokenizer.decode(labels[n:-1]) == "7 × 8 = 56 <answer>56</answer>"
     short = sft.Args(max_length=n + 2)
@@ -120,12 +148,11 @@ def test_the_shipped_data_is_the_noisy_demonstrator_that_tools_make_data_writes(
         for t, row in zip(texts, train)
         if t[0] == "<"
     ]
-    assert set(guesses) == {-2, -1, 1, 2} and 0.49 < len(guesses) / len(train) < 0.51
+    assert set(guesses) == {-2, -1, 1, 2}
+    assert 0.49 < len(guesses) / len(train) < 0.51
     worked = [(t, row["ground_truth"]) for t, row in zip(texts, train) if t[0] != "<"]
-    assert all(
-        extract_answer(t) == truth and t.split(" = ")[1].startswith(truth + " ")
-        for t, truth in worked
-    )
+    assert all(extract_answer(t) == truth for t, truth in worked)
+    assert all(t.split(" = ")[1].startswith(truth + " ") for t, truth in worked)
     assert format_reward(texts) == [1.0] * len(texts)
 
 
@@ -150,7 +177,8 @@ def test_a_run_writes_trls_metrics_evaluations_checkpoints_and_a_loadable_model(
         "eval/format",
         "eval/reward",
     ):
-        assert all(0 <= r[key] <= 1 for r in evals), key
+        assert all(key in r for r in evals), key
+    assert all(r["eval/reward"] == r["eval/accuracy"] for r in evals)  # weights 1 and 0
     train = training(out)
     assert [r["step"] for r in train] == [1, 2, 3]
     for key in (
@@ -171,6 +199,17 @@ def test_a_run_writes_trls_metrics_evaluations_checkpoints_and_a_loadable_model(
         final.lm_head.weight,
         AutoModelForCausalLM.from_pretrained(out / "checkpoint-3").lm_head.weight,
     )
+    # the last evaluation is the saved model's, measured here again on the 8 held-out rows
+    lines = (tmp_path / "data" / "test.jsonl").read_text().splitlines()
+    held_out = [json.loads(line) for line in lines]
+    tokenizer = common.load_tokenizer(str(out))
+    last = evals[-1]
+    assert last["eval/mean_token_accuracy"] == token_accuracy(final, tokenizer, held_out)
+    accuracy, answer_format = answer_scores(final, tokenizer, held_out, greedy=False)
+    assert last["eval/accuracy"] == accuracy
+    assert last["eval/format"] == answer_format
+    accuracy, _ = answer_scores(final, tokenizer, held_out, greedy=True)
+    assert last["eval/accuracy_greedy"] == accuracy
 
 
 def test_string_pairs_from_one_file_train_under_bf16_with_float32_weights(tmp_path):
@@ -185,7 +224,8 @@ def test_string_pairs_from_one_file_train_under_bf16_with_float32_weights(tmp_pa
     )
     sft.main(args(tmp_path, bf16=True, gradient_checkpointing=True, **overrides))
     (record,) = read_metrics(tmp_path / "out")
-    assert record["grad_norm"] > 0 and 0 < record["mean_token_accuracy"] < 1
+    assert record["grad_norm"] > 0
+    assert 0 < record["mean_token_accuracy"] < 1
     assert all(
         t.dtype == torch.float32
         for t in load_file(tmp_path / "out" / "model.safetensors").values()
@@ -231,13 +271,16 @@ def test_lora_trains_an_adapter_without_dropout_and_saves_the_merged_model(tmp_p
             save_merged_model=True,
         )
     )
-    assert dropouts and set(dropouts) == {0.0}  # LoRA's dropout too: --disable_dropout
+    assert dropouts
+    assert set(dropouts) == {0.0}  # LoRA's dropout too: --disable_dropout
     out = tmp_path / "out"
-    assert (out / "adapter_config.json").exists() and not (out / "model.safetensors").exists()
+    assert (out / "adapter_config.json").exists()
+    assert not (out / "model.safetensors").exists()
     merged = AutoModelForCausalLM.from_pretrained(out / "merged")
     base = AutoModelForCausalLM.from_pretrained(EMBEDDED)
     q_proj = lambda model: model.model.layers[0].self_attn.q_proj.weight
-    assert merged.dtype == torch.float32 and not torch.equal(q_proj(merged), q_proj(base))
+    assert merged.dtype == torch.float32
+    assert not torch.equal(q_proj(merged), q_proj(base))
 
 
 def test_a_stop_in_the_loop_saves_a_checkpoint_and_exits_130(tmp_path):
@@ -254,11 +297,13 @@ def test_a_stop_in_the_loop_saves_a_checkpoint_and_exits_130(tmp_path):
     )
     deadline = time.time() + 240
     while not (out / "metrics.jsonl").exists():
-        assert process.poll() is None and time.time() < deadline, process.communicate()
+        assert process.poll() is None, process.communicate()
+        assert time.time() < deadline
         time.sleep(0.1)
     process.send_signal(signal.SIGINT)
     stdout, stderr = process.communicate(timeout=240)
-    assert process.returncode == 130 and "Traceback" not in stderr, stderr
+    assert process.returncode == 130, stderr
+    assert "Traceback" not in stderr, stderr
     (checkpoint,) = sft.checkpoints(out)
     step = json.loads((checkpoint / "trainer_state.json").read_text())["step"]
     assert f"interrupted at step {step}: saved {checkpoint}" in stdout
@@ -298,14 +343,8 @@ def test_bad_input_is_one_line_with_exit_status_2_and_nothing_written(
         (tmp_path / f"{name[1:-1]}.jsonl").write_text(text * 8)
     flags = [str(tmp_path / f"{f[1:-1]}.jsonl") if f in files else f for f in flags]
     out = tmp_path / "out"
-    defaults = [
-        "--dataset_name",
-        small_data(tmp_path),
-        "--train_batch_size",
-        "8",
-        "--eval_strategy",
-        "no",
-    ]
+    defaults = ["--dataset_name", small_data(tmp_path)]
+    defaults += "--train_batch_size 8 --eval_strategy no".split()
     assert line in one_line_error(sft, *defaults, *flags, "--output_dir", out, capsys=capsys)
     assert not out.exists() or not list(out.iterdir())
 
@@ -325,5 +364,7 @@ def test_an_untrained_model_from_tools_learns_the_task(tmp_path):
     run_main(sft, *flags, *folders)
     evals = [r for r in read_metrics(tmp_path / "out") if "eval/loss" in r]
     first, last = evals[0], evals[-1]
-    assert first["eval/loss"] > 4 and last["eval/loss"] < 1
-    assert first["eval/format_greedy"] == 0 and last["eval/format_greedy"] >= 0.9
+    assert first["eval/loss"] > 4
+    assert last["eval/loss"] < 1
+    assert first["eval/format_greedy"] == 0
+    assert last["eval/format_greedy"] >= 0.9
