@@ -5,6 +5,7 @@
 - `encode`: texts as left-padded token ids;
 - `sampling_config`: softmax(logits / T) and the checkpoint's end ids, nothing else;
 - `generate`: prompt and completion ids, and the sampler's log-probs when asked;
+- `inverse_cdf_sampling`: the same sampling, faster on a CPU;
 - `end_of_completion`: where each completion ends, as a mask;
 - `decode`: completions as text and as token lists.
 
@@ -110,26 +111,11 @@ def generate(
         last.append((scores.float() / config.temperature).log_softmax(-1))
         return scores
 
-    def draw(input_ids, scores):
-        # An exact draw from softmax(scores): the token i where cdf_{i-1} ≤ u < cdf_i.
-        cdf = scores.softmax(-1).cumsum(-1)  # (B, V)
-        u = torch.rand(len(cdf), 1, device=cdf.device) * cdf[:, -1:]
-        drawn = torch.searchsorted(cdf, u, right=True).clamp(max=cdf.shape[1] - 1)
-        return torch.full_like(scores, -torch.inf).scatter(1, drawn, 0.0)  # greedy takes it
-
     processors = [record] if sampler_logprobs else []
     decoding = config
     if config.do_sample:
-        # transformers' sampler, torch.multinomial, takes ~35 ms a token on a CPU core at a 49k
-        # vocabulary, `draw` ~2 ms: transformers' truncations, then `draw`, then greedy decoding.
-        processors.append(TemperatureLogitsWarper(config.temperature))
-        if config.top_k:
-            processors.append(TopKLogitsWarper(config.top_k))
-        if config.top_p < 1:
-            processors.append(TopPLogitsWarper(config.top_p))
-        processors.append(draw)
-        decoding = GenerationConfig.from_dict(config.to_dict())
-        decoding.update(do_sample=False, temperature=None, top_k=None, top_p=None)
+        decoding, sampling = inverse_cdf_sampling(config)
+        processors += sampling
     base = model.get_base_model() if hasattr(model, "get_base_model") else model  # under peft
     shipped = base.generation_config
     base.generation_config = decoding
@@ -151,6 +137,30 @@ def generate(
         logprobs.append(last.pop().gather(-1, sequences[:, -1:]))
         out["sampler_logprobs"] = torch.cat(logprobs, 1)
     return out
+
+
+def inverse_cdf_sampling(config: GenerationConfig) -> tuple[GenerationConfig, list]:
+    """`config`'s sampling as greedy decoding after transformers' temperature, top-k and top-p
+    processors and `draw_by_inverse_cdf` (docs/benchmarks.md, "The speed helpers")."""
+    processors = [TemperatureLogitsWarper(config.temperature)]
+    if config.top_k:
+        processors.append(TopKLogitsWarper(config.top_k))
+    if config.top_p < 1:
+        processors.append(TopPLogitsWarper(config.top_p))
+    processors.append(draw_by_inverse_cdf)
+    greedy = GenerationConfig.from_dict(config.to_dict())
+    greedy.update(do_sample=False, temperature=None, top_k=None, top_p=None)
+    return greedy, processors
+
+
+def draw_by_inverse_cdf(input_ids, scores):
+    """A logits processor that draws a token from softmax(scores), the i where cdf_{i-1} ≤ u < cdf_i,
+    and leaves it alone for greedy decoding to take: the same distribution as `do_sample=True`,
+    faster on a CPU (tests/test_common.py::test_generate_draws_exactly_from_the_softmax_at_the_temperature)."""
+    cdf = scores.softmax(-1).cumsum(-1)  # (B, V)
+    u = torch.rand(len(cdf), 1, device=cdf.device) * cdf[:, -1:]
+    drawn = torch.searchsorted(cdf, u, right=True).clamp(max=cdf.shape[1] - 1)
+    return torch.full_like(scores, -torch.inf).scatter(1, drawn, 0.0)
 
 
 def end_of_completion(

@@ -197,43 +197,14 @@ def check_args(args: Args):
     for name, default in asdict(type(args)()).items():
         if name.startswith("lora_") and not args.use_peft:
             require(getattr(args, name) == default, f"--{name}: it needs --use_peft")
-    quantized = "--load_in_4bit: ppo.py trains a value model beside the policy; not with QLoRA"
-    require(not args.load_in_4bit, quantized)
+    if args.load_in_4bit:
+        raise BadInput(
+            "--load_in_4bit: ppo.py trains a value model beside the policy; not with QLoRA"
+        )
     if args.adaptive_kl:
         require(args.kl_coef > 0, "--adaptive_kl: needs a positive --kl_coef to start from")
-    test_split = args.dataset_test_split
-    require(args.dataset_train_split != test_split, "--dataset_test_split: the training split")
-
-
-# ---- the log-probs at the temperature, which every equation above reads ----
-def completion_logprobs(
-    model, input_ids, attention_mask, T: int, temperature: float, entropy=False, chunk=2**24
-):
-    """log π(y_t | x, y_<t) (B, T) of the last T tokens (the completion) under softmax(logits / τ),
-    and with `entropy` its entropy (B, T), detached unless "grad". The float32 log-softmax is
-    made in 64 MB pieces, recomputed in the backward; glibc maps each afresh (page faults, which
-    its variables trade for memory: docs/benchmarks.md)."""
-    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)  # as in generation
-    # T + 1 positions, the last prompt's predicting the first completion token; as indices, which
-    # transformers slices contiguously (an int's strided view: a bf16 lm_head weight copy per row)
-    kept = torch.arange(input_ids.shape[1] - T - 1, input_ids.shape[1], device=input_ids.device)
-    inputs = dict(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids)
-    logits = model(**inputs, logits_to_keep=kept, use_cache=False).logits[:, :-1]  # (B, T, V)
-    positions = max(1, chunk // (logits.shape[0] * logits.shape[2]))
-
-    def logprobs_of(z, y):
-        logp = torch.log_softmax(z.float() / temperature, -1)
-        chosen = logp.gather(-1, y[..., None])[..., 0]
-        with torch.set_grad_enabled(entropy == "grad"):  # H = −Σ p log p, as TRL
-            H = -(logp.exp() * logp).sum(-1) if entropy else None
-        return chosen, H
-
-    pieces = []  # (log-probs, entropies), each (B, positions)
-    for z, y in zip(logits.split(positions, 1), input_ids[:, -T:].split(positions, 1)):
-        pieces.append(torch.utils.checkpoint.checkpoint(logprobs_of, z, y, use_reentrant=False))
-    logprobs, entropies = zip(*pieces)
-    token_entropy = torch.cat(entropies, 1) if entropy else None
-    return torch.cat(logprobs, 1), token_entropy
+    if args.dataset_train_split == args.dataset_test_split:
+        raise BadInput("--dataset_test_split: the training split")
 
 
 # ==== PPO ====
@@ -250,8 +221,10 @@ def stop_token_ids(tokenizer, stop_token: str, end_ids: list[int]) -> list[int]:
     if stop_token == "eos":
         return end_ids
     ids = tokenizer.encode(stop_token, add_special_tokens=False)
-    message = f"{stop_token!r} is {len(ids)} tokens for this tokenizer, not one"
-    require(len(ids) == 1, f"--stop_token: {message}")
+    if len(ids) != 1:
+        raise BadInput(
+            f"--stop_token: {stop_token!r} is {len(ids)} tokens for this tokenizer, not one"
+        )
     return ids
 
 
@@ -365,6 +338,37 @@ TOKEN_STATS = (
 )
 
 
+# ---- the log-probs at the temperature, which every equation above reads ----
+def completion_logprobs(model, input_ids, attention_mask, T, temperature, entropy=False):
+    """log π(y_t | x, y_<t) (B, T) of the last T tokens (the completion) under softmax(logits / τ),
+    and with `entropy` its entropy (B, T), detached unless "grad"."""
+    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)  # as in generation
+    inputs = dict(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids)
+    # the last T + 1 positions, the first predicting the first completion token (indices: faster)
+    kept = torch.arange(input_ids.shape[1] - T - 1, input_ids.shape[1], device=input_ids.device)
+    logits = model(**inputs, logits_to_keep=kept, use_cache=False).logits[:, :-1]  # (B, T, V)
+    return log_softmax_and_gather(logits, input_ids[:, -T:], temperature, entropy)
+
+
+def log_softmax_and_gather(logits, tokens, temperature: float, entropy=False, chunk=2**24):
+    """log softmax(logits / τ) at `tokens` (B, T), and the entropy −Σ p log p, in pieces that the
+    backward recomputes: the float32 (B, T, V) log-softmax is never whole (docs/benchmarks.md)."""
+    positions = max(1, chunk // (logits.shape[0] * logits.shape[2]))
+
+    def piece(z, y):
+        logp = torch.log_softmax(z.float() / temperature, -1)
+        chosen = logp.gather(-1, y[..., None])[..., 0]
+        with torch.set_grad_enabled(entropy == "grad"):  # H = −Σ p log p, as TRL
+            H = -(logp.exp() * logp).sum(-1) if entropy else None
+        return chosen, H
+
+    pieces = []  # (log-probs, entropies), each (B, positions)
+    for z, y in zip(logits.split(positions, 1), tokens.split(positions, 1)):
+        pieces.append(torch.utils.checkpoint.checkpoint(piece, z, y, use_reentrant=False))
+    logprobs, entropies = zip(*pieces)
+    return torch.cat(logprobs, 1), torch.cat(entropies, 1) if entropy else None
+
+
 # ---- plumbing: the command line ----
 class BadInput(Exception):
     """Bad input: one line, exit status 2, nothing written."""
@@ -376,11 +380,11 @@ def require(condition: bool, message: str):
 
 
 @contextlib.contextmanager
-def loading(flag: str, value):
-    """A flag's input that fails to load: the flag, its value, the error's first line."""
+def loading(flag: str, value, errors=(OSError, ValueError, ImportError, yaml.YAMLError)):
+    """One line for bad input: a path, file, value or package that fails to load, a bad data row."""
     try:
         yield
-    except Exception as error:
+    except errors as error:
         reason = (str(error).strip() or type(error).__name__).splitlines()[0]
         raise BadInput(f"{flag} {value}: {reason}") from None
 
@@ -418,8 +422,8 @@ def load_split(args, split: str):
     if not is_train and args.eval_strategy == "no":
         return None
     path = Path(args.dataset_name)
-    empty = path.is_file() and path.stat().st_size == 0
-    require(not empty, f"--dataset_name {path}: the file is empty")
+    if path.is_file() and path.stat().st_size == 0:
+        raise BadInput(f"--dataset_name {path}: the file is empty")
     with loading("--dataset_name", args.dataset_name):
         if path.is_file():  # datasets reads the format from the extension
             splits = load_dataset(str(path.resolve().parent), data_files={"train": path.name})
@@ -438,7 +442,7 @@ def prompt_texts(tokenizer, dataset, args, split: str) -> list[str]:
     require("prompt" in columns, f"--dataset_name: the {split} split has no 'prompt' column")
     texts = []
     for row, prompt in enumerate(dataset["prompt"]):
-        with loading("--dataset_name", f"row {row} of the {split} split"):
+        with loading("--dataset_name", f"row {row} of the {split} split", Exception):
             texts.append(common.prompt_text(tokenizer, prompt, args.chat_template_kwargs))
     return texts
 
@@ -447,8 +451,10 @@ def check_context(model, tokenizer, texts: list[str], length: int):
     """The longest prompt and --max_completion_length tokens fit the model's context."""
     longest = max(len(ids) for ids in tokenizer(texts, add_special_tokens=False).input_ids)
     room = getattr(model.config, "max_position_embeddings", math.inf) - longest
-    message = f"{room} fit the context after a {longest}-token prompt"
-    require(length <= room, f"--max_completion_length {length}: {message}")
+    if length > room:
+        raise BadInput(
+            f"--max_completion_length {length}: {room} fit the context after a {longest}-token prompt"
+        )
 
 
 # ---- plumbing: models ----
@@ -493,7 +499,8 @@ def load_for_training(args, path: str, model_class=AutoModelForCausalLM, **optio
             for name in ("dropout", "attention_dropout", "activation_dropout"):  # float rates
                 if isinstance(getattr(module, name, None), float):  # OPT's, Llama's
                     setattr(module, name, 0.0)
-    for layer in model.modules():  # bnb repacks at no-grad CPU passes
+    # bitsandbytes' CPU repacking at no-grad passes would break the training passes: turned off
+    for layer in model.modules():
         if getattr(layer, "support_avx512bf16_for_cpu", False):
             layer.support_avx512bf16_for_cpu = False
     if args.gradient_checkpointing:
@@ -633,16 +640,16 @@ def claim_output_dir(args) -> Path | None:
     if checkpoint is not None:
         with loading("--resume_from_checkpoint", checkpoint):
             saved = json.loads((checkpoint / "args.json").read_text())
-        resumable = (checkpoint / "state").is_dir()
-        require(resumable, f"--resume_from_checkpoint {checkpoint}: a run's final model")
-        ours = set(saved) <= set(asdict(args))
-        require(ours, f"--resume_from_checkpoint {checkpoint}: another script's checkpoint")
+        if not (checkpoint / "state").is_dir():
+            raise BadInput(f"--resume_from_checkpoint {checkpoint}: a run's final model")
+        if not set(saved) <= set(asdict(args)):
+            raise BadInput(f"--resume_from_checkpoint {checkpoint}: another script's checkpoint")
         skip = {"resume_from_checkpoint", "overwrite_output_dir"}
         changed = [k for k, v in asdict(args).items() if k not in skip and saved.get(k, v) != v]
-        said = "".join(f"; --{k} {getattr(args, k)} (was {saved[k]})" for k in changed)
         for key in ("learning_rate", "weight_decay", "lr_scheduler_type", "warmup_ratio"):
             require(key not in changed, f"--{key} {getattr(args, key)}: resumes keep {saved[key]}")
-        print(f"resuming from {checkpoint}{said}")
+        changes = [f"--{k} {getattr(args, k)} (was {saved[k]})" for k in changed]
+        print("; ".join([f"resuming from {checkpoint}", *changes]))
     with loading("--output_dir", out):
         out.mkdir(parents=True, exist_ok=True)
     if checkpoint is not None:
@@ -652,8 +659,10 @@ def claim_output_dir(args) -> Path | None:
             metrics.write_text("".join(r for r in records if json.loads(r)["step"] <= step))
         return checkpoint
     used = [*checkpoints(out), *out.glob("metrics.jsonl")]
-    hint = "continue it with --resume_from_checkpoint latest, or add --overwrite_output_dir"
-    require(not used or args.overwrite_output_dir, f"--output_dir: {out} holds a run: {hint}")
+    if used and not args.overwrite_output_dir:
+        raise BadInput(
+            f"--output_dir: {out} holds a run: resume it (--resume_from_checkpoint latest) or --overwrite_output_dir"
+        )
     for folder in checkpoints(out):  # --overwrite_output_dir
         shutil.rmtree(folder)
     metrics.unlink(missing_ok=True)
@@ -726,15 +735,15 @@ def log(accelerator, args, step: int, metrics: dict):
 def main(args: Args):
     # ---- plumbing: setup ----
     check_args(args)
-    known = {"none", "all", *map(str, get_available_trackers())}  # the others: skipped
+    known = {"none", "all", *map(str, get_available_trackers())}  # the trackers installed here
     require(set(args.report_to) <= known, f"--report_to {args.report_to}: not in {sorted(known)}")
     accelerator = Accelerator(
         mixed_precision="bf16" if args.bf16 else "no",
         log_with=None if args.report_to == ["none"] else args.report_to,
         project_dir=args.output_dir,
-        step_scheduler_with_optimizer=False,  # the default steps it once per process
+        step_scheduler_with_optimizer=False,  # one step an update, not one a process and update
     )
-    if accelerator.state.deepspeed_plugin is not None:  # no DataLoader sets them
+    if accelerator.state.deepspeed_plugin is not None:  # no DataLoader gives it the batch sizes
         accelerator.state.deepspeed_plugin.deepspeed_config.update(
             train_micro_batch_size_per_gpu=1,
             gradient_accumulation_steps=1,
@@ -746,29 +755,30 @@ def main(args: Args):
 
     # ---- ppo: each process's share of the prompts, and its mini-batches ----
     backend = accelerator.distributed_type
-    one_optimizer = backend not in (DistributedType.DEEPSPEED, DistributedType.FSDP)
-    reason = "ppo.py trains two models with one optimizer, as one process or under DDP"
-    require(one_optimizer, f"accelerate launch: {backend.value}: {reason}")
+    if backend in (DistributedType.DEEPSPEED, DistributedType.FSDP):
+        raise BadInput(
+            f"accelerate launch: {backend.value}: ppo.py trains two models with one optimizer, one process or DDP"
+        )
     processes = accelerator.num_processes
-    share = args.prompts_per_step % processes == 0
-    require(share, f"--prompts_per_step: not a multiple of the {processes} processes")
+    if args.prompts_per_step % processes != 0:
+        raise BadInput(f"--prompts_per_step: not a multiple of the {processes} processes")
     local_batch_size = args.prompts_per_step // processes  # one completion per prompt
     first_prompt = accelerator.process_index * local_batch_size
     my_prompts = slice(first_prompt, first_prompt + local_batch_size)
-    divides = local_batch_size % args.num_mini_batches == 0
-    require(divides, f"--num_mini_batches: must divide {local_batch_size} completions")
+    if local_batch_size % args.num_mini_batches != 0:
+        raise BadInput(f"--num_mini_batches: must divide {local_batch_size} completions")
     mini_batch_size = local_batch_size // args.num_mini_batches
     micro_batch_size = args.micro_batch_size or mini_batch_size  # 0: the mini-batch
-    divides = mini_batch_size % micro_batch_size == 0
-    require(divides, f"--micro_batch_size: must divide a mini-batch, {mini_batch_size}")
+    if mini_batch_size % micro_batch_size != 0:
+        raise BadInput(f"--micro_batch_size: must divide a mini-batch, {mini_batch_size}")
 
     # ---- plumbing: the splits and their prompts ----
     with loading("--model_name_or_path", args.model_name_or_path):
         tokenizer = common.load_tokenizer(args.model_name_or_path)
     train_dataset = load_split(args, args.dataset_train_split)
     eval_dataset = load_split(args, args.dataset_test_split)
-    available = len(train_dataset)
-    require(available >= args.prompts_per_step, f"--prompts_per_step: over the {available} rows")
+    if len(train_dataset) < args.prompts_per_step:
+        raise BadInput(f"--prompts_per_step: over the {len(train_dataset)} rows")
     train_texts = prompt_texts(tokenizer, train_dataset, args, args.dataset_train_split)
     eval_texts = []
     if eval_dataset is not None:
@@ -803,7 +813,6 @@ def main(args: Args):
     total_updates = args.max_steps * args.num_ppo_epochs * args.num_mini_batches
     policy_group = {"params": [p for p in model.parameters() if p.requires_grad]}
     value_group = {"params": [p for p in value_model.parameters() if p.requires_grad]}
-    # fused: one kernel for every parameter, as transformers' adamw_torch_fused
     optimizer = torch.optim.AdamW(
         [policy_group, value_group],
         args.learning_rate,
@@ -840,10 +849,9 @@ def main(args: Args):
     state = load_checkpoint(accelerator, args, model, checkpoint) if checkpoint else fresh
     vllm = None
     if args.use_vllm:  # sent the weights at every update
-        with loading("--use_vllm", args.use_vllm):
+        with loading("--use_vllm", args.use_vllm):  # vllm not installed
             from vllm_colocate import VLLMGenerator
-
-            vllm = VLLMGenerator(accelerator, args, tokenizer, model, end_ids)
+        vllm = VLLMGenerator(accelerator, args, tokenizer, model, end_ids)
     accelerator.init_trackers("huggingface", {k: str(v) for k, v in asdict(args).items()})
 
     evaluation = lambda: evaluate(
@@ -1079,8 +1087,9 @@ def main(args: Args):
         if (args.save_steps and step % args.save_steps == 0) or stopping:
             folder = save_checkpoint(accelerator, args, model, tokenizer, state)
         if stopping:
-            hint = "continue with --resume_from_checkpoint latest"
-            accelerator.print(f"interrupted at step {step}: saved {folder}; {hint}")
+            accelerator.print(
+                f"interrupted at step {step}: saved {folder}; continue with --resume_from_checkpoint latest"
+            )
             accelerator.end_training()
             signum = received_signals[0] if received_signals else signal.SIGTERM
             sys.exit(128 + signum)
@@ -1101,9 +1110,8 @@ def main(args: Args):
         sampled = f"{first_eval[key]:.3f} → {last_eval[key]:.3f}"
         greedy = f"{first_eval[key + '_greedy']:.3f} → {last_eval[key + '_greedy']:.3f}"
         accelerator.print(f"held-out {key}: {sampled} sampled, {greedy} greedy")
-    # The DDP wrapper holds the process group: freed after end_training, it
-    # leaves gloo's workers waiting on the GIL (a hang)
-    if torch.distributed.is_initialized():  # one process has no group
+    # The DDP wrapper holds the process group: freed after end_training, it hangs gloo's workers
+    if torch.distributed.is_initialized():  # a single process has no process group
         model, optimizer, scheduler = accelerator.free_memory(model, optimizer, scheduler)
     accelerator.end_training()
     accelerator.print(f"saved the model to {args.output_dir}")

@@ -127,15 +127,13 @@ def check_args(args: Args):
         require(value >= 0, f"--{name}: must be ≥ 0, got {value}")
     c = args.center_rewards_coefficient
     require(c is None or c >= 0, f"--center_rewards_coefficient: must be ≥ 0, got {c}")
-    require(
-        0 <= args.warmup_ratio <= 1, f"--warmup_ratio: must be in [0, 1], got {args.warmup_ratio}"
-    )
+    require(0 <= args.warmup_ratio <= 1, f"--warmup_ratio: not in [0, 1]: {args.warmup_ratio}")
     require(0 <= args.seed < 2**32, f"--seed: must be in [0, 2**32), got {args.seed}")  # numpy's
     for name, default in asdict(type(args)()).items():
         if name.startswith(("lora_", "load_in", "save_merged")) and not args.use_peft:
             require(getattr(args, name) == default, f"--{name}: it needs --use_peft")
-    test_split = args.dataset_test_split
-    require(args.dataset_train_split != test_split, "--dataset_test_split: the training split")
+    if args.dataset_train_split == args.dataset_test_split:
+        raise BadInput("--dataset_test_split: the training split")
 
 
 # ==== Bradley-Terry ====
@@ -168,7 +166,7 @@ def tokenize_pairs(tokenizer, dataset, args, split: str) -> list[dict]:
     pairs = zip(prompts, dataset["chosen"], dataset["rejected"], given_margins)
     chosen, rejected, margins = [], [], []
     for row, (prompt, good, bad, margin) in enumerate(pairs):
-        with loading("--dataset_name", f"row {row} of the {split} split"):
+        with loading("--dataset_name", f"row {row} of the {split} split", Exception):
             chosen.append(reward_model_text(tokenizer, prompt, good))
             rejected.append(reward_model_text(tokenizer, prompt, bad))
             margins.append(0.0 if margin is None else float(margin))
@@ -239,11 +237,11 @@ def require(condition: bool, message: str):
 
 
 @contextlib.contextmanager
-def loading(flag: str, value):
-    """A flag's input that fails to load: the flag, its value, the error's first line."""
+def loading(flag: str, value, errors=(OSError, ValueError, ImportError, yaml.YAMLError)):
+    """One line for bad input: a path, file, value or package that fails to load, a bad data row."""
     try:
         yield
-    except Exception as error:
+    except errors as error:
         reason = (str(error).strip() or type(error).__name__).splitlines()[0]
         raise BadInput(f"{flag} {value}: {reason}") from None
 
@@ -281,8 +279,8 @@ def load_split(args, split: str):
     if not is_train and args.eval_strategy == "no":
         return None
     path = Path(args.dataset_name)
-    empty = path.is_file() and path.stat().st_size == 0
-    require(not empty, f"--dataset_name {path}: the file is empty")
+    if path.is_file() and path.stat().st_size == 0:
+        raise BadInput(f"--dataset_name {path}: the file is empty")
     with loading("--dataset_name", args.dataset_name):
         if path.is_file():  # datasets reads the format from the extension
             splits = load_dataset(str(path.resolve().parent), data_files={"train": path.name})
@@ -336,7 +334,8 @@ def load_for_training(args, path: str, model_class=AutoModelForCausalLM, **optio
             for name in ("dropout", "attention_dropout", "activation_dropout"):  # float rates
                 if isinstance(getattr(module, name, None), float):  # OPT's, Llama's
                     setattr(module, name, 0.0)
-    for layer in model.modules():  # bnb repacks at no-grad CPU passes
+    # bitsandbytes' CPU repacking at no-grad passes would break the training passes: turned off
+    for layer in model.modules():
         if getattr(layer, "support_avx512bf16_for_cpu", False):
             layer.support_avx512bf16_for_cpu = False
     if args.gradient_checkpointing:
@@ -363,16 +362,16 @@ def claim_output_dir(args) -> Path | None:
     if checkpoint is not None:
         with loading("--resume_from_checkpoint", checkpoint):
             saved = json.loads((checkpoint / "args.json").read_text())
-        resumable = (checkpoint / "state").is_dir()
-        require(resumable, f"--resume_from_checkpoint {checkpoint}: a run's final model")
-        ours = set(saved) <= set(asdict(args))
-        require(ours, f"--resume_from_checkpoint {checkpoint}: another script's checkpoint")
+        if not (checkpoint / "state").is_dir():
+            raise BadInput(f"--resume_from_checkpoint {checkpoint}: a run's final model")
+        if not set(saved) <= set(asdict(args)):
+            raise BadInput(f"--resume_from_checkpoint {checkpoint}: another script's checkpoint")
         skip = {"resume_from_checkpoint", "overwrite_output_dir"}
         changed = [k for k, v in asdict(args).items() if k not in skip and saved.get(k, v) != v]
-        said = "".join(f"; --{k} {getattr(args, k)} (was {saved[k]})" for k in changed)
         for key in ("learning_rate", "weight_decay", "lr_scheduler_type", "warmup_ratio"):
             require(key not in changed, f"--{key} {getattr(args, key)}: resumes keep {saved[key]}")
-        print(f"resuming from {checkpoint}{said}")
+        changes = [f"--{k} {getattr(args, k)} (was {saved[k]})" for k in changed]
+        print("; ".join([f"resuming from {checkpoint}", *changes]))
     with loading("--output_dir", out):
         out.mkdir(parents=True, exist_ok=True)
     if checkpoint is not None:
@@ -382,8 +381,10 @@ def claim_output_dir(args) -> Path | None:
             metrics.write_text("".join(r for r in records if json.loads(r)["step"] <= step))
         return checkpoint
     used = [*checkpoints(out), *out.glob("metrics.jsonl")]
-    hint = "continue it with --resume_from_checkpoint latest, or add --overwrite_output_dir"
-    require(not used or args.overwrite_output_dir, f"--output_dir: {out} holds a run: {hint}")
+    if used and not args.overwrite_output_dir:
+        raise BadInput(
+            f"--output_dir: {out} holds a run: resume it (--resume_from_checkpoint latest) or --overwrite_output_dir"
+        )
     for folder in checkpoints(out):  # --overwrite_output_dir
         shutil.rmtree(folder)
     metrics.unlink(missing_ok=True)
@@ -456,15 +457,15 @@ def log(accelerator, args, step: int, metrics: dict):
 def main(args: Args):
     # ---- plumbing: setup, a batch of rows a step ----
     check_args(args)
-    known = {"none", "all", *map(str, get_available_trackers())}  # the others: skipped
+    known = {"none", "all", *map(str, get_available_trackers())}  # the trackers installed here
     require(set(args.report_to) <= known, f"--report_to {args.report_to}: not in {sorted(known)}")
     accelerator = Accelerator(
         mixed_precision="bf16" if args.bf16 else "no",
         log_with=None if args.report_to == ["none"] else args.report_to,
         project_dir=args.output_dir,
-        step_scheduler_with_optimizer=False,  # the default steps it once per process
+        step_scheduler_with_optimizer=False,  # one step an update, not one a process and update
     )
-    if accelerator.state.deepspeed_plugin is not None:  # no DataLoader sets them
+    if accelerator.state.deepspeed_plugin is not None:  # no DataLoader gives it the batch sizes
         accelerator.state.deepspeed_plugin.deepspeed_config.update(
             train_micro_batch_size_per_gpu=1,
             gradient_accumulation_steps=1,
@@ -474,8 +475,8 @@ def main(args: Args):
     set_seed(args.seed)  # the same on every process: a new adapter or head starts alike
     device = accelerator.device
     processes = accelerator.num_processes
-    share = args.train_batch_size % processes == 0
-    require(share, f"--train_batch_size: not a multiple of the {processes} processes")
+    if args.train_batch_size % processes != 0:
+        raise BadInput(f"--train_batch_size: not a multiple of the {processes} processes")
     local_batch_size = args.train_batch_size // processes
     first_row = accelerator.process_index * local_batch_size
     my_rows = slice(first_row, first_row + local_batch_size)
@@ -486,8 +487,8 @@ def main(args: Args):
     train_dataset = load_split(args, args.dataset_train_split)
     eval_dataset = load_split(args, args.dataset_test_split)
     rows = tokenize_pairs(tokenizer, train_dataset, args, args.dataset_train_split)
-    enough = len(rows) >= args.train_batch_size
-    require(enough, f"--train_batch_size: more than the {len(rows)} pairs")
+    if len(rows) < args.train_batch_size:
+        raise BadInput(f"--train_batch_size: more than the {len(rows)} pairs")
     eval_rows = []
     if eval_dataset is not None:
         eval_rows = tokenize_pairs(tokenizer, eval_dataset, args, args.dataset_test_split)
@@ -502,15 +503,13 @@ def main(args: Args):
 
     # ---- plumbing: optimizer, scheduler, processes: one update a step ----
     trained = [p for p in model.parameters() if p.requires_grad]
-    # fused: one kernel for every parameter, as transformers' adamw_torch_fused
     optimizer = torch.optim.AdamW(
         trained, args.learning_rate, weight_decay=args.weight_decay, fused=True
     )
     warmup = int(args.warmup_ratio * args.max_steps)
     scheduler = get_scheduler(args.lr_scheduler_type, optimizer, warmup, args.max_steps)
     model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
-    # Under bf16, prepare makes forward return float32 copies of the outputs; the losses upcast
-    # what they read, so this documented call removes that wrapper.
+    # no float32 copies of the outputs under --bf16 (docs/benchmarks.md, "The speed helpers")
     accelerator.unwrap_model(model, keep_fp32_wrapper=False)
 
     # ---- plumbing: resume, the first evaluation, the loop's stop: one update a step ----
@@ -603,8 +602,9 @@ def main(args: Args):
         if (args.save_steps and step % args.save_steps == 0) or stopping:
             folder = save_checkpoint(accelerator, args, model, tokenizer, state)
         if stopping:
-            hint = "continue with --resume_from_checkpoint latest"
-            accelerator.print(f"interrupted at step {step}: saved {folder}; {hint}")
+            accelerator.print(
+                f"interrupted at step {step}: saved {folder}; continue with --resume_from_checkpoint latest"
+            )
             accelerator.end_training()
             signum = received_signals[0] if received_signals else signal.SIGTERM
             sys.exit(128 + signum)
@@ -625,9 +625,8 @@ def main(args: Args):
         merged = Path(args.output_dir) / "merged"  # a model that loads without peft
         accelerator.unwrap_model(model).merge_and_unload().save_pretrained(merged)
         tokenizer.save_pretrained(merged)
-    # The DDP wrapper holds the process group: freed after end_training, it
-    # leaves gloo's workers waiting on the GIL (a hang)
-    if torch.distributed.is_initialized():  # one process has no group
+    # The DDP wrapper holds the process group: freed after end_training, it hangs gloo's workers
+    if torch.distributed.is_initialized():  # a single process has no process group
         model, optimizer, scheduler = accelerator.free_memory(model, optimizer, scheduler)
     accelerator.end_training()
     accelerator.print(f"saved the model to {args.output_dir}")

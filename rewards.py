@@ -7,12 +7,8 @@ A reward function follows TRL's contract, one value per completion:
 `completions` are strings, or [{"role": "assistant", "content": ...}] after a conversation;
 other columns (e.g. `solution`) are keyword arguments. None means "does not apply": the
 weighted sum leaves it out, and is NaN where none applies; the scripts leave NaN out of
-baselines and statistics, as TRL does.
-
-    --reward_funcs accuracy format        built-in names, TRL's too (accuracy_reward, ...)
-    --reward_funcs my_rewards.py:brevity  a file's function, or TRL's dotted pkg.mod.brevity
-    --reward_weights 1.0 0.2              one weight per function (default 1.0 each)
-    --reward_model_path my-rm             a one-label classifier, one more function
+baselines and statistics, as TRL does. The flags that choose them, --reward_funcs,
+--reward_weights and --reward_model_path: docs/trl-rewards-and-recipe.md.
 """
 
 import asyncio
@@ -141,8 +137,7 @@ BUILTIN = {
 
 # ==== Loading: built-in names, a user's function, a reward model ====
 def import_function(spec: str):
-    """'path/to/file.py:function', 'package.module:function' or TRL's dotted
-    'package.module.function'; modules are looked up in the current folder too."""
+    """'path/to/file.py:function', 'package.module:function' or TRL's 'package.module.function'."""
     module_name, _, name = spec.rpartition(":" if ":" in spec else ".")
     try:
         if module_name.endswith(".py"):
@@ -151,11 +146,10 @@ def import_function(spec: str):
             module = importlib.util.module_from_spec(module_spec)
             module_spec.loader.exec_module(module)
         else:
-            sys.path.insert(0, "")
+            sys.path.insert(0, "")  # the current folder's modules too
             module = importlib.import_module(module_name)
-    except Exception as error:  # a missing file or module, or its error
-        reason = f"{type(error).__name__}: {error}"
-        raise RewardError(f"--reward_funcs: cannot import {spec!r}: {reason}") from None
+    except (OSError, ImportError, SyntaxError) as error:  # missing or unparsable: not a bug in it
+        raise RewardError(f"--reward_funcs: cannot import {spec!r}: {error!r}") from None
     function = getattr(module, name, None)
     if not callable(function):
         raise RewardError(f"--reward_funcs: {module_name} has no function {name!r}")
@@ -164,15 +158,16 @@ def import_function(spec: str):
 
 def reward_model_function(path: str, device, prepare=None, batch_size: int = 32):
     """Scores (prompt, completion) pairs with a one-label classifier and its own tokenizer."""
-    try:  # any failure is one line naming the flag
+    try:  # a missing model or files that do not parse, as one line; other errors keep a traceback
         model = AutoModelForSequenceClassification.from_pretrained(path)
         tokenizer = AutoTokenizer.from_pretrained(path)
-    except Exception as error:
+    except (OSError, ValueError) as error:
         reason = (str(error).strip() or type(error).__name__).splitlines()[0]
         raise RewardError(f"--reward_model_path {path}: {reason}") from None
     if model.config.num_labels != 1:
-        labels = f"{path} has {model.config.num_labels} labels"
-        raise RewardError(f"--reward_model_path: {labels}; a reward model has one")
+        raise RewardError(
+            f"--reward_model_path: {path} has {model.config.num_labels} labels; a reward model has one"
+        )
     tokenizer.pad_token = tokenizer.pad_token or tokenizer.eos_token
     model.config.pad_token_id = tokenizer.pad_token_id
     model = prepare(model) if prepare else model.to(device).eval().requires_grad_(False)
@@ -199,8 +194,7 @@ def reward_model_text(tokenizer, prompt, completion) -> str:
 
 
 def load_reward_funcs(args, device="cpu", prepare=None) -> dict:
-    """{name: function} from --reward_funcs ('none': none) and --reward_model_path; TRL's
-    get_soft_overlong_punishment penalizes the last fifth of --max_completion_length."""
+    """{name: function} from --reward_funcs ('none': none) and --reward_model_path."""
     specs = [s.strip() for item in args.reward_funcs for s in item.split(",")]
     length = args.max_completion_length
     functions = {}
@@ -208,12 +202,13 @@ def load_reward_funcs(args, device="cpu", prepare=None) -> dict:
         if spec in BUILTIN:
             function = BUILTIN[spec]
         elif spec == "get_soft_overlong_punishment":
-            function = get_soft_overlong_punishment(length, length // 5)
+            function = get_soft_overlong_punishment(length, length // 5)  # TRL's: the last fifth
         elif ":" in spec or "." in spec:
             function = import_function(spec)
         else:
-            unknown = f"unknown reward function {spec!r}"
-            raise RewardError(f"--reward_funcs: {unknown} (built in: {', '.join(BUILTIN)})")
+            raise RewardError(
+                f"--reward_funcs: unknown reward function {spec!r} (built in: {', '.join(BUILTIN)})"
+            )
         name = getattr(function, "__name__", spec)
         functions[spec if name in functions else name] = function  # two files' `score`: both
     if args.reward_model_path:
@@ -229,13 +224,12 @@ def reward_weights(weights: list[str], reward_funcs: dict) -> torch.Tensor:
     try:
         values = [float(w) for item in weights for w in item.split(",") if w.strip()]
     except ValueError:
-        given = " ".join(weights)
-        raise RewardError(f"--reward_weights: expected numbers, got {given!r}") from None
-    if not values:
-        values = [1.0] * len(reward_funcs)
+        raise RewardError(f"--reward_weights: expected numbers: {' '.join(weights)!r}") from None
+    values = values or [1.0] * len(reward_funcs)
     if len(values) != len(reward_funcs):
-        counts = f"{len(values)} weights for {len(reward_funcs)} reward functions"
-        raise RewardError(f"--reward_weights: {counts}")
+        raise RewardError(
+            f"--reward_weights: {len(values)} weights for {len(reward_funcs)} functions"
+        )
     return torch.tensor(values)
 
 
@@ -244,18 +238,19 @@ def check_columns(reward_funcs: dict, dataset, split: str):
     if dataset is None:  # no held-out split
         return
     columns = dataset.column_names
-    others = [c for c in columns if c != "prompt"]
-    keywords = ["prompts", "completions", "completion_ids", *others]
+    keywords = ["prompts", "completions", "completion_ids", *(c for c in columns if c != "prompt")]
     for name, function in reward_funcs.items():
         one_of = getattr(function, "one_of_columns", ())
         if one_of and set(one_of).isdisjoint(columns):
-            needs = f"reward function {name} needs a column {' or '.join(one_of)}"
-            raise RewardError(f"{needs}; the {split} split has {columns}")
+            raise RewardError(
+                f"reward function {name} needs a column {' or '.join(one_of)}; the {split} split has {columns}"
+            )
         try:
             inspect.signature(function).bind(**dict.fromkeys(keywords))
         except TypeError as error:  # a missing column, or no **kwargs
-            called = f"called with {keywords} (the {split} split's)"
-            raise RewardError(f"reward function {name} {called}: {error}") from None
+            raise RewardError(
+                f"reward function {name} called with {keywords} (the {split} split's): {error}"
+            ) from None
 
 
 # ==== The weighted sum ====
@@ -281,17 +276,22 @@ def compute_rewards(reward_funcs, weights, prompts, texts, completion_ids, colum
         values = asyncio.run(values) if inspect.iscoroutine(values) else values  # async def
         if hasattr(values, "tolist"):  # a numpy array, a tensor
             values = values.tolist()
-        said = f"reward function {name} returned"
         if not isinstance(values, (list, tuple)):
-            raise RewardError(f"{said} {str(values)[:80]}: expected a list, one value each")
+            raise RewardError(
+                f"reward function {name} returned {str(values)[:80]}: expected a list, one value each"
+            )
         if len(values) != len(prompts):
-            raise RewardError(f"{said} {len(values)} values for {len(prompts)} completions")
+            raise RewardError(
+                f"reward function {name} returned {len(values)} values for {len(prompts)} completions"
+            )
         try:
             numbers = [math.nan if v is None else float(v) for v in values]
         except (TypeError, ValueError):
             numbers = [math.inf] * len(values)  # not numbers: refused below
         if not all(v is None or math.isfinite(n) for v, n in zip(values, numbers)):
-            raise RewardError(f"{said} {values[:3]}...: expected finite numbers or None")
+            raise RewardError(
+                f"reward function {name} returned {values[:3]}...: expected finite numbers or None"
+            )
         per_func[:, j] = torch.tensor(numbers)
     rewards = (per_func * weights).nansum(1)
     rewards[per_func.isnan().all(1)] = math.nan  # unscorable

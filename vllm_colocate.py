@@ -7,6 +7,7 @@ import contextlib
 import os
 
 import torch
+import vllm  # pip install vllm
 from accelerate import Accelerator
 
 import common
@@ -18,12 +19,6 @@ class VLLMGenerator:
     policy's weights are copied into it at the start and after every update (`sync_weights`)."""
 
     def __init__(self, accelerator: Accelerator, args, tokenizer, model, end_ids: list[int]):
-        import vllm  # pip install vllm
-
-        if args.load_in_4bit:
-            raise ValueError(
-                "vLLM is sent the policy's full weights, which a 4-bit base (--load_in_4bit) lacks"
-            )
         # vLLM's "external_launcher" joins the process group of `accelerate launch`
         for key, value in {
             "RANK": accelerator.process_index,

@@ -19,13 +19,18 @@ For each of rloo.py, grpo.py, reinforce.py, ppo.py, sft.py and reward_model.py:
 - copy set: the script plus every project file it imports at the top, transitively (common.py
   and rewards.py; vllm_colocate.py, imported only with --use_vllm, is not counted);
 - copy set chars: the chars of the copy set's files.
-And `diff rloo.py grpo.py`: its changed lines.
+And `diff rloo.py grpo.py`: its changed lines; and the lines a learner reads to follow one update of
+rloo.py: the whole script, and each common.py and rewards.py function that a run with the default flags
+calls (traced in a one-step run of the embedded model, without evaluation, which calls no other
+function), from its `def` to its last line.
 """
 
 import ast
+import json
 import re
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -132,6 +137,44 @@ def loop_figures(path: Path) -> tuple[int, int, float]:
     return loop.lineno, statements, algorithm / statements
 
 
+TRACE = """
+import json, runpy, sys
+files, script, *flags = sys.argv[1:]
+called = set()
+def record(frame, event, arg):
+    if event == "call" and frame.f_code.co_filename in files.split(","):
+        called.add((frame.f_code.co_filename, frame.f_code.co_firstlineno))
+sys.argv = [script, *flags]
+sys.setprofile(record)
+runpy.run_path(script, run_name="__main__")
+sys.setprofile(None)
+print(json.dumps(sorted(called)))
+"""
+
+
+def read_path(script: str = "rloo.py") -> dict[str, int]:
+    """The lines a learner reads for one update: the script, and the common.py and rewards.py
+    functions (whole, from `def` to the last line) that a one-step run with the defaults calls."""
+    helpers = [ROOT / "common.py", ROOT / "rewards.py"]
+    with tempfile.TemporaryDirectory() as out:
+        flags = [ROOT / script, "--max_steps", "1", "--eval_strategy", "no", "--output_dir", out]
+        command = [sys.executable, "-c", TRACE, ",".join(map(str, helpers)), *map(str, flags)]
+        result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, check=True)
+    called = json.loads(result.stdout.splitlines()[-1])
+    lines = {script: len((ROOT / script).read_text().splitlines())}
+    for path in helpers:
+        tree = ast.parse(path.read_text())
+        lines[path.name] = 0
+        for node in tree.body:
+            if not isinstance(node, ast.FunctionDef):
+                continue
+            first = min([node.lineno, *(d.lineno for d in node.decorator_list)])
+            inside = range(node.lineno, node.end_lineno + 1)
+            if any(f == str(path) and line in inside for f, line in called):
+                lines[path.name] += node.end_lineno - first + 1
+    return lines
+
+
 def main():
     columns = [
         "script",
@@ -177,6 +220,9 @@ def main():
     ).stdout
     changed = sum(line[:1] in "<>" for line in diff.splitlines())
     print(f"\n`diff rloo.py grpo.py`: {changed} changed lines")
+    path = read_path()
+    parts = ", ".join(f"{name} {n}" for name, n in path.items())
+    print(f"\nLines to read one update of rloo.py: {sum(path.values()):,} ({parts})")
 
 
 if __name__ == "__main__":

@@ -498,3 +498,34 @@ def test_only_the_schedules_that_run_are_offered(module, tmp_path, capsys):
         for _ in range(3):
             optimizer.step()
             scheduler.step()
+
+
+@pytest.mark.parametrize("module", SCRIPTS)
+@pytest.mark.parametrize("where", ["while the model loads", "inside the model's forward"])
+def test_an_error_that_is_not_bad_input_keeps_its_traceback(module, where, tmp_path, monkeypatch):
+    """One line is for bad input alone. Running out of memory while a model loads, or a bug inside a model's forward,
+    reaches the user as the error it is, with its traceback."""
+
+    def out_of_memory(*args, **kwargs):
+        raise torch.OutOfMemoryError("CPU out of memory while loading")
+
+    def bug(*args, **kwargs):
+        raise RuntimeError("a bug inside the forward")
+
+    if where == "while the model loads":
+        monkeypatch.setattr(transformers.PreTrainedModel, "from_pretrained", out_of_memory)
+        expected = torch.OutOfMemoryError
+    else:
+        monkeypatch.setattr(torch.nn.Embedding, "forward", bug)
+        expected = RuntimeError
+    with pytest.raises(expected, match="while loading|inside the forward"):
+        run_main(module, *small(module, tmp_path / "out"))
+
+
+@pytest.mark.parametrize("module", [rloo, grpo, reinforce])
+def test_a_4_bit_base_is_refused_with_vllm_before_anything_loads(module, tmp_path, capsys):
+    """vLLM is sent the policy's full weights, which a 4-bit base does not have."""
+    flags = "--use_peft --load_in_4bit --use_vllm".split()
+    line = one_line_error(module, *small(module, tmp_path / "out"), *flags, capsys=capsys)
+    assert line == "error: --load_in_4bit: not with --use_vllm"
+    assert not (tmp_path / "out").exists()

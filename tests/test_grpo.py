@@ -520,7 +520,7 @@ def test_gspo_and_cispo_runs_log_trls_clip_metrics(tmp_path, flags, clip_key):
 def fake_round(
     rewards: list[float], prompt_width: int, completion_width: int, tag: str, G: int = 2
 ) -> dict:
-    """A round of sampling, as rollout_and_score returns it: prompts left-padded, completions right-padded."""
+    """A round of sampling, as grpo.py's loop keeps it: prompts left-padded, completions right-padded."""
     B = len(rewards)
     prompt_mask = torch.ones(B, prompt_width, dtype=torch.long)
     prompt_mask[:, 0] = 0
