@@ -308,12 +308,13 @@ def dynamic_sampling(rounds: list[dict], num_prompts: int, num_generations: int,
     return batch, zero_std.float().mean()
 
 
-def another_round(rounds: list[dict], args, accelerator, num_prompts: int) -> bool:
+def another_round(rounds: list[dict], args, accelerator) -> bool:
     """DAPO's dynamic sampling: another round of phases 1 and 2 while a process has fewer groups of
     differing rewards than prompts, at most --max_resample_rounds more; every process agrees."""
-    if not args.dynamic_sampling or len(rounds) > args.max_resample_rounds:
+    if len(rounds) > args.max_resample_rounds:
         return False
     sampled = torch.cat([sample["rewards"] for sample in rounds])
+    num_prompts = args.prompts_per_step // accelerator.num_processes  # this process's
     enough = (~zero_std_groups(sampled, args.num_generations)).sum() >= num_prompts
     # all processes sample as many rounds: ZeRO-3 or FSDP generation takes all
     return not accelerator.gather(enough.float()).all()
@@ -808,7 +809,7 @@ def main(args: Args):
         # the step alone picks its prompts (a fresh permutation each epoch): a resume sees the same
         epoch, position = divmod(step - 1, len(train_dataset) // args.prompts_per_step)
         rounds = []  # phases 1 and 2, in rounds: one, or more under --dynamic_sampling (DAPO)
-        while not rounds or another_round(rounds, args, accelerator, local_prompts):
+        while not rounds or args.dynamic_sampling and another_round(rounds, args, accelerator):
             if rounds:  # a permutation of its own (a tuple of ints hashes alike in every run)
                 epoch = hash((step, len(rounds))) % 2**62
                 position = 0
