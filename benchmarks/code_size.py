@@ -169,7 +169,9 @@ def read_path(script: str = "rloo.py") -> dict[str, int]:
             if not isinstance(node, ast.FunctionDef):
                 continue
             first = min([node.lineno, *(d.lineno for d in node.decorator_list)])
-            inside = range(node.lineno, node.end_lineno + 1)
+            inside = range(
+                first, node.end_lineno + 1
+            )  # a decorated code object starts at its decorator
             if any(f == str(path) and line in inside for f, line in called):
                 lines[path.name] += node.end_lineno - first + 1
     return lines
