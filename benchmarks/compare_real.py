@@ -222,8 +222,10 @@ def train_and_measure(job: tuple) -> dict:
 
 
 def run_all(jobs: list[tuple], workers: int) -> list[dict]:
-    """The jobs, `workers` at a time, each in a process of its own (the RNG of each measurement its own)."""
-    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+    """The jobs, `workers` at a time, each in a fresh process (the RNG of each measurement its own) that
+    exits after it: a worker that measured holds GBs, and two PPO runs at once need 13 GB."""
+    spawn = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(workers, mp_context=spawn, max_tasks_per_child=1) as pool:
         return list(pool.map(train_and_measure, jobs))
 
 
