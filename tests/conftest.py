@@ -49,6 +49,18 @@ def run_script(script: str, *flags, cwd=ROOT, timeout=600) -> subprocess.Complet
     )
 
 
+def start_script(script: str, *flags) -> subprocess.Popen:
+    """`python script flags` started in a child process that Ctrl-C (SIGINT) can stop, its output piped."""
+    import signal
+
+    command = [sys.executable, str(ROOT / script), *map(str, flags)]
+    default_sigint = lambda: signal.signal(signal.SIGINT, signal.SIG_DFL)  # noqa: E731
+    pipe = subprocess.PIPE
+    return subprocess.Popen(
+        command, stdout=pipe, stderr=pipe, text=True, preexec_fn=default_sigint
+    )
+
+
 def error_line(result: subprocess.CompletedProcess) -> str:
     """The one `error: ...` line of a run that stopped on bad input (exit status 2, no traceback); libraries may log
     other lines (bitsandbytes on some CPUs), which are not the script's."""

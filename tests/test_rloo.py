@@ -15,7 +15,15 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
 import rloo
-from conftest import ROOT, error_line, one_line_error, read_metrics, run_main, run_script
+from conftest import (
+    ROOT,
+    error_line,
+    one_line_error,
+    read_metrics,
+    run_main,
+    run_script,
+    start_script,
+)
 from hub_like import (
     arithmetic_rows,
     make_bf16_checkpoint,
@@ -118,14 +126,7 @@ def test_resume_from_a_stopped_run_equals_the_uninterrupted_run(tmp_path):
     flags += "--save_steps 0 --eval_strategy steps".split()
     run_main(rloo, *flags, "--output_dir", tmp_path / "full")
     out = tmp_path / "stopped"
-    command = [sys.executable, str(ROOT / "rloo.py"), *flags, "--output_dir", str(out)]
-    process = subprocess.Popen(
-        command,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
-    )
+    process = start_script("rloo.py", *flags, "--output_dir", out)
     deadline = time.time() + 240
     while '"step": 2' not in (
         (out / "metrics.jsonl").read_text() if (out / "metrics.jsonl").exists() else ""

@@ -7,8 +7,6 @@ import importlib.util
 import json
 import math
 import signal
-import subprocess
-import sys
 import time
 
 import pytest
@@ -19,7 +17,7 @@ from transformers import AutoModelForCausalLM
 
 import common
 import sft
-from conftest import EMBEDDED, ROOT, one_line_error, read_metrics, run_main
+from conftest import EMBEDDED, ROOT, one_line_error, read_metrics, run_main, start_script
 from rewards import accuracy_reward, extract_answer, format_reward
 
 
@@ -287,14 +285,7 @@ def test_a_stop_in_the_loop_saves_a_checkpoint_and_exits_130(tmp_path):
     out = tmp_path / "out"
     flags = ["--dataset_name", small_data(tmp_path), "--output_dir", str(out)]
     flags += "--max_steps 100000 --train_batch_size 8 --eval_strategy no".split()
-    command = [sys.executable, str(ROOT / "sft.py"), *flags]
-    process = subprocess.Popen(
-        command,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
-    )
+    process = start_script("sft.py", *flags)
     deadline = time.time() + 240
     while not (out / "metrics.jsonl").exists():
         assert process.poll() is None, process.communicate()
