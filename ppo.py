@@ -824,10 +824,9 @@ def main(args: Args):
     model, value_model, optimizer, scheduler = accelerator.prepare(
         model, value_model, optimizer, scheduler
     )
-    # Under bf16 prepare's wrappers make float32 copies of the outputs, which the losses upcast
-    # (one call per model: a loop variable would hold a DDP wrapper past end_training)
-    accelerator.unwrap_model(model, keep_fp32_wrapper=False)
-    accelerator.unwrap_model(value_model, keep_fp32_wrapper=False)
+    # one call per model: a loop variable would hold a DDP wrapper past end_training
+    accelerator.unwrap_model(model, keep_fp32_wrapper=False)  # --bf16: the logits stay bf16
+    accelerator.unwrap_model(value_model, keep_fp32_wrapper=False)  # and the values
 
     # ---- ppo: V_ψ in every checkpoint, in checkpoint-N/value_model ----
     # accelerate's hooks: V_ψ beside the policy, whose weights state/ does not hold either

@@ -509,8 +509,7 @@ def main(args: Args):
     warmup = int(args.warmup_ratio * args.max_steps)
     scheduler = get_scheduler(args.lr_scheduler_type, optimizer, warmup, args.max_steps)
     model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
-    # no float32 copies of the outputs under --bf16 (docs/benchmarks.md, "The speed helpers")
-    accelerator.unwrap_model(model, keep_fp32_wrapper=False)
+    accelerator.unwrap_model(model, keep_fp32_wrapper=False)  # --bf16: the logits stay bf16
 
     # ---- plumbing: resume, the first evaluation, the loop's stop: one update a step ----
     # the main process alone claims the folder; every process resumes
