@@ -1,6 +1,8 @@
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -49,16 +51,33 @@ def run_script(script: str, *flags, cwd=ROOT, timeout=600) -> subprocess.Complet
     )
 
 
-def start_script(script: str, *flags) -> subprocess.Popen:
-    """`python script flags` started in a child process that Ctrl-C (SIGINT) can stop, its output piped."""
-    import signal
-
-    command = [sys.executable, str(ROOT / script), *map(str, flags)]
-    default_sigint = lambda: signal.signal(signal.SIGINT, signal.SIG_DFL)  # noqa: E731
-    pipe = subprocess.PIPE
-    return subprocess.Popen(
-        command, stdout=pipe, stderr=pipe, text=True, preexec_fn=default_sigint
+def stop_script(script: str, *flags, output_dir: Path, signum: int, once='"step"'):
+    """`python script flags --output_dir output_dir` in a child process, sent `signum` as soon as its metrics.jsonl
+    holds `once` (a step logged); returns its exit status, stdout and stderr. Ctrl-C (SIGINT) stops the child as a
+    terminal's would."""
+    command = [
+        sys.executable,
+        str(ROOT / script),
+        *map(str, flags),
+        "--output_dir",
+        str(output_dir),
+    ]
+    metrics = output_dir / "metrics.jsonl"
+    process = subprocess.Popen(
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
+    deadline = time.time() + 240
+    while once not in (metrics.read_text() if metrics.exists() else ""):
+        assert process.poll() is None, process.communicate()
+        assert time.time() < deadline
+        time.sleep(0.1)
+    process.send_signal(signum)
+    stdout, stderr = process.communicate(timeout=240)
+    return process.returncode, stdout, stderr
 
 
 def error_line(result: subprocess.CompletedProcess) -> str:

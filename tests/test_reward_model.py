@@ -7,9 +7,6 @@ import json
 import math
 import re
 import signal
-import subprocess
-import sys
-import time
 
 import pytest
 import torch
@@ -18,7 +15,7 @@ from transformers import AutoModelForSequenceClassification
 
 import common
 import reward_model
-from conftest import ROOT, one_line_error, read_metrics
+from conftest import ROOT, one_line_error, read_metrics, stop_script
 from hub_like import make_bf16_checkpoint
 from reward_model import bradley_terry_loss, pair_accuracy
 from rewards import (
@@ -265,18 +262,12 @@ def test_a_lora_reward_model_resumes_exactly_and_is_saved_merged_for_the_rl_scri
 
 def test_sigterm_in_the_loop_saves_a_checkpoint_and_exits_143(tmp_path):
     out = tmp_path / "out"
-    flags = ["--dataset_name", small_data(tmp_path), "--output_dir", str(out)]
+    flags = ["--dataset_name", small_data(tmp_path)]
     flags += "--max_steps 100000 --train_batch_size 8 --eval_strategy no".split()
-    command = [sys.executable, str(ROOT / "reward_model.py"), *flags]
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.time() + 240
-    while not (out / "metrics.jsonl").exists():
-        assert process.poll() is None, process.communicate()
-        assert time.time() < deadline
-        time.sleep(0.1)
-    process.send_signal(signal.SIGTERM)
-    stdout, stderr = process.communicate(timeout=240)
-    assert process.returncode == 143, stderr
+    returncode, stdout, stderr = stop_script(
+        "reward_model.py", *flags, output_dir=out, signum=signal.SIGTERM
+    )
+    assert returncode == 143, stderr
     assert "Traceback" not in stderr, stderr
     (checkpoint,) = reward_model.checkpoints(out)
     assert stdout.count("interrupted at step") == 1

@@ -5,9 +5,6 @@ import dataclasses
 import json
 import re
 import signal
-import subprocess
-import sys
-import time
 
 import pytest
 import torch
@@ -22,7 +19,7 @@ from conftest import (
     read_metrics,
     run_main,
     run_script,
-    start_script,
+    stop_script,
 )
 from hub_like import (
     arithmetic_rows,
@@ -126,17 +123,10 @@ def test_resume_from_a_stopped_run_equals_the_uninterrupted_run(tmp_path):
     flags += "--save_steps 0 --eval_strategy steps".split()
     run_main(rloo, *flags, "--output_dir", tmp_path / "full")
     out = tmp_path / "stopped"
-    process = start_script("rloo.py", *flags, "--output_dir", out)
-    deadline = time.time() + 240
-    while '"step": 2' not in (
-        (out / "metrics.jsonl").read_text() if (out / "metrics.jsonl").exists() else ""
-    ):
-        assert process.poll() is None, process.communicate()
-        assert time.time() < deadline
-        time.sleep(0.1)
-    process.send_signal(signal.SIGINT)
-    stdout, stderr = process.communicate(timeout=240)
-    assert process.returncode == 130, stderr
+    returncode, stdout, stderr = stop_script(
+        "rloo.py", *flags, output_dir=out, signum=signal.SIGINT, once='"step": 2'
+    )
+    assert returncode == 130, stderr
     assert "Traceback" not in stderr, stderr
     (checkpoint,) = rloo.checkpoints(out)
     assert f"interrupted at step {checkpoint.name.split('-')[1]}: saved {checkpoint}" in stdout
@@ -148,16 +138,10 @@ def test_resume_from_a_stopped_run_equals_the_uninterrupted_run(tmp_path):
 def test_sigterm_in_the_loop_saves_a_checkpoint_and_exits_143(tmp_path):
     out = tmp_path / "out"
     flags = "--max_steps 1000 --prompts_per_step 4 --eval_strategy no --logging_steps 1".split()
-    command = [sys.executable, str(ROOT / "rloo.py"), *flags, "--output_dir", str(out)]
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.time() + 240
-    while not (out / "metrics.jsonl").exists():
-        assert process.poll() is None, process.communicate()
-        assert time.time() < deadline
-        time.sleep(0.1)
-    process.send_signal(signal.SIGTERM)
-    stdout, stderr = process.communicate(timeout=240)
-    assert process.returncode == 143, stderr
+    returncode, stdout, stderr = stop_script(
+        "rloo.py", *flags, output_dir=out, signum=signal.SIGTERM
+    )
+    assert returncode == 143, stderr
     assert "Traceback" not in stderr, stderr
     (checkpoint,) = rloo.checkpoints(out)
     assert stdout.count("interrupted at step") == 1

@@ -7,7 +7,6 @@ import importlib.util
 import json
 import math
 import signal
-import time
 
 import pytest
 import torch
@@ -17,7 +16,7 @@ from transformers import AutoModelForCausalLM
 
 import common
 import sft
-from conftest import EMBEDDED, ROOT, one_line_error, read_metrics, run_main, start_script
+from conftest import EMBEDDED, ROOT, one_line_error, read_metrics, run_main, stop_script
 from rewards import accuracy_reward, extract_answer, format_reward
 
 
@@ -283,17 +282,12 @@ def test_lora_trains_an_adapter_without_dropout_and_saves_the_merged_model(tmp_p
 
 def test_a_stop_in_the_loop_saves_a_checkpoint_and_exits_130(tmp_path):
     out = tmp_path / "out"
-    flags = ["--dataset_name", small_data(tmp_path), "--output_dir", str(out)]
+    flags = ["--dataset_name", small_data(tmp_path)]
     flags += "--max_steps 100000 --train_batch_size 8 --eval_strategy no".split()
-    process = start_script("sft.py", *flags)
-    deadline = time.time() + 240
-    while not (out / "metrics.jsonl").exists():
-        assert process.poll() is None, process.communicate()
-        assert time.time() < deadline
-        time.sleep(0.1)
-    process.send_signal(signal.SIGINT)
-    stdout, stderr = process.communicate(timeout=240)
-    assert process.returncode == 130, stderr
+    returncode, stdout, stderr = stop_script(
+        "sft.py", *flags, output_dir=out, signum=signal.SIGINT
+    )
+    assert returncode == 130, stderr
     assert "Traceback" not in stderr, stderr
     (checkpoint,) = sft.checkpoints(out)
     step = json.loads((checkpoint / "trainer_state.json").read_text())["step"]
