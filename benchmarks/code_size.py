@@ -168,11 +168,9 @@ def read_path(script: str = "rloo.py") -> dict[str, int]:
         for node in tree.body:
             if not isinstance(node, ast.FunctionDef):
                 continue
+            # a decorated function's code object starts at its decorator
             first = min([node.lineno, *(d.lineno for d in node.decorator_list)])
-            inside = range(
-                first, node.end_lineno + 1
-            )  # a decorated code object starts at its decorator
-            if any(f == str(path) and line in inside for f, line in called):
+            if any(f == str(path) and first <= line <= node.end_lineno for f, line in called):
                 lines[path.name] += node.end_lineno - first + 1
     return lines
 
