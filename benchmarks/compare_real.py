@@ -34,7 +34,6 @@ import shlex
 import statistics
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
@@ -57,7 +56,10 @@ SMOLLM2 = "outputs/smollm2-135m-instruct"  # tools/convert_gguf.py's folder
 TASK = ROOT / "data" / "arithmetic"
 QUICK = dict(seeds="0", learning_rates="1e-5", completions_per_step=8, max_steps=2, eval_steps=2)
 QUICK |= dict(num_generations_eval=1, samples_per_prompt=2, algorithms="rloo_k2,ppo")
-QUICK |= dict(sft_args="--max_steps 2 --train_batch_size 4 --eval_strategy no")
+# SFT long enough that some sampled answers are right: pairs need a right and a wrong one
+QUICK |= dict(
+    sft_args="--bf16 --learning_rate 1e-4 --max_steps 8 --train_batch_size 8 --eval_strategy no"
+)
 QUICK |= dict(reward_model_args="--max_steps 2 --train_batch_size 4 --eval_strategy no")
 PAPER_ORDER = (
     "RLOO k=4 > RLOO k=2 > REINFORCE w/ b_MA > Vanilla PG > PPO"  # Table 1, TL;DR and HH Llama-7B
@@ -99,7 +101,7 @@ class Args:
     reuse: bool = arg(
         False, "keep output_dir's SFT model, pairs and reward model where they exist"
     )
-    quick: bool = arg(False, "a smoke test: 2 steps of every stage, 2 algorithms, one seed")
+    quick: bool = arg(False, "a few steps of every stage, its report and configs in --output_dir")
 
 
 # ---- stages 1-3: SFT, the pairs, the reward model ----
@@ -223,10 +225,9 @@ def train_and_measure(job: tuple) -> dict:
 
 def run_all(jobs: list[tuple], workers: int) -> list[dict]:
     """The jobs, `workers` at a time, each in a fresh process (the RNG of each measurement its own) that
-    exits after it: a worker that measured holds GBs, and two PPO runs at once need 13 GB."""
-    spawn = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(workers, mp_context=spawn, max_tasks_per_child=1) as pool:
-        return list(pool.map(train_and_measure, jobs))
+    exits after it: a worker that measured holds GBs, and two PPO runs at once take 14 GiB."""
+    with multiprocessing.get_context("spawn").Pool(workers, maxtasksperchild=1) as pool:
+        return pool.map(train_and_measure, jobs, chunksize=1)
 
 
 def write_config(path: Path, run: dict):
@@ -452,8 +453,11 @@ def write_report(path: Path, report: dict, cargs: compare.Args):
 
 # ---- main: the stages in order ----
 def main(args: Args, command: str):
-    if args.quick:
-        args = dataclasses.replace(args, **QUICK)
+    if args.quick:  # its report and configs in --output_dir, never over the committed ones
+        written = dict(
+            report=f"{args.output_dir}/compare_real", config_dir=f"{args.output_dir}/configs"
+        )
+        args = dataclasses.replace(args, **QUICK, **written)
     for name in split_list(args.algorithms):
         require(
             name in ALGORITHMS,
@@ -498,6 +502,10 @@ def main(args: Args, command: str):
         f"[pairs] {proxy['pairs']['train']} training and {proxy['pairs']['test']} held-out pairs",
         flush=True,
     )
+    if not all(proxy["pairs"].values()):
+        raise BadInput(
+            "--sft_args: a split has no pairs: the SFT model got none of its prompts both right and wrong"
+        )
 
     flags = [*shlex.split(args.reward_model_args), "--model_name_or_path", str(paths["sft"])]
     flags += ["--dataset_name", str(paths["pairs"]), "--output_dir", str(paths["reward_model"])]

@@ -1,5 +1,6 @@
 """benchmarks/compare_real.py's own pieces, on the embedded model: the pairs it samples and labels with the gold,
-and a chosen run written as a --config file that its script reads back as the same flags."""
+a chosen run written as a --config file that its script reads back as the same flags, and the one line that stops it
+when the SFT model gives no pairs."""
 
 import json
 import sys
@@ -49,3 +50,21 @@ def test_a_bad_flag_prints_one_line_and_exits_2(tmp_path, capsys, flag):
     assert stop.value.code == 2
     assert capsys.readouterr().err.count("\n") == 1
     assert not (tmp_path / "out").exists()
+
+
+def test_an_sft_model_that_gives_no_pairs_stops_the_pipeline_with_one_line(
+    tmp_path, monkeypatch, capsys
+):
+    """A model that is never right (or never wrong) gives no pairs: the pipeline names --sft_args before the reward
+    model's stage fails on empty files."""
+    (tmp_path / "out" / "sft").mkdir(parents=True)
+    (tmp_path / "out" / "sft" / "args.json").write_text('{"num_generations_eval": 1}')
+    (tmp_path / "out" / "sft" / "metrics.jsonl").write_text("")
+    monkeypatch.setattr(compare_real, "run_script", lambda *args: {"wall_s": 0.0})
+    monkeypatch.setattr(compare_real, "sample_pairs", lambda *args: [])
+    with pytest.raises(SystemExit) as stop:
+        compare_real.cli(["--model_name_or_path", EMBEDDED, "--output_dir", str(tmp_path / "out")])
+    assert stop.value.code == 2
+    error = "error: --sft_args: a split has no pairs: the SFT model got none of its prompts both right and wrong\n"
+    assert capsys.readouterr().err == error
+    assert not (tmp_path / "out" / "reward_model").exists()
